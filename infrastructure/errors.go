@@ -1,0 +1,5 @@
+package infrastructure
+
+import "errors"
+
+var errClosed = errors.New("infrastructure: event store is closed")

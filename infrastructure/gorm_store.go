@@ -1,0 +1,344 @@
+package infrastructure
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/mattn/go-sqlite3"
+	"gorm.io/gorm"
+
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/internal/sqlschema"
+)
+
+// GormEventStore is a domain.EventStore on Postgres or SQLite through GORM.
+// It is safe for concurrent use, by any number of processes on Postgres.
+//
+// # The ordered feed
+//
+// ReadAfter is a durable queue: a subscriber stores the last position it
+// handled and never looks below it again, so a position must never become
+// visible while a smaller one can still commit. Positions drawn from a
+// sequence become visible in commit order, not position order, so on
+// Postgres every append takes a transaction-scoped advisory lock (its key
+// derived from the events table's schema-qualified name) before its rows
+// take positions. Appends to one events table therefore commit one at a
+// time, in position order, and ReadAfter is a plain index range scan that
+// nothing but an in-flight append can delay: unrelated transactions, long
+// or not, never hold the feed back. The price is that appends to one table
+// are serialized (a few round trips each); cmd/subbench measures it.
+//
+// On SQLite, writers are serialized by the database itself and positions
+// are MAX(position)+1 inside the write transaction. Use the DSN documented
+// in the README (WAL, a busy timeout, _txlock=immediate) so that concurrent
+// appends queue instead of failing with "database is locked".
+//
+// On Postgres each append also runs pg_notify(PostgresNotifyChannel, ”)
+// in its transaction, delivered at commit, for subscriptions'
+// PostgresListener.
+type GormEventStore struct {
+	db       *gorm.DB
+	postgres bool
+	lockKey  int64 // Postgres: the append lock's key
+}
+
+var _ domain.EventStore = (*GormEventStore)(nil)
+
+// NewGormEventStore creates the events table if needed and returns a store.
+// Construction is safe while other processes append: it takes no lock when
+// the table exists, and concurrent constructors take turns. Dialects other
+// than Postgres and SQLite are refused with an error wrapping
+// domain.ErrGlobalOrderingNotSupported.
+func NewGormEventStore(db *gorm.DB) (*GormEventStore, error) {
+	if db == nil {
+		return nil, errors.New("infrastructure: NewGormEventStore: nil *gorm.DB")
+	}
+	dialect := db.Name()
+	if dialect != sqlschema.Postgres && dialect != sqlschema.SQLite {
+		return nil, fmt.Errorf("infrastructure: NewGormEventStore: dialect %q: %w (use postgres or sqlite)", dialect, domain.ErrGlobalOrderingNotSupported)
+	}
+	ctx := context.Background()
+	if err := sqlschema.Ensure(ctx, db, sqlschema.Objects{
+		Names:    eventTableObjects.names,
+		Postgres: eventTableObjects.postgres,
+		SQLite:   eventTableObjects.sqlite,
+	}); err != nil {
+		return nil, fmt.Errorf("infrastructure: create events table: %w", err)
+	}
+	s := &GormEventStore{db: db, postgres: dialect == sqlschema.Postgres}
+	if s.postgres {
+		var qualified string
+		err := db.WithContext(ctx).Raw(`SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
+			FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+			WHERE c.oid = to_regclass('events')`).Scan(&qualified).Error
+		if err != nil || qualified == "" {
+			return nil, fmt.Errorf("infrastructure: resolve the events table's schema: %v", err)
+		}
+		s.lockKey = sqlschema.Key("append", qualified)
+	}
+	return s, nil
+}
+
+// Append stores events for one aggregate atomically; see domain.EventStore.
+// Nothing is stored when any event is invalid or the version check fails.
+func (s *GormEventStore) Append(ctx context.Context, aggregateID string, expectedVersion int, events ...domain.EventEnvelope[any]) error {
+	// Validate what can be checked without the database first, so bad
+	// input never takes the append lock.
+	if _, err := prepareAppend(aggregateID, -1, 0, events); err != nil && !errors.Is(err, domain.ErrConcurrencyConflict) {
+		return err
+	}
+	if len(events) == 0 {
+		return nil
+	}
+	err := s.appendOnce(ctx, aggregateID, expectedVersion, events, s.postgres)
+	if s.postgres && isNotifyFailure(err) {
+		// A full notification queue must not fail the append: notifications
+		// are wake-ups, and subscribers poll anyway.
+		err = s.appendOnce(ctx, aggregateID, expectedVersion, events, false)
+	}
+	return err
+}
+
+const insertColumns = "INSERT INTO events (id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at) VALUES "
+
+// insertChunk keeps one INSERT under Postgres's 65535 bind parameters.
+const insertChunk = 1000
+
+func (s *GormEventStore) appendOnce(ctx context.Context, aggregateID string, expectedVersion int, events []domain.EventEnvelope[any], notify bool) error {
+	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if s.postgres {
+			if err := tx.Exec("SELECT pg_advisory_xact_lock(?)", s.lockKey).Error; err != nil {
+				return fmt.Errorf("take append lock: %w", err)
+			}
+		} else {
+			// Take SQLite's write lock before reading, whatever the DSN's
+			// transaction mode: a read transaction that later writes can be
+			// refused with "database is locked" instead of waiting.
+			if err := tx.Exec("UPDATE events SET position = position WHERE 0").Error; err != nil {
+				return fmt.Errorf("take write lock: %w", err)
+			}
+		}
+		// In its own statement, after the lock: its snapshot then includes
+		// every append that committed before ours took the lock.
+		var heads struct {
+			Version  int
+			Position int64
+		}
+		if err := tx.Raw(`SELECT
+			(SELECT COALESCE(MAX(sequence_no), 0) FROM events WHERE aggregate_id = ?) AS version,
+			(SELECT COALESCE(MAX(position), 0) FROM events) AS position`, aggregateID).Scan(&heads).Error; err != nil {
+			return fmt.Errorf("read versions: %w", err)
+		}
+		prepared, err := prepareAppend(aggregateID, expectedVersion, heads.Version, events)
+		if err != nil {
+			return err
+		}
+		jsonCast := ""
+		if s.postgres {
+			jsonCast = "::jsonb"
+		}
+		for start := 0; start < len(prepared); start += insertChunk {
+			end := min(start+insertChunk, len(prepared))
+			var sql strings.Builder
+			sql.WriteString(insertColumns)
+			args := make([]any, 0, 9*(end-start))
+			for i, p := range prepared[start:end] {
+				if i > 0 {
+					sql.WriteString(", ")
+				}
+				sql.WriteString("(?, ?, ?, ?, ?, ?, ?" + jsonCast + ", ?" + jsonCast + ", ?)")
+				e := p.env
+				args = append(args, e.ID, e.AggregateID, e.EventType, e.SequenceNo, e.TransactionID,
+					heads.Position+int64(start+i+1), string(p.payload), string(p.metadata), e.Created)
+			}
+			if err := tx.Exec(sql.String(), args...).Error; err != nil {
+				return s.insertError(aggregateID, err)
+			}
+		}
+		if notify {
+			if err := tx.Exec("SELECT pg_notify(?, '')", PostgresNotifyChannel).Error; err != nil {
+				return notifyError{err}
+			}
+		}
+		return nil
+	})
+	if err == nil || errors.Is(err, domain.ErrInvalidEvent) || errors.Is(err, domain.ErrConcurrencyConflict) || errors.As(err, new(notifyError)) {
+		return err
+	}
+	return fmt.Errorf("append %d event(s) to aggregate %q: %w", len(events), aggregateID, err)
+}
+
+type notifyError struct{ err error }
+
+func (e notifyError) Error() string { return "notify subscribers: " + e.err.Error() }
+func (e notifyError) Unwrap() error { return e.err }
+
+// isNotifyFailure reports an error caused by NOTIFY: the statement itself,
+// or a commit refused because the notification queue is full.
+func isNotifyFailure(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.As(err, new(notifyError)) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "54000" && strings.Contains(pgErr.Message, "notif")
+}
+
+// insertError maps unique violations to the domain's errors.
+func (s *GormEventStore) insertError(aggregateID string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+		if pgErr.ConstraintName == "events_pkey" {
+			return fmt.Errorf("%w: aggregate %q: an event ID is already stored: %s", domain.ErrInvalidEvent, aggregateID, pgErr.Detail)
+		}
+		return fmt.Errorf("%w: aggregate %q: %s", domain.ErrConcurrencyConflict, aggregateID, pgErr.Detail)
+	}
+	var liteErr sqlite3.Error
+	if errors.As(err, &liteErr) && liteErr.Code == sqlite3.ErrConstraint {
+		if strings.Contains(liteErr.Error(), "events.id") {
+			return fmt.Errorf("%w: aggregate %q: an event ID is already stored", domain.ErrInvalidEvent, aggregateID)
+		}
+		return fmt.Errorf("%w: aggregate %q: %v", domain.ErrConcurrencyConflict, aggregateID, liteErr)
+	}
+	return fmt.Errorf("insert events: %w", err)
+}
+
+const selectEvents = "SELECT id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at FROM events "
+
+func (s *GormEventStore) query(ctx context.Context, what string, sql string, args ...any) ([]domain.EventEnvelope[any], error) {
+	var rows []GormEventModel
+	if err := s.db.WithContext(ctx).Raw(selectEvents+sql, args...).Scan(&rows).Error; err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	out := make([]domain.EventEnvelope[any], len(rows))
+	for i := range rows {
+		env, err := rows[i].envelope()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		out[i] = env
+	}
+	return out, nil
+}
+
+func (r *GormEventModel) envelope() (domain.EventEnvelope[any], error) {
+	payload, err := decodeJSON(r.Payload)
+	if err != nil {
+		return domain.EventEnvelope[any]{}, fmt.Errorf("event %s (type %q, position %d): decode payload: %w", r.ID, r.EventType, r.Position, err)
+	}
+	meta, err := decodeJSON(r.Metadata)
+	if err != nil {
+		return domain.EventEnvelope[any]{}, fmt.Errorf("event %s (type %q, position %d): decode metadata: %w", r.ID, r.EventType, r.Position, err)
+	}
+	metadata, _ := meta.(map[string]any)
+	if metadata == nil {
+		metadata = map[string]any{}
+	}
+	return domain.EventEnvelope[any]{
+		ID:            r.ID,
+		AggregateID:   r.AggregateID,
+		EventType:     r.EventType,
+		Payload:       payload,
+		Created:       r.CreatedAt.UTC(),
+		SequenceNo:    r.SequenceNo,
+		TransactionID: r.TransactionID,
+		Metadata:      metadata,
+		Position:      r.Position,
+	}, nil
+}
+
+// GetEvents returns every event of the aggregate in sequence order.
+func (s *GormEventStore) GetEvents(ctx context.Context, aggregateID string) ([]domain.EventEnvelope[any], error) {
+	return s.GetEventsRange(ctx, aggregateID, -1, -1)
+}
+
+// GetEventsFromVersion returns the aggregate's events with sequence number
+// >= fromVersion (-1 means 1).
+func (s *GormEventStore) GetEventsFromVersion(ctx context.Context, aggregateID string, fromVersion int) ([]domain.EventEnvelope[any], error) {
+	return s.GetEventsRange(ctx, aggregateID, fromVersion, -1)
+}
+
+// GetEventsRange returns the aggregate's events with sequence numbers in
+// [fromVersion, toVersion]; -1 means 1 for fromVersion and "to the end" for
+// toVersion.
+func (s *GormEventStore) GetEventsRange(ctx context.Context, aggregateID string, fromVersion, toVersion int) ([]domain.EventEnvelope[any], error) {
+	if err := checkIdentifier("aggregate ID", aggregateID); err != nil {
+		return nil, err
+	}
+	from, to, err := versionBounds(aggregateID, fromVersion, toVersion)
+	if err != nil {
+		return nil, err
+	}
+	what := fmt.Sprintf("read aggregate %q versions %d..%d", aggregateID, fromVersion, toVersion)
+	if to < 0 {
+		return s.query(ctx, what, "WHERE aggregate_id = ? AND sequence_no >= ? ORDER BY sequence_no", aggregateID, from)
+	}
+	return s.query(ctx, what, "WHERE aggregate_id = ? AND sequence_no BETWEEN ? AND ? ORDER BY sequence_no", aggregateID, from, to)
+}
+
+// GetEventByID returns one event or an error wrapping
+// domain.ErrEventNotFound.
+func (s *GormEventStore) GetEventByID(ctx context.Context, eventID string) (domain.EventEnvelope[any], error) {
+	if err := checkIdentifier("event ID", eventID); err != nil {
+		return domain.EventEnvelope[any]{}, err
+	}
+	events, err := s.query(ctx, fmt.Sprintf("read event %q", eventID), "WHERE id = ?", eventID)
+	if err != nil {
+		return domain.EventEnvelope[any]{}, err
+	}
+	if len(events) == 0 {
+		return domain.EventEnvelope[any]{}, fmt.Errorf("%w: event ID %q", domain.ErrEventNotFound, eventID)
+	}
+	return events[0], nil
+}
+
+// GetEventsByTransactionID returns the transaction's events ordered by
+// aggregate ID, then sequence number.
+func (s *GormEventStore) GetEventsByTransactionID(ctx context.Context, transactionID string) ([]domain.EventEnvelope[any], error) {
+	if err := checkIdentifier("transaction ID", transactionID); err != nil {
+		return nil, err
+	}
+	return s.query(ctx, fmt.Sprintf("read transaction %q", transactionID),
+		"WHERE transaction_id = ? ORDER BY aggregate_id, sequence_no", transactionID)
+}
+
+// GetCurrentVersion returns the aggregate's last sequence number, 0 when it
+// does not exist.
+func (s *GormEventStore) GetCurrentVersion(ctx context.Context, aggregateID string) (int, error) {
+	if err := checkIdentifier("aggregate ID", aggregateID); err != nil {
+		return 0, err
+	}
+	var version int
+	if err := s.db.WithContext(ctx).Raw("SELECT COALESCE(MAX(sequence_no), 0) FROM events WHERE aggregate_id = ?", aggregateID).Scan(&version).Error; err != nil {
+		return 0, fmt.Errorf("read version of aggregate %q: %w", aggregateID, err)
+	}
+	return version, nil
+}
+
+// ReadAfter returns up to limit committed events (all when limit <= 0) with
+// Position > afterPosition, in position order: an index range scan that
+// only an in-flight append can delay (see the type's documentation).
+func (s *GormEventStore) ReadAfter(ctx context.Context, afterPosition int64, limit int) ([]domain.EventEnvelope[any], error) {
+	what := fmt.Sprintf("read feed after position %d", afterPosition)
+	if limit > 0 {
+		return s.query(ctx, what, "WHERE position > ? ORDER BY position LIMIT ?", afterPosition, limit)
+	}
+	return s.query(ctx, what, "WHERE position > ? ORDER BY position", afterPosition)
+}
+
+// HeadPosition returns the highest committed position, 0 when empty.
+func (s *GormEventStore) HeadPosition(ctx context.Context) (int64, error) {
+	var head int64
+	if err := s.db.WithContext(ctx).Raw("SELECT COALESCE(MAX(position), 0) FROM events").Scan(&head).Error; err != nil {
+		return 0, fmt.Errorf("read feed head: %w", err)
+	}
+	return head, nil
+}
+
+// Close is a no-op: the *gorm.DB belongs to the caller, who closes it.
+func (s *GormEventStore) Close() error { return nil }

@@ -1,0 +1,235 @@
+package infrastructure
+
+import (
+	"bytes"
+	"encoding"
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/eventfeed/subscriptions/domain"
+)
+
+// MaxIdentifierBytes bounds event IDs, aggregate IDs, event types and
+// transaction IDs. Longer values are rejected with domain.ErrInvalidEvent
+// rather than truncated, and the bound keeps every identifier inside what a
+// Postgres B-tree index entry can hold.
+const MaxIdentifierBytes = 2048
+
+// preparedEvent is an envelope validated and completed for storage.
+type preparedEvent struct {
+	env      domain.EventEnvelope[any]
+	payload  []byte // JSON
+	metadata []byte // JSON object
+}
+
+// prepareAppend validates an Append call and completes its envelopes:
+// aggregate ID filled in, sequence numbers assigned after current, Created
+// defaulted to now (microsecond precision, as databases keep it), payload
+// and metadata encoded as JSON. strict forbids what Postgres cannot store
+// (NUL characters), so that every store gives the same answers.
+func prepareAppend(aggregateID string, expectedVersion, current int, events []domain.EventEnvelope[any]) ([]preparedEvent, error) {
+	if err := checkIdentifier("aggregate ID", aggregateID); err != nil {
+		return nil, err
+	}
+	if expectedVersion < -1 {
+		return nil, fmt.Errorf("%w: aggregate %q: expectedVersion %d (use -1 to skip the check)", domain.ErrInvalidEvent, aggregateID, expectedVersion)
+	}
+	if expectedVersion != -1 && expectedVersion != current {
+		return nil, fmt.Errorf("%w: aggregate %q is at version %d, expected %d", domain.ErrConcurrencyConflict, aggregateID, current, expectedVersion)
+	}
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	seen := make(map[string]struct{}, len(events))
+	out := make([]preparedEvent, 0, len(events))
+	for i, ev := range events {
+		where := fmt.Sprintf("aggregate %q, event #%d (ID %q)", aggregateID, i+1, ev.ID)
+		if err := checkIdentifier("event ID", ev.ID); err != nil {
+			return nil, fmt.Errorf("%s: %w", where, err)
+		}
+		if _, dup := seen[ev.ID]; dup {
+			return nil, fmt.Errorf("%w: %s: event ID appears twice in one append", domain.ErrInvalidEvent, where)
+		}
+		seen[ev.ID] = struct{}{}
+		if ev.AggregateID == "" {
+			ev.AggregateID = aggregateID
+		} else if ev.AggregateID != aggregateID {
+			return nil, fmt.Errorf("%w: %s: envelope aggregate ID %q differs from the append's", domain.ErrInvalidEvent, where, ev.AggregateID)
+		}
+		if err := checkIdentifier("event type", ev.EventType); err != nil {
+			return nil, fmt.Errorf("%s: %w", where, err)
+		}
+		if ev.TransactionID != "" {
+			if err := checkIdentifier("transaction ID", ev.TransactionID); err != nil {
+				return nil, fmt.Errorf("%s: %w", where, err)
+			}
+		}
+		want := current + i + 1
+		switch {
+		case ev.SequenceNo == 0:
+			ev.SequenceNo = want
+		case ev.SequenceNo < 0:
+			return nil, fmt.Errorf("%w: %s: negative sequence number %d", domain.ErrInvalidEvent, where, ev.SequenceNo)
+		case ev.SequenceNo <= current:
+			return nil, fmt.Errorf("%w: %s: sequence number %d is already stored (aggregate at version %d)", domain.ErrConcurrencyConflict, where, ev.SequenceNo, current)
+		case ev.SequenceNo != want:
+			return nil, fmt.Errorf("%w: %s: sequence number %d, expected %d (sequence numbers are consecutive)", domain.ErrInvalidEvent, where, ev.SequenceNo, want)
+		}
+		if ev.Created.IsZero() {
+			ev.Created = now
+		} else {
+			ev.Created = ev.Created.UTC().Truncate(time.Microsecond)
+		}
+		payload, err := encodeJSON(ev.Payload)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s (type %q): payload: %v", domain.ErrInvalidEvent, where, ev.EventType, err)
+		}
+		if ev.Metadata == nil {
+			ev.Metadata = map[string]any{}
+		}
+		metadata, err := encodeJSON(ev.Metadata)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s (type %q): metadata: %v", domain.ErrInvalidEvent, where, ev.EventType, err)
+		}
+		ev.Position = 0
+		out = append(out, preparedEvent{env: ev, payload: payload, metadata: metadata})
+	}
+	return out, nil
+}
+
+// checkIdentifier rejects identifiers that a store could not keep exactly:
+// empty, invalid UTF-8, NUL characters (Postgres text cannot hold them) or
+// longer than MaxIdentifierBytes.
+func checkIdentifier(what, value string) error {
+	switch {
+	case value == "":
+		return fmt.Errorf("%w: empty %s", domain.ErrInvalidEvent, what)
+	case len(value) > MaxIdentifierBytes:
+		return fmt.Errorf("%w: %s is %d bytes long, at most %d are stored", domain.ErrInvalidEvent, what, len(value), MaxIdentifierBytes)
+	case !utf8.ValidString(value):
+		return fmt.Errorf("%w: %s %q is not valid UTF-8", domain.ErrInvalidEvent, what, value)
+	case strings.IndexByte(value, 0) >= 0:
+		return fmt.Errorf("%w: %s %q contains a NUL character", domain.ErrInvalidEvent, what, value)
+	}
+	return nil
+}
+
+// encodeJSON encodes v, first refusing strings that JSON (or Postgres
+// jsonb) would silently alter: invalid UTF-8, which encoding/json replaces
+// with U+FFFD, and NUL characters, which jsonb rejects. The guarantee is an
+// exact round trip or a clear error, never a quiet change.
+func encodeJSON(v any) ([]byte, error) {
+	if raw, ok := v.(json.RawMessage); ok {
+		// Check the decoded strings, but store the raw bytes (compacted), so
+		// that numbers keep their exact digits.
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.UseNumber()
+		var decoded any
+		if err := dec.Decode(&decoded); err != nil {
+			return nil, fmt.Errorf("json.RawMessage is not valid JSON: %w", err)
+		}
+		if err := checkStrings(reflect.ValueOf(decoded), 0); err != nil {
+			return nil, err
+		}
+		return json.Marshal(raw)
+	}
+	if err := checkStrings(reflect.ValueOf(v), 0); err != nil {
+		return nil, err
+	}
+	return json.Marshal(v)
+}
+
+// maxJSONDepth bounds nesting: deeper values are refused rather than
+// handed to a database whose parser would fail less clearly.
+const maxJSONDepth = 1000
+
+var (
+	jsonMarshalerType = reflect.TypeFor[json.Marshaler]()
+	textMarshalerType = reflect.TypeFor[encoding.TextMarshaler]()
+)
+
+func checkStrings(v reflect.Value, depth int) error {
+	if depth > maxJSONDepth {
+		return fmt.Errorf("nested deeper than %d levels", maxJSONDepth)
+	}
+	if !v.IsValid() {
+		return nil
+	}
+	if t := v.Type(); t.Implements(jsonMarshalerType) || t.Implements(textMarshalerType) {
+		return nil // the type decides its own encoding
+	}
+	switch v.Kind() {
+	case reflect.String:
+		return checkJSONString(v.String())
+	case reflect.Interface, reflect.Pointer:
+		if v.IsNil() {
+			return nil
+		}
+		return checkStrings(v.Elem(), depth+1)
+	case reflect.Slice:
+		if v.Type().Elem().Kind() == reflect.Uint8 {
+			return nil // []byte encodes as base64
+		}
+		fallthrough
+	case reflect.Array:
+		for i := 0; i < v.Len(); i++ {
+			if err := checkStrings(v.Index(i), depth+1); err != nil {
+				return err
+			}
+		}
+	case reflect.Map:
+		iter := v.MapRange()
+		for iter.Next() {
+			if iter.Key().Kind() == reflect.String {
+				if err := checkJSONString(iter.Key().String()); err != nil {
+					return fmt.Errorf("key: %w", err)
+				}
+			}
+			if err := checkStrings(iter.Value(), depth+1); err != nil {
+				return err
+			}
+		}
+	case reflect.Struct:
+		t := v.Type()
+		for i := 0; i < v.NumField(); i++ {
+			if t.Field(i).IsExported() {
+				if err := checkStrings(v.Field(i), depth+1); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func checkJSONString(s string) error {
+	if !utf8.ValidString(s) {
+		return fmt.Errorf("string %q is not valid UTF-8", truncateForError(s))
+	}
+	if strings.IndexByte(s, 0) >= 0 {
+		return fmt.Errorf("string %q contains a NUL character, which Postgres JSON cannot store", truncateForError(s))
+	}
+	return nil
+}
+
+func truncateForError(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}
+
+// decodeJSON decodes a stored JSON column into the value a reader sees:
+// map[string]any for objects, []any, string, float64, bool or nil.
+func decodeJSON(raw []byte) (any, error) {
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return nil, err
+	}
+	return v, nil
+}

@@ -1,0 +1,235 @@
+// Package dbtest is the shared test harness for real databases: every
+// package's tests get their Postgres and SQLite handles from here so that
+// schema isolation, skipping rules and DSNs are the same everywhere.
+//
+// Postgres is reached through SUBSCRIPTIONS_POSTGRES_DSN (default
+// DefaultPostgresDSN). Each test gets a fresh schema, selected through the
+// search_path connection parameter and dropped at cleanup. When no server
+// answers the test is skipped with a message naming the variable, unless
+// SUBSCRIPTIONS_REQUIRE_POSTGRES=1, when it fails instead: CI sets that so
+// the guarantees that live in Postgres can never silently go untested.
+package dbtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"gorm.io/driver/postgres"
+	"gorm.io/driver/sqlite"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+const (
+	// DSNEnv names the variable holding the Postgres DSN for tests.
+	DSNEnv = "SUBSCRIPTIONS_POSTGRES_DSN"
+	// RequireEnv, set to 1, turns "no Postgres server" into a test failure.
+	RequireEnv = "SUBSCRIPTIONS_REQUIRE_POSTGRES"
+	// DefaultPostgresDSN is used when DSNEnv is unset.
+	DefaultPostgresDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+)
+
+// PostgresDSN returns the configured base DSN (no schema selected).
+func PostgresDSN() string {
+	if dsn := os.Getenv(DSNEnv); dsn != "" {
+		return dsn
+	}
+	return DefaultPostgresDSN
+}
+
+// Postgres is one test's isolated schema on the test server.
+type Postgres struct {
+	// Schema is the test's own schema, dropped at cleanup.
+	Schema string
+	// DSN selects Schema through search_path; hand it to anything that
+	// opens its own connection (a listener, a child process, a second pool).
+	DSN string
+	// DB is a pool on DSN, closed at cleanup.
+	DB *gorm.DB
+}
+
+var (
+	reachOnce sync.Once
+	reachErr  error
+)
+
+// reachable checks once per process whether the server answers, so that a
+// missing server costs one connect timeout rather than one per test.
+func reachable() error {
+	reachOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, PostgresDSN())
+		if err != nil {
+			reachErr = err
+			return
+		}
+		reachErr = conn.Ping(ctx)
+		_ = conn.Close(ctx)
+	})
+	return reachErr
+}
+
+// RequirePostgres skips (or, with SUBSCRIPTIONS_REQUIRE_POSTGRES=1, fails)
+// the test when the Postgres server does not answer.
+func RequirePostgres(t testing.TB) {
+	t.Helper()
+	if err := reachable(); err != nil {
+		msg := fmt.Sprintf("Postgres not reachable at %s (set %s to a reachable server): %v",
+			redact(PostgresDSN()), DSNEnv, err)
+		if os.Getenv(RequireEnv) == "1" {
+			t.Fatalf("%s; %s=1 requires it", msg, RequireEnv)
+		}
+		t.Skip(msg)
+	}
+}
+
+// NewPostgres creates a fresh schema for the test and returns a pool whose
+// connections use it. The schema and pool are removed at cleanup.
+func NewPostgres(t testing.TB) *Postgres {
+	t.Helper()
+	RequirePostgres(t)
+	schema := "t_" + randomHex(8)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, PostgresDSN())
+	if err != nil {
+		t.Fatalf("dbtest: connect: %v", err)
+	}
+	defer admin.Close(context.Background())
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		t.Fatalf("dbtest: create schema %s: %v", schema, err)
+	}
+	t.Cleanup(func() { DropSchema(t, schema) })
+
+	dsn, err := WithSearchPath(PostgresDSN(), schema)
+	if err != nil {
+		t.Fatalf("dbtest: %v", err)
+	}
+	pg := &Postgres{Schema: schema, DSN: dsn}
+	pg.DB = pg.Open(t)
+	return pg
+}
+
+// Open returns a new, separate pool on the test's schema, as another
+// process would have. It is closed at cleanup.
+func (p *Postgres) Open(t testing.TB) *gorm.DB {
+	t.Helper()
+	return OpenPostgresDSN(t, p.DSN)
+}
+
+// OpenPostgresDSN opens a pool on dsn that is closed at cleanup.
+func OpenPostgresDSN(t testing.TB, dsn string) *gorm.DB {
+	t.Helper()
+	db, err := gorm.Open(postgres.Open(dsn), quietConfig())
+	if err != nil {
+		t.Fatalf("dbtest: open postgres: %v", err)
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		t.Fatalf("dbtest: %v", err)
+	}
+	sqlDB.SetMaxOpenConns(8)
+	t.Cleanup(func() { _ = sqlDB.Close() })
+	return db
+}
+
+// DropSchema drops a test schema, terminating sessions still using it so
+// that a leaked connection cannot make cleanup hang.
+func DropSchema(t testing.TB, schema string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, PostgresDSN())
+	if err != nil {
+		t.Errorf("dbtest: connect for cleanup of %s: %v", schema, err)
+		return
+	}
+	defer admin.Close(context.Background())
+	if _, err := admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+		t.Errorf("dbtest: drop schema %s: %v", schema, err)
+	}
+}
+
+// WithSearchPath returns dsn with its search_path parameter set to schema.
+func WithSearchPath(dsn, schema string) (string, error) {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return "", fmt.Errorf("dbtest: %s must be a URL DSN: %w", DSNEnv, err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String(), nil
+}
+
+// SQLiteFileDSN is the DSN this module documents for a SQLite file database:
+// WAL so readers never block the writer, a busy timeout so writers queue
+// instead of failing, and immediate transactions so that a transaction never
+// has to upgrade a read lock (which SQLite refuses with "database is
+// locked" instead of waiting).
+func SQLiteFileDSN(path string) string {
+	return "file:" + path + "?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate&_foreign_keys=1"
+}
+
+// SQLiteMemoryDSN is an in-memory database shared by every connection of
+// one pool (the memdb VFS keeps normal locking, unlike shared cache, so the
+// busy timeout works as for files). name must be unique per database.
+func SQLiteMemoryDSN(name string) string {
+	return "file:/" + name + "?vfs=memdb&_busy_timeout=10000&_txlock=immediate"
+}
+
+// NewSQLiteFile opens a SQLite file database in the test's temp directory.
+func NewSQLiteFile(t testing.TB) *gorm.DB {
+	t.Helper()
+	return OpenSQLite(t, SQLiteFileDSN(filepath.Join(t.TempDir(), "test.db")))
+}
+
+// NewSQLiteMemory opens a fresh in-memory SQLite database.
+func NewSQLiteMemory(t testing.TB) *gorm.DB {
+	t.Helper()
+	return OpenSQLite(t, SQLiteMemoryDSN("mem_"+randomHex(8)))
+}
+
+// OpenSQLite opens dsn with the sqlite driver; closed at cleanup.
+func OpenSQLite(t testing.TB, dsn string) *gorm.DB {
+	t.Helper()
+	db, err := gorm.Open(sqlite.Open(dsn), quietConfig())
+	if err != nil {
+		t.Fatalf("dbtest: open sqlite %s: %v", dsn, err)
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		t.Fatalf("dbtest: %v", err)
+	}
+	t.Cleanup(func() { _ = sqlDB.Close() })
+	return db
+}
+
+func quietConfig() *gorm.Config {
+	return &gorm.Config{Logger: logger.Discard}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// redact hides a DSN's password so that test output never carries it.
+func redact(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return "(unparseable DSN)"
+	}
+	return u.Redacted()
+}
