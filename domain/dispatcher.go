@@ -1,7 +1,6 @@
 package domain
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -210,12 +209,10 @@ func decodePayload[T any](payload any) (T, error) {
 	case json.RawMessage:
 		return unmarshalInto[T](p)
 	case []byte:
-		// Raw JSON as a database driver returns it; a []byte that is not
-		// JSON is tried as a JSON string value instead (how encoding/json
-		// represents bytes).
-		if json.Valid(p) {
-			return unmarshalInto[T](p)
-		}
+		// Raw JSON as a database driver returns it. Bytes that are not
+		// valid JSON are an error: re-encoding them as a base64 JSON string
+		// would hand a string handler garbage instead of failing.
+		return unmarshalInto[T](p)
 	}
 	raw, err := json.Marshal(payload)
 	if err != nil {
@@ -224,10 +221,11 @@ func decodePayload[T any](payload any) (T, error) {
 	return unmarshalInto[T](raw)
 }
 
+// unmarshalInto decodes exactly one JSON value. json.Unmarshal, unlike a
+// json.Decoder, rejects trailing data after the value.
 func unmarshalInto[T any](raw []byte) (T, error) {
 	var out T
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	if err := dec.Decode(&out); err != nil {
+	if err := json.Unmarshal(raw, &out); err != nil {
 		var zero T
 		return zero, err
 	}

@@ -86,12 +86,24 @@ func NewGormEventStore(db *gorm.DB) (*GormEventStore, error) {
 // Nothing is stored when any event is invalid or the version check fails.
 func (s *GormEventStore) Append(ctx context.Context, aggregateID string, expectedVersion int, events ...domain.EventEnvelope[any]) error {
 	// Validate what can be checked without the database first, so bad
-	// input never takes the append lock.
-	if _, err := prepareAppend(aggregateID, -1, 0, events); err != nil && !errors.Is(err, domain.ErrConcurrencyConflict) {
+	// input never takes the append lock. The aggregate's version is not
+	// known yet (-1): the version check and sequence numbers are checked
+	// again inside the transaction.
+	if _, err := prepareAppend(aggregateID, expectedVersion, -1, events); err != nil {
 		return err
 	}
 	if len(events) == 0 {
-		return nil
+		// Nothing to store, but the version check is still answered, as
+		// MemoryStore answers it.
+		if expectedVersion == -1 {
+			return nil
+		}
+		current, err := s.GetCurrentVersion(ctx, aggregateID)
+		if err != nil {
+			return err
+		}
+		_, err = prepareAppend(aggregateID, expectedVersion, current, nil)
+		return err
 	}
 	err := s.appendOnce(ctx, aggregateID, expectedVersion, events, s.postgres)
 	if s.postgres && isNotifyFailure(err) {
@@ -303,8 +315,14 @@ func (s *GormEventStore) GetEventsByTransactionID(ctx context.Context, transacti
 	if err := checkIdentifier("transaction ID", transactionID); err != nil {
 		return nil, err
 	}
+	// Aggregate IDs sort by their bytes, as in MemoryStore, whatever the
+	// database's collation (SQLite's default, BINARY, already does).
+	order := "ORDER BY aggregate_id, sequence_no"
+	if s.postgres {
+		order = `ORDER BY aggregate_id COLLATE "C", sequence_no`
+	}
 	return s.query(ctx, fmt.Sprintf("read transaction %q", transactionID),
-		"WHERE transaction_id = ? ORDER BY aggregate_id, sequence_no", transactionID)
+		"WHERE transaction_id = ? "+order, transactionID)
 }
 
 // GetCurrentVersion returns the aggregate's last sequence number, 0 when it

@@ -1,7 +1,6 @@
 package infrastructure
 
 import (
-	"bytes"
 	"encoding"
 	"encoding/json"
 	"fmt"
@@ -29,8 +28,12 @@ type preparedEvent struct {
 // prepareAppend validates an Append call and completes its envelopes:
 // aggregate ID filled in, sequence numbers assigned after current, Created
 // defaulted to now (microsecond precision, as databases keep it), payload
-// and metadata encoded as JSON. strict forbids what Postgres cannot store
-// (NUL characters), so that every store gives the same answers.
+// and metadata encoded as JSON. What Postgres cannot store (NUL characters)
+// is refused on every store, so that every store gives the same answers.
+//
+// current < 0 means the aggregate's version is not known yet: everything
+// but the version check and the sequence numbers' relation to the stored
+// ones is validated, as a check before taking a database lock.
 func prepareAppend(aggregateID string, expectedVersion, current int, events []domain.EventEnvelope[any]) ([]preparedEvent, error) {
 	if err := checkIdentifier("aggregate ID", aggregateID); err != nil {
 		return nil, err
@@ -38,7 +41,7 @@ func prepareAppend(aggregateID string, expectedVersion, current int, events []do
 	if expectedVersion < -1 {
 		return nil, fmt.Errorf("%w: aggregate %q: expectedVersion %d (use -1 to skip the check)", domain.ErrInvalidEvent, aggregateID, expectedVersion)
 	}
-	if expectedVersion != -1 && expectedVersion != current {
+	if current >= 0 && expectedVersion != -1 && expectedVersion != current {
 		return nil, fmt.Errorf("%w: aggregate %q is at version %d, expected %d", domain.ErrConcurrencyConflict, aggregateID, current, expectedVersion)
 	}
 	now := time.Now().UTC().Truncate(time.Microsecond)
@@ -72,6 +75,8 @@ func prepareAppend(aggregateID string, expectedVersion, current int, events []do
 			ev.SequenceNo = want
 		case ev.SequenceNo < 0:
 			return nil, fmt.Errorf("%w: %s: negative sequence number %d", domain.ErrInvalidEvent, where, ev.SequenceNo)
+		case current < 0:
+			// Checked again once the stored version is known.
 		case ev.SequenceNo <= current:
 			return nil, fmt.Errorf("%w: %s: sequence number %d is already stored (aggregate at version %d)", domain.ErrConcurrencyConflict, where, ev.SequenceNo, current)
 		case ev.SequenceNo != want:
@@ -116,29 +121,106 @@ func checkIdentifier(what, value string) error {
 	return nil
 }
 
-// encodeJSON encodes v, first refusing strings that JSON (or Postgres
-// jsonb) would silently alter: invalid UTF-8, which encoding/json replaces
-// with U+FFFD, and NUL characters, which jsonb rejects. The guarantee is an
-// exact round trip or a clear error, never a quiet change.
+// encodeJSON encodes v, refusing what JSON (or Postgres jsonb) would
+// silently alter or refuse: invalid UTF-8, which encoding/json replaces with
+// U+FFFD in Go strings, NUL characters and unpaired UTF-16 surrogate
+// escapes, which jsonb rejects. Go strings are checked before encoding (the
+// encoder would hide invalid UTF-8); the encoding itself is checked after,
+// which also covers json.RawMessage and other json.Marshaler values, whose
+// output the encoder copies as it is. The guarantee is an exact round trip
+// or a clear error, never a quiet change. json.RawMessage is stored as its
+// compacted bytes, so that numbers keep their exact digits.
 func encodeJSON(v any) ([]byte, error) {
-	if raw, ok := v.(json.RawMessage); ok {
-		// Check the decoded strings, but store the raw bytes (compacted), so
-		// that numbers keep their exact digits.
-		dec := json.NewDecoder(bytes.NewReader(raw))
-		dec.UseNumber()
-		var decoded any
-		if err := dec.Decode(&decoded); err != nil {
-			return nil, fmt.Errorf("json.RawMessage is not valid JSON: %w", err)
-		}
-		if err := checkStrings(reflect.ValueOf(decoded), 0); err != nil {
-			return nil, err
-		}
-		return json.Marshal(raw)
-	}
 	if err := checkStrings(reflect.ValueOf(v), 0); err != nil {
 		return nil, err
 	}
-	return json.Marshal(v)
+	out, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkEncodedJSON(out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// checkEncodedJSON checks a valid JSON text as encoding/json produced it:
+// valid UTF-8, no \u0000 escape, every surrogate escape paired, and nested
+// at most maxJSONDepth levels.
+func checkEncodedJSON(data []byte) error {
+	if !utf8.Valid(data) {
+		return fmt.Errorf("encoded JSON %q is not valid UTF-8", truncateForError(string(data)))
+	}
+	depth := 0
+	inString := false
+	for i := 0; i < len(data); i++ {
+		c := data[i]
+		if !inString {
+			switch c {
+			case '"':
+				inString = true
+			case '[', '{':
+				depth++
+				if depth > maxJSONDepth {
+					return fmt.Errorf("nested deeper than %d levels", maxJSONDepth)
+				}
+			case ']', '}':
+				depth--
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inString = false
+		case '\\':
+			i++
+			if i >= len(data) || data[i] != 'u' {
+				continue
+			}
+			r, ok := hexRune(data, i+1)
+			if !ok {
+				return fmt.Errorf("malformed \\u escape in encoded JSON")
+			}
+			i += 4
+			switch {
+			case r == 0:
+				return fmt.Errorf("a string contains a NUL character (\\u0000), which Postgres JSON cannot store")
+			case r >= 0xDC00 && r <= 0xDFFF:
+				return fmt.Errorf("a string contains an unpaired UTF-16 surrogate escape \\u%04x", r)
+			case r >= 0xD800 && r <= 0xDBFF:
+				low, ok := rune(0), false
+				if i+2 < len(data) && data[i+1] == '\\' && data[i+2] == 'u' {
+					low, ok = hexRune(data, i+3)
+				}
+				if !ok || low < 0xDC00 || low > 0xDFFF {
+					return fmt.Errorf("a string contains an unpaired UTF-16 surrogate escape \\u%04x", r)
+				}
+				i += 6
+			}
+		}
+	}
+	return nil
+}
+
+// hexRune parses the four hex digits of a \u escape at data[at:].
+func hexRune(data []byte, at int) (rune, bool) {
+	if at+4 > len(data) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range data[at : at+4] {
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
 }
 
 // maxJSONDepth bounds nesting: deeper values are refused rather than
@@ -158,7 +240,7 @@ func checkStrings(v reflect.Value, depth int) error {
 		return nil
 	}
 	if t := v.Type(); t.Implements(jsonMarshalerType) || t.Implements(textMarshalerType) {
-		return nil // the type decides its own encoding
+		return nil // the type decides its own encoding, checked once encoded
 	}
 	switch v.Kind() {
 	case reflect.String:

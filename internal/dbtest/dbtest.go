@@ -181,9 +181,11 @@ func SQLiteFileDSN(path string) string {
 	return "file:" + path + "?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate&_foreign_keys=1"
 }
 
-// SQLiteMemoryDSN is an in-memory database shared by every connection of
-// one pool (the memdb VFS keeps normal locking, unlike shared cache, so the
-// busy timeout works as for files). name must be unique per database.
+// SQLiteMemoryDSN is an in-memory database named name (unique per
+// database). Open it with a single connection (SetMaxOpenConns(1)): SQLite's
+// in-memory databases lock the whole database for a writer, readers
+// included, so a second connection would only wait; and the database lives
+// as long as its connection does.
 func SQLiteMemoryDSN(name string) string {
 	return "file:/" + name + "?vfs=memdb&_busy_timeout=10000&_txlock=immediate"
 }
@@ -194,10 +196,17 @@ func NewSQLiteFile(t testing.TB) *gorm.DB {
 	return OpenSQLite(t, SQLiteFileDSN(filepath.Join(t.TempDir(), "test.db")))
 }
 
-// NewSQLiteMemory opens a fresh in-memory SQLite database.
+// NewSQLiteMemory opens a fresh in-memory SQLite database on a single
+// connection.
 func NewSQLiteMemory(t testing.TB) *gorm.DB {
 	t.Helper()
-	return OpenSQLite(t, SQLiteMemoryDSN("mem_"+randomHex(8)))
+	db := OpenSQLite(t, SQLiteMemoryDSN("mem_"+randomHex(8)))
+	sqlDB, err := db.DB()
+	if err != nil {
+		t.Fatalf("dbtest: %v", err)
+	}
+	sqlDB.SetMaxOpenConns(1)
+	return db
 }
 
 // OpenSQLite opens dsn with the sqlite driver; closed at cleanup.

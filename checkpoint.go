@@ -1,0 +1,154 @@
+package subscriptions
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"gorm.io/gorm"
+)
+
+// Batch is one acquired processing cycle for a subscriber. Exactly one of
+// Commit or Rollback must be called.
+//
+// A Batch belongs to the goroutine that acquired it and is not safe for
+// concurrent use: database-backed batches wrap one transaction, and a
+// transaction's connection must not be used from two goroutines at once.
+type Batch interface {
+	// Position is the committed checkpoint at acquisition time; the cycle
+	// processes events after it.
+	Position() int64
+
+	// HandlerContext derives the context handlers run with. Database-backed
+	// implementations attach the batch transaction so handlers can join it
+	// via TxFromContext.
+	HandlerContext(ctx context.Context) context.Context
+
+	// Commit advances the checkpoint to position and commits the batch
+	// (including any handler writes made through the batch transaction).
+	Commit(ctx context.Context, position int64) error
+
+	// Rollback abandons the cycle: the checkpoint stays at Position() and
+	// any handler writes made through the batch transaction are discarded.
+	Rollback() error
+
+	// Savepoint marks a rollback point inside the batch and
+	// RollbackToSavepoint discards everything written through the batch
+	// transaction after the mark. The subscriber brackets each handler
+	// attempt with one so a failed attempt's partial writes are discarded
+	// without abandoning the whole batch. Implementations without a
+	// transaction treat both as no-ops.
+	Savepoint(ctx context.Context, name string) error
+	RollbackToSavepoint(ctx context.Context, name string) error
+}
+
+// CheckpointStore persists the position each named subscriber has
+// processed up to. Implementations coordinate concurrent access: at most
+// one Batch per subscriber name is active at a time.
+type CheckpointStore interface {
+	// Acquire begins a processing cycle for the named subscriber, creating
+	// the checkpoint at position 0 if it does not exist. It returns
+	// acquired=false (and no Batch) when another process currently holds the
+	// subscriber's checkpoint; the caller should skip the cycle.
+	Acquire(ctx context.Context, subscriber string) (batch Batch, acquired bool, err error)
+
+	// Position returns the subscriber's committed checkpoint (0 if the
+	// subscriber is unknown).
+	Position(ctx context.Context, subscriber string) (int64, error)
+
+	// Reset sets the subscriber's committed checkpoint, creating it if
+	// needed. Resetting to 0 makes the subscriber replay all history,
+	// incrementally and resumably, on its next cycles. Implementations
+	// serialize Reset against in-flight batches: either Reset waits for the
+	// batch (or fails), or the batch's Commit detects the moved checkpoint
+	// and aborts — a reset is never silently overwritten.
+	Reset(ctx context.Context, subscriber string, position int64) error
+}
+
+var (
+	// ErrCheckpointMoved is returned by a batch's Commit when the
+	// subscriber's checkpoint was changed (by a Reset) after the batch was
+	// acquired. The batch is rolled back and the reset stands.
+	ErrCheckpointMoved = errors.New("checkpoint moved while the batch was in flight")
+
+	// ErrBatchInFlight is returned by MemoryCheckpointStore.Reset while a
+	// batch for the subscriber is active.
+	ErrBatchInFlight = errors.New("a batch is in flight for the subscriber")
+
+	// ErrBatchFinished is returned when Commit or Rollback is called on a
+	// batch that has already been committed or rolled back.
+	ErrBatchFinished = errors.New("batch already finished")
+)
+
+// MaxSubscriberNameBytes bounds subscriber names. Longer names are
+// rejected rather than truncated (Postgres keeps names in a B-tree index
+// whose entries are limited in size).
+const MaxSubscriberNameBytes = 2048
+
+// validateName rejects subscriber names that a checkpoint store could not
+// keep exactly.
+func validateName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("subscriber name is empty")
+	case len(name) > MaxSubscriberNameBytes:
+		return fmt.Errorf("subscriber name is %d bytes long, at most %d are stored", len(name), MaxSubscriberNameBytes)
+	case !utf8.ValidString(name):
+		return fmt.Errorf("subscriber name %q is not valid UTF-8", name)
+	case strings.IndexByte(name, 0) >= 0:
+		return fmt.Errorf("subscriber name %q contains a NUL character", name)
+	}
+	return nil
+}
+
+func validatePosition(subscriber string, position int64) error {
+	if position < 0 {
+		return fmt.Errorf("subscriptions: subscriber %q: position %d is negative", subscriber, position)
+	}
+	return nil
+}
+
+type txContextKey struct{}
+
+// batchTx is what a database-backed batch attaches to handler contexts:
+// the transaction, and the pool it was begun on so that a ParkingLot can
+// tell whether the transaction belongs to its own database.
+type batchTx struct {
+	tx   *gorm.DB
+	pool *sql.DB
+}
+
+// TxFromContext returns the batch transaction attached to a handler's
+// context by a GormCheckpointStore batch, or nil when the handler is not
+// running inside a database-backed batch. Handlers that write projections
+// to the same database should write through this transaction: those writes
+// then commit atomically with the checkpoint advance (exactly-once),
+// instead of relying on at-least-once redelivery.
+//
+// The transaction is owned by the batch: handlers must not commit or roll
+// it back, and must not use it from other goroutines.
+func TxFromContext(ctx context.Context) *gorm.DB {
+	if ctx == nil {
+		return nil
+	}
+	if v, ok := ctx.Value(txContextKey{}).(*batchTx); ok {
+		return v.tx
+	}
+	return nil
+}
+
+func withTx(ctx context.Context, tx *gorm.DB, pool *sql.DB) context.Context {
+	return context.WithValue(ctx, txContextKey{}, &batchTx{tx: tx, pool: pool})
+}
+
+// txForPool returns the context's batch transaction only when it was begun
+// on pool.
+func txForPool(ctx context.Context, pool *sql.DB) *gorm.DB {
+	if v, ok := ctx.Value(txContextKey{}).(*batchTx); ok && v.pool == pool && pool != nil {
+		return v.tx
+	}
+	return nil
+}

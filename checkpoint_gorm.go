@@ -1,0 +1,241 @@
+package subscriptions
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/eventfeed/subscriptions/internal/sqlschema"
+)
+
+// GormCheckpointModel is the GORM model for subscriber checkpoints. The
+// table is owned and created by NewGormCheckpointStore.
+type GormCheckpointModel struct {
+	Subscriber string    `gorm:"primaryKey;column:subscriber"`
+	Position   int64     `gorm:"column:position;not null"`
+	UpdatedAt  time.Time `gorm:"column:updated_at"`
+}
+
+// TableName returns the table name for the checkpoint model.
+func (GormCheckpointModel) TableName() string { return "subscriber_checkpoints" }
+
+var checkpointObjects = sqlschema.Objects{
+	Names: []string{"subscriber_checkpoints"},
+	Postgres: []string{`CREATE TABLE IF NOT EXISTS subscriber_checkpoints (
+		subscriber text        NOT NULL PRIMARY KEY,
+		position   bigint      NOT NULL,
+		updated_at timestamptz
+	)`},
+	SQLite: []string{`CREATE TABLE IF NOT EXISTS subscriber_checkpoints (
+		subscriber text     NOT NULL PRIMARY KEY,
+		position   integer  NOT NULL,
+		updated_at datetime
+	)`},
+}
+
+// GormCheckpointStore is a database-backed CheckpointStore. Each batch runs
+// inside one database transaction: handlers that write to the same database
+// through the batch transaction (TxFromContext) commit atomically with the
+// checkpoint advance — exactly-once processing for same-database handlers.
+//
+// On Postgres the checkpoint row is locked with FOR UPDATE SKIP LOCKED, so
+// N processes running the same subscriber coordinate as active/passive
+// replicas: one wins each cycle, the others skip. SQLite relies on its
+// serialized writers (single process): a batch takes the write lock when it
+// is acquired, and within one store at most one batch per subscriber is
+// active.
+//
+// Every Commit is a compare-and-set on the position the batch started
+// from, so a checkpoint moved underneath a batch (by a Reset) makes the
+// Commit fail with ErrCheckpointMoved instead of overwriting the reset.
+//
+// GormCheckpointStore is safe for concurrent use. It does not own the
+// *gorm.DB.
+type GormCheckpointStore struct {
+	db       *gorm.DB
+	pool     *sql.DB
+	postgres bool
+
+	// SQLite only: the batches in flight in this process, so that Reset can
+	// abort them and Acquire can skip instead of queueing on the write lock.
+	mu     sync.Mutex
+	active map[string]*gormBatch
+}
+
+var _ CheckpointStore = (*GormCheckpointStore)(nil)
+
+// NewGormCheckpointStore creates a checkpoint store and creates the
+// subscriber_checkpoints table if needed (safely while other processes use
+// it). Like the event feed itself, it supports Postgres and SQLite: replica
+// coordination relies on row locking (Postgres) or serialized writers
+// (SQLite), and other engines would silently double-process events.
+func NewGormCheckpointStore(db *gorm.DB) (*GormCheckpointStore, error) {
+	pool, postgres, err := gormHandle("NewGormCheckpointStore", db)
+	if err != nil {
+		return nil, err
+	}
+	if err := sqlschema.Ensure(context.Background(), db, checkpointObjects); err != nil {
+		return nil, fmt.Errorf("subscriptions: create subscriber_checkpoints table: %w", err)
+	}
+	return &GormCheckpointStore{db: db, pool: pool, postgres: postgres, active: make(map[string]*gormBatch)}, nil
+}
+
+// gormHandle checks a *gorm.DB handed to a constructor.
+func gormHandle(constructor string, db *gorm.DB) (*sql.DB, bool, error) {
+	if db == nil {
+		return nil, false, fmt.Errorf("subscriptions: %s: nil *gorm.DB", constructor)
+	}
+	switch db.Name() {
+	case sqlschema.Postgres, sqlschema.SQLite:
+	default:
+		return nil, false, fmt.Errorf("subscriptions: %s: dialect %q is not supported (use postgres or sqlite)", constructor, db.Name())
+	}
+	pool, err := db.DB()
+	if err != nil {
+		return nil, false, fmt.Errorf("subscriptions: %s: %w", constructor, err)
+	}
+	return pool, db.Name() == sqlschema.Postgres, nil
+}
+
+// Acquire begins a batch transaction holding the subscriber's checkpoint
+// row. On Postgres, acquired is false when another process holds the row;
+// on SQLite, when another batch of this store holds it.
+//
+// The batch's transaction lives until Commit or Rollback; the caller owns
+// it and must end it.
+func (g *GormCheckpointStore) Acquire(ctx context.Context, subscriber string) (Batch, bool, error) {
+	if err := validateName(subscriber); err != nil {
+		return nil, false, fmt.Errorf("subscriptions: acquire: %w", err)
+	}
+	b := &gormBatch{store: g, subscriber: subscriber, done: make(chan struct{})}
+	if !g.postgres {
+		g.mu.Lock()
+		if g.active[subscriber] != nil {
+			g.mu.Unlock()
+			return nil, false, nil
+		}
+		g.active[subscriber] = b
+		g.mu.Unlock()
+	}
+	acquired, err := g.begin(ctx, b)
+	if err != nil || !acquired {
+		b.release()
+		return nil, false, err
+	}
+	return b, true, nil
+}
+
+func (g *GormCheckpointStore) begin(ctx context.Context, b *gormBatch) (bool, error) {
+	tx := g.db.WithContext(ctx).Begin()
+	if tx.Error != nil {
+		return false, fmt.Errorf("subscriptions: acquire checkpoint of %q: begin: %w", b.subscriber, tx.Error)
+	}
+	fail := func(what string, err error) (bool, error) {
+		tx.Rollback()
+		return false, fmt.Errorf("subscriptions: acquire checkpoint of %q: %s: %w", b.subscriber, what, err)
+	}
+	var positions []int64
+	if g.postgres {
+		if err := tx.Raw("SELECT position FROM subscriber_checkpoints WHERE subscriber = ? FOR UPDATE SKIP LOCKED", b.subscriber).Scan(&positions).Error; err != nil {
+			return fail("lock row", err)
+		}
+		if len(positions) == 0 {
+			// Either the row does not exist yet, or another replica holds it.
+			// A row this transaction inserts is locked by it until commit.
+			if err := tx.Raw("INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, 0, ?) ON CONFLICT (subscriber) DO NOTHING RETURNING position",
+				b.subscriber, time.Now().UTC()).Scan(&positions).Error; err != nil {
+				return fail("create row", err)
+			}
+			if len(positions) == 0 {
+				tx.Rollback()
+				return false, nil
+			}
+		}
+	} else {
+		// The insert comes first so that the batch takes SQLite's write lock
+		// at once, whatever the DSN's transaction mode.
+		if err := tx.Exec("INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, 0, ?) ON CONFLICT (subscriber) DO NOTHING",
+			b.subscriber, time.Now().UTC()).Error; err != nil {
+			return fail("create row", err)
+		}
+		if err := tx.Raw("SELECT position FROM subscriber_checkpoints WHERE subscriber = ?", b.subscriber).Scan(&positions).Error; err != nil {
+			return fail("read row", err)
+		}
+		if len(positions) == 0 {
+			return fail("read row", errors.New("row vanished"))
+		}
+	}
+	b.tx = tx
+	b.position = positions[0]
+	return true, nil
+}
+
+// Position returns the subscriber's committed checkpoint (0 if unknown).
+// It is one indexed read, without a transaction or lock.
+func (g *GormCheckpointStore) Position(ctx context.Context, subscriber string) (int64, error) {
+	var positions []int64
+	if err := g.db.WithContext(ctx).Raw("SELECT position FROM subscriber_checkpoints WHERE subscriber = ?", subscriber).Scan(&positions).Error; err != nil {
+		return 0, fmt.Errorf("subscriptions: read checkpoint of %q: %w", subscriber, err)
+	}
+	if len(positions) == 0 {
+		return 0, nil
+	}
+	return positions[0], nil
+}
+
+// Reset sets the subscriber's checkpoint, creating the row if needed. On
+// Postgres it blocks until any in-flight batch for the subscriber finishes
+// (the batch transaction holds the row). On SQLite a concurrent in-flight
+// batch is not blocked; instead its Commit detects that the checkpoint
+// moved and aborts, so the reset always wins and processing resumes from
+// the reset position. Reset returns once the reset is committed.
+func (g *GormCheckpointStore) Reset(ctx context.Context, subscriber string, position int64) error {
+	if err := validateName(subscriber); err != nil {
+		return fmt.Errorf("subscriptions: reset: %w", err)
+	}
+	if err := validatePosition(subscriber, position); err != nil {
+		return err
+	}
+	if !g.postgres {
+		release, err := g.fenceSQLite(ctx, subscriber)
+		if err != nil {
+			return err
+		}
+		defer release()
+	}
+	err := g.db.WithContext(ctx).Exec(`INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, ?, ?)
+		ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at`,
+		subscriber, position, time.Now().UTC()).Error
+	if err != nil {
+		return fmt.Errorf("subscriptions: reset checkpoint of %q to %d: %w", subscriber, position, err)
+	}
+	return nil
+}
+
+// fenceSQLite marks this store's in-flight batch of subscriber as moved
+// (its Commit will abort), waits for it to end, and keeps new batches out
+// until release is called.
+func (g *GormCheckpointStore) fenceSQLite(ctx context.Context, subscriber string) (release func(), err error) {
+	fence := &gormBatch{subscriber: subscriber, done: make(chan struct{})}
+	for {
+		g.mu.Lock()
+		b := g.active[subscriber]
+		if b == nil {
+			g.active[subscriber] = fence
+			g.mu.Unlock()
+			return fence.release, nil
+		}
+		b.moved.Store(true)
+		g.mu.Unlock()
+		select {
+		case <-b.done:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("subscriptions: reset checkpoint of %q: waiting for the batch in flight: %w", subscriber, ctx.Err())
+		}
+	}
+}

@@ -1,0 +1,111 @@
+package subscriptions
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// gormBatch is one transaction of a GormCheckpointStore.
+type gormBatch struct {
+	store      *GormCheckpointStore
+	subscriber string
+	tx         *gorm.DB
+	position   int64
+
+	moved    atomic.Bool // SQLite: a Reset is waiting for this batch
+	finished bool
+	once     sync.Once
+	done     chan struct{} // closed when the batch has ended
+}
+
+// release ends the batch's registration (SQLite) and wakes a waiting Reset.
+func (b *gormBatch) release() {
+	b.once.Do(func() {
+		if b.store != nil && !b.store.postgres {
+			b.store.mu.Lock()
+			if b.store.active[b.subscriber] == b {
+				delete(b.store.active, b.subscriber)
+			}
+			b.store.mu.Unlock()
+		}
+		close(b.done)
+	})
+}
+
+func (b *gormBatch) Position() int64 { return b.position }
+
+func (b *gormBatch) HandlerContext(ctx context.Context) context.Context {
+	return withTx(ctx, b.tx, b.store.pool)
+}
+
+func (b *gormBatch) Commit(ctx context.Context, position int64) error {
+	if b.finished {
+		return fmt.Errorf("subscriptions: commit checkpoint of %q: %w", b.subscriber, ErrBatchFinished)
+	}
+	b.finished = true
+	defer b.release()
+	fail := func(err error) error {
+		b.tx.Rollback()
+		return fmt.Errorf("subscriptions: commit checkpoint of %q at position %d: %w", b.subscriber, position, err)
+	}
+	if position < b.position {
+		return fail(fmt.Errorf("position is behind the batch's start %d", b.position))
+	}
+	if b.moved.Load() {
+		return fail(ErrCheckpointMoved)
+	}
+	res := b.tx.WithContext(ctx).Exec("UPDATE subscriber_checkpoints SET position = ?, updated_at = ? WHERE subscriber = ? AND position = ?",
+		position, time.Now().UTC(), b.subscriber, b.position)
+	if res.Error != nil {
+		return fail(res.Error)
+	}
+	if res.RowsAffected != 1 {
+		return fail(ErrCheckpointMoved)
+	}
+	if err := b.tx.Commit().Error; err != nil {
+		return fmt.Errorf("subscriptions: commit checkpoint of %q at position %d: %w", b.subscriber, position, err)
+	}
+	return nil
+}
+
+func (b *gormBatch) Rollback() error {
+	if b.finished {
+		return fmt.Errorf("subscriptions: roll back batch of %q: %w", b.subscriber, ErrBatchFinished)
+	}
+	b.finished = true
+	defer b.release()
+	if err := b.tx.Rollback().Error; err != nil {
+		return fmt.Errorf("subscriptions: roll back batch of %q: %w", b.subscriber, err)
+	}
+	return nil
+}
+
+// savepointName restricts savepoint names to plain identifiers: GORM
+// builds SAVEPOINT statements by string concatenation.
+var savepointName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+func (b *gormBatch) Savepoint(ctx context.Context, name string) error {
+	if !savepointName.MatchString(name) {
+		return fmt.Errorf("subscriptions: savepoint name %q is not a plain identifier", name)
+	}
+	if err := b.tx.WithContext(ctx).SavePoint(name).Error; err != nil {
+		return fmt.Errorf("subscriptions: savepoint %s in batch of %q: %w", name, b.subscriber, err)
+	}
+	return nil
+}
+
+func (b *gormBatch) RollbackToSavepoint(ctx context.Context, name string) error {
+	if !savepointName.MatchString(name) {
+		return fmt.Errorf("subscriptions: savepoint name %q is not a plain identifier", name)
+	}
+	if err := b.tx.WithContext(ctx).RollbackTo(name).Error; err != nil {
+		return fmt.Errorf("subscriptions: roll back to savepoint %s in batch of %q: %w", name, b.subscriber, err)
+	}
+	return nil
+}

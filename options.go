@@ -1,0 +1,101 @@
+package subscriptions
+
+import (
+	"log/slog"
+	"time"
+)
+
+const (
+	// DefaultBatchSize is the number of events read per cycle when
+	// WithBatchSize is not supplied.
+	DefaultBatchSize = 100
+
+	// DefaultPollInterval is how long an idle subscriber waits before
+	// checking the feed again when WithPollInterval is not supplied.
+	DefaultPollInterval = time.Second
+
+	// DefaultMaxRetries is how many times a failing handler is retried per
+	// event (after the initial attempt) before the event is parked, when a
+	// ParkingLot is configured and WithMaxRetries is not supplied.
+	DefaultMaxRetries = 5
+
+	// DefaultRetryBackoff is the first retry delay; it doubles per attempt.
+	DefaultRetryBackoff = 100 * time.Millisecond
+
+	// DefaultMaxRetryBackoff caps the doubling retry delay.
+	DefaultMaxRetryBackoff = 5 * time.Second
+)
+
+// SubscriberOption configures a Subscriber. Options are applied in order by
+// NewSubscriber, which validates the result and names the offending
+// argument when a value is out of range.
+type SubscriberOption func(*Subscriber)
+
+// WithBatchSize sets how many events are read per cycle (default
+// DefaultBatchSize). One cycle is one database transaction, so larger
+// batches amortise the per-cycle round trips; n <= 0 is rejected.
+func WithBatchSize(n int) SubscriberOption {
+	return func(s *Subscriber) { s.batchSize = n }
+}
+
+// WithPollInterval sets how long an idle subscriber waits before checking
+// the feed again (default DefaultPollInterval). It is also the retry delay
+// after a failed batch. d <= 0 is rejected.
+func WithPollInterval(d time.Duration) SubscriberOption {
+	return func(s *Subscriber) { s.pollInterval = d }
+}
+
+// WithLogger sets the logger for batch failures and lifecycle events. The
+// default is slog.Default() — a permanently failing subscriber must be
+// visible somewhere out of the box. nil means the default.
+func WithLogger(logger *slog.Logger) SubscriberOption {
+	return func(s *Subscriber) { s.logger = logger }
+}
+
+// WithWakeSignal lets the subscriber wake on new commits instead of
+// waiting out the poll interval: pass InProcessNotifier.Subscribe()
+// (single-process / SQLite) or PostgresListener.Subscribe() (cross-process
+// via LISTEN/NOTIFY). Each subscriber needs its own channel — channel
+// receives are point-to-point, so a shared channel would wake only one
+// subscriber per signal. Polling continues as the fallback, so
+// notifications are never load-bearing. A closed channel is detected and
+// the subscriber falls back to pure polling.
+func WithWakeSignal(wake <-chan struct{}) SubscriberOption {
+	return func(s *Subscriber) { s.wake = wake }
+}
+
+// WithParkingLot enables poison-event handling: a handler that keeps
+// failing on one event has the event parked (with its error) after bounded
+// retries, and the checkpoint advances past it so the events behind it keep
+// flowing. Without a parking lot, a failing event abandons the batch and is
+// retried every poll interval forever.
+//
+// Failed attempts' writes are discarded only when the batch has a real
+// transaction (GormCheckpointStore) and the handler writes through it; with
+// MemoryCheckpointStore or out-of-transaction side effects, each retry
+// re-applies whatever the handler did before failing.
+func WithParkingLot(lot ParkingLot) SubscriberOption {
+	return func(s *Subscriber) { s.parking = lot }
+}
+
+// WithMaxRetries sets how many times a failing handler is retried per event
+// (after the initial attempt) before the event is parked (default
+// DefaultMaxRetries). Only meaningful with WithParkingLot. n < 0 is
+// rejected; 0 parks on the first failure.
+func WithMaxRetries(n int) SubscriberOption {
+	return func(s *Subscriber) { s.maxRetries = n }
+}
+
+// WithRetryBackoff sets the first retry delay and its cap; the delay
+// doubles per attempt up to the cap (defaults DefaultRetryBackoff and
+// DefaultMaxRetryBackoff). initial must be positive and maximum at least
+// initial.
+//
+// No database transaction is held while a retry waits: each retry runs in a
+// short transaction of its own, so backoff never holds a row lock.
+func WithRetryBackoff(initial, maximum time.Duration) SubscriberOption {
+	return func(s *Subscriber) {
+		s.retryBackoff = initial
+		s.maxRetryBackoff = maximum
+	}
+}

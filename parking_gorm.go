@@ -1,0 +1,198 @@
+package subscriptions
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/internal/sqlschema"
+)
+
+// GormParkedEventModel is the GORM model for parked events. The table is
+// owned and created by NewGormParkingLot.
+type GormParkedEventModel struct {
+	Subscriber string    `gorm:"primaryKey;column:subscriber"`
+	EventID    string    `gorm:"primaryKey;column:event_id"`
+	EventType  string    `gorm:"column:event_type"`
+	Position   int64     `gorm:"column:position"`
+	Error      string    `gorm:"column:error"`
+	Attempts   int       `gorm:"column:attempts"`
+	ParkedAt   time.Time `gorm:"column:parked_at"`
+}
+
+// TableName returns the table name for the parked event model.
+func (GormParkedEventModel) TableName() string { return "parked_events" }
+
+var parkedObjects = sqlschema.Objects{
+	Names: []string{"parked_events", "idx_parked_events_position"},
+	Postgres: []string{
+		`CREATE TABLE IF NOT EXISTS parked_events (
+			subscriber text        NOT NULL,
+			event_id   text        NOT NULL,
+			event_type text        NOT NULL DEFAULT '',
+			position   bigint      NOT NULL DEFAULT 0,
+			error      text        NOT NULL DEFAULT '',
+			attempts   integer     NOT NULL DEFAULT 0,
+			parked_at  timestamptz,
+			PRIMARY KEY (subscriber, event_id)
+		)`,
+		`CREATE INDEX IF NOT EXISTS idx_parked_events_position ON parked_events (subscriber, position)`,
+	},
+	SQLite: []string{
+		`CREATE TABLE IF NOT EXISTS parked_events (
+			subscriber text     NOT NULL,
+			event_id   text     NOT NULL,
+			event_type text     NOT NULL DEFAULT '',
+			position   integer  NOT NULL DEFAULT 0,
+			error      text     NOT NULL DEFAULT '',
+			attempts   integer  NOT NULL DEFAULT 0,
+			parked_at  datetime,
+			PRIMARY KEY (subscriber, event_id)
+		)`,
+		`CREATE INDEX IF NOT EXISTS idx_parked_events_position ON parked_events (subscriber, position)`,
+	},
+}
+
+// GormParkingLot is a database-backed ParkingLot. When parking happens
+// inside a subscriber batch, the row is written through the batch
+// transaction so the parking and the checkpoint advance commit atomically —
+// a crash between the two cannot lose a poison event or park it twice.
+//
+// It is safe for concurrent use and does not own the *gorm.DB.
+type GormParkingLot struct {
+	db       *gorm.DB
+	pool     *sql.DB
+	postgres bool
+}
+
+var _ ParkingLot = (*GormParkingLot)(nil)
+
+// NewGormParkingLot creates a parking lot and creates the parked_events
+// table if needed. Construct it with the same *gorm.DB as the
+// GormCheckpointStore: that is what lets Park join the batch transaction
+// and commit atomically with the checkpoint advance. A lot built on a
+// different handle still works, but parks non-transactionally through its
+// own connection.
+func NewGormParkingLot(db *gorm.DB) (*GormParkingLot, error) {
+	pool, postgres, err := gormHandle("NewGormParkingLot", db)
+	if err != nil {
+		return nil, err
+	}
+	if err := sqlschema.Ensure(context.Background(), db, parkedObjects); err != nil {
+		return nil, fmt.Errorf("subscriptions: create parked_events table: %w", err)
+	}
+	return &GormParkingLot{db: db, pool: pool, postgres: postgres}, nil
+}
+
+// Park records a poison event, writing through the batch transaction when
+// ctx carries one that belongs to this lot's database. A batch transaction
+// from a different *gorm.DB is ignored — writing parked_events through a
+// foreign connection could land the row in a different database, where
+// List/Replay would never find it. Re-parking an already-parked event
+// updates its error, attempt count, and timestamp (the event may be
+// reprocessed after a checkpoint reset).
+func (g *GormParkingLot) Park(ctx context.Context, parked ParkedEvent) error {
+	if err := validateParked(parked); err != nil {
+		return err
+	}
+	if parked.ParkedAt.IsZero() {
+		parked.ParkedAt = time.Now()
+	}
+	db := txForPool(ctx, g.pool)
+	if db == nil {
+		db = g.db
+	}
+	err := db.WithContext(ctx).Exec(`INSERT INTO parked_events (subscriber, event_id, event_type, position, error, attempts, parked_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (subscriber, event_id) DO UPDATE SET event_type = excluded.event_type, position = excluded.position,
+			error = excluded.error, attempts = excluded.attempts, parked_at = excluded.parked_at`,
+		parked.Subscriber, parked.EventID, storableText(parked.EventType), parked.Position,
+		storableText(parked.Error), parked.Attempts, parked.ParkedAt.UTC()).Error
+	if err != nil {
+		return fmt.Errorf("subscriptions: park event %q (position %d) for %q: %w", parked.EventID, parked.Position, parked.Subscriber, err)
+	}
+	return nil
+}
+
+// storableText makes free text (an error message) storable as Postgres
+// text: invalid UTF-8 is replaced and NUL characters dropped.
+func storableText(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	return strings.ReplaceAll(s, "\x00", "")
+}
+
+// List returns the subscriber's parked events ordered by position.
+func (g *GormParkingLot) List(ctx context.Context, subscriber string) ([]ParkedEvent, error) {
+	var rows []GormParkedEventModel
+	err := g.db.WithContext(ctx).Raw(`SELECT subscriber, event_id, event_type, position, error, attempts, parked_at
+		FROM parked_events WHERE subscriber = ? ORDER BY position, event_id`, subscriber).Scan(&rows).Error
+	if err != nil {
+		return nil, fmt.Errorf("subscriptions: list parked events of %q: %w", subscriber, err)
+	}
+	out := make([]ParkedEvent, len(rows))
+	for i, r := range rows {
+		out[i] = ParkedEvent{
+			Subscriber: r.Subscriber,
+			EventID:    r.EventID,
+			EventType:  r.EventType,
+			Position:   r.Position,
+			Error:      r.Error,
+			Attempts:   r.Attempts,
+			ParkedAt:   r.ParkedAt.UTC(),
+		}
+	}
+	return out, nil
+}
+
+// errReplayLost aborts a replay whose row disappeared before its delete.
+var errReplayLost = errors.New("the parked entry was cleared by a concurrent replay")
+
+// Replay re-runs the handler and clears the parked row in one transaction.
+// The handler receives the transaction via TxFromContext, so a failed
+// replay rolls back both the handler's writes and the row deletion.
+// Concurrent replays of the same event execute the handler at most once:
+// the row is locked on Postgres (SQLite serializes writers), and the delete
+// is verified so a transaction that lost the race rolls back its duplicate
+// handler writes instead of committing.
+func (g *GormParkingLot) Replay(ctx context.Context, subscriber, eventID string, event domain.EventEnvelope[any], handler Handler) error {
+	if handler == nil {
+		return fmt.Errorf("subscriptions: replay event %q for %q: nil handler", eventID, subscriber)
+	}
+	return g.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var found []int
+		if g.postgres {
+			if err := tx.Raw("SELECT attempts FROM parked_events WHERE subscriber = ? AND event_id = ? FOR UPDATE", subscriber, eventID).Scan(&found).Error; err != nil {
+				return fmt.Errorf("subscriptions: replay event %q for %q: lock parked row: %w", eventID, subscriber, err)
+			}
+		} else {
+			// Take SQLite's write lock first: nobody can re-park or replay the
+			// event until this transaction ends.
+			if err := tx.Exec("UPDATE parked_events SET attempts = attempts WHERE subscriber = ? AND event_id = ?", subscriber, eventID).Error; err != nil {
+				return fmt.Errorf("subscriptions: replay event %q for %q: lock parked row: %w", eventID, subscriber, err)
+			}
+			if err := tx.Raw("SELECT attempts FROM parked_events WHERE subscriber = ? AND event_id = ?", subscriber, eventID).Scan(&found).Error; err != nil {
+				return fmt.Errorf("subscriptions: replay event %q for %q: read parked row: %w", eventID, subscriber, err)
+			}
+		}
+		if len(found) == 0 {
+			return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, subscriber, ErrEventNotParked)
+		}
+		if err := handler(withTx(ctx, tx, g.pool), event); err != nil {
+			return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, subscriber, err)
+		}
+		res := tx.Exec("DELETE FROM parked_events WHERE subscriber = ? AND event_id = ?", subscriber, eventID)
+		if res.Error != nil {
+			return fmt.Errorf("subscriptions: replay event %q for %q: clear parked row: %w", eventID, subscriber, res.Error)
+		}
+		if res.RowsAffected != 1 {
+			return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, subscriber, errReplayLost)
+		}
+		return nil
+	})
+}

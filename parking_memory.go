@@ -1,0 +1,130 @@
+package subscriptions
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/eventfeed/subscriptions/domain"
+)
+
+// MemoryParkingLot is an in-memory ParkingLot for tests and single-process
+// development setups. Parking is not transactional with checkpoint
+// advances, and parked records do not survive a restart — pairing it with a
+// durable checkpoint store means a poison event whose park record is lost
+// on restart has already been skipped by the durable checkpoint,
+// permanently.
+//
+// It is safe for concurrent use.
+type MemoryParkingLot struct {
+	mu      sync.Mutex
+	entries map[parkedKey]*memoryParked
+}
+
+type parkedKey struct{ subscriber, eventID string }
+
+type memoryParked struct {
+	event     ParkedEvent
+	version   uint64 // bumped by every Park, so a replay can tell a re-park
+	replaying bool
+}
+
+// NewMemoryParkingLot creates an empty in-memory parking lot.
+func NewMemoryParkingLot() *MemoryParkingLot {
+	return &MemoryParkingLot{entries: make(map[parkedKey]*memoryParked)}
+}
+
+var _ ParkingLot = (*MemoryParkingLot)(nil)
+
+// Park records a poison event; parking it again updates its type,
+// position, error, attempt count and time.
+func (m *MemoryParkingLot) Park(ctx context.Context, parked ParkedEvent) error {
+	if err := validateParked(parked); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	k := parkedKey{parked.Subscriber, parked.EventID}
+	e, ok := m.entries[k]
+	if !ok {
+		e = &memoryParked{}
+		m.entries[k] = e
+	}
+	e.event = parked
+	e.version++
+	return nil
+}
+
+func validateParked(p ParkedEvent) error {
+	if err := validateName(p.Subscriber); err != nil {
+		return fmt.Errorf("subscriptions: park event %q: %w", p.EventID, err)
+	}
+	if p.EventID == "" {
+		return fmt.Errorf("subscriptions: park for %q: empty event ID", p.Subscriber)
+	}
+	return nil
+}
+
+// List returns the subscriber's parked events ordered by position.
+func (m *MemoryParkingLot) List(ctx context.Context, subscriber string) ([]ParkedEvent, error) {
+	m.mu.Lock()
+	out := []ParkedEvent{}
+	for k, e := range m.entries {
+		if k.subscriber == subscriber {
+			out = append(out, e.event)
+		}
+	}
+	m.mu.Unlock()
+	sortParked(out)
+	return out, nil
+}
+
+func sortParked(p []ParkedEvent) {
+	sort.Slice(p, func(i, j int) bool {
+		if p[i].Position != p[j].Position {
+			return p[i].Position < p[j].Position
+		}
+		return p[i].EventID < p[j].EventID
+	})
+}
+
+// Replay re-runs the handler and clears the parked entry on success. The
+// handler runs at most once per entry: concurrent replays of the same event
+// conflict (ErrReplayInProgress) instead of double-executing, and an entry
+// re-parked while the replay was running (a fresh failure) is preserved
+// rather than cleared.
+func (m *MemoryParkingLot) Replay(ctx context.Context, subscriber, eventID string, event domain.EventEnvelope[any], handler Handler) error {
+	if handler == nil {
+		return fmt.Errorf("subscriptions: replay event %q for %q: nil handler", eventID, subscriber)
+	}
+	k := parkedKey{subscriber, eventID}
+	m.mu.Lock()
+	e, ok := m.entries[k]
+	switch {
+	case !ok:
+		m.mu.Unlock()
+		return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, subscriber, ErrEventNotParked)
+	case e.replaying:
+		m.mu.Unlock()
+		return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, subscriber, ErrReplayInProgress)
+	}
+	e.replaying = true
+	version := e.version
+	m.mu.Unlock()
+
+	succeeded := false
+	defer func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		e.replaying = false
+		if succeeded && e.version == version && m.entries[k] == e {
+			delete(m.entries, k)
+		}
+	}()
+	if err := handler(ctx, event); err != nil {
+		return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, subscriber, err)
+	}
+	succeeded = true
+	return nil
+}

@@ -1,0 +1,395 @@
+package subscriptions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/eventfeed/subscriptions/domain"
+)
+
+// outcome is what one cycle leaves the run loop to do.
+type outcome int
+
+const (
+	// outcomeIdle: nothing past the checkpoint; wait for a wake or a poll.
+	outcomeIdle outcome = iota
+	// outcomeMore: more work is known to be waiting; cycle again at once.
+	outcomeMore
+	// outcomeSkipped: another replica holds the checkpoint.
+	outcomeSkipped
+	// outcomeFailed: a transient failure was logged; retry after a poll
+	// interval, ignoring wake signals (a failing event would otherwise be
+	// retried on every append).
+	outcomeFailed
+	// outcomeStopped: the context was cancelled outside a batch.
+	outcomeStopped
+	// outcomeFatal: the event store has no global ordered feed (r.fatal).
+	outcomeFatal
+)
+
+// wakeRechecks are the delays of the quick re-checks after a wake signal
+// that found nothing new: a notification can arrive before the commit it
+// announces is visible to this process's reads, and a wasted notification
+// would otherwise cost a whole poll interval.
+var wakeRechecks = []time.Duration{5 * time.Millisecond, 25 * time.Millisecond, 100 * time.Millisecond}
+
+// Run processes the feed until ctx is cancelled. A batch that is already in
+// flight when cancellation arrives is drained — handlers finish and the
+// checkpoint advances — before Run returns nil. A retry backoff in progress
+// is cut short instead: the failing event is redelivered on restart.
+//
+// Transient errors (database hiccups, handler failures) are logged and
+// retried after the poll interval; they never stop the subscriber. The only
+// error Run returns is fatal misconfiguration: an event store without a
+// global ordered feed (an error wrapping
+// domain.ErrGlobalOrderingNotSupported).
+//
+// A panicking handler rolls back its batch, releasing the checkpoint, and
+// the panic propagates out of Run.
+func (s *Subscriber) Run(ctx context.Context) error {
+	if _, err := s.events.HeadPosition(ctx); err != nil {
+		if errors.Is(err, domain.ErrGlobalOrderingNotSupported) {
+			return fmt.Errorf("subscriptions: subscriber %q cannot run: %w", s.name, err)
+		}
+		if ctx.Err() == nil {
+			s.logger.Warn("subscriber: reading the feed head failed; will retry", "subscriber", s.name, "error", err)
+		}
+	}
+	s.logger.Info("subscriber started", "subscriber", s.name, "batch_size", s.batchSize, "poll_interval", s.pollInterval)
+	defer s.logger.Info("subscriber stopped", "subscriber", s.name)
+
+	r := &runner{s: s, wake: s.wake, timer: time.NewTimer(time.Hour), known: -1}
+	r.timer.Stop()
+	defer r.timer.Stop()
+
+	check := true // take the cheap "anything new?" look before a transaction
+	woken := false
+	rechecks := 0
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		out := r.cycle(ctx, check)
+		wait, allowWake := s.pollInterval, true
+		switch out {
+		case outcomeStopped:
+			return nil
+		case outcomeFatal:
+			return fmt.Errorf("subscriptions: subscriber %q cannot run: %w", s.name, r.fatal)
+		case outcomeMore:
+			check, woken = false, false
+			continue
+		case outcomeIdle:
+			check = true
+			if woken && rechecks < len(wakeRechecks) {
+				wait = wakeRechecks[rechecks]
+				rechecks++
+			}
+		case outcomeSkipped:
+			check = true
+		case outcomeFailed:
+			check, allowWake = false, false
+		}
+		var stop bool
+		woken, stop = r.wait(ctx, wait, allowWake)
+		if stop {
+			return nil
+		}
+		if woken {
+			rechecks = 0
+		}
+	}
+}
+
+// runner holds one Run call's loop state; it is owned by Run's goroutine.
+type runner struct {
+	s     *Subscriber
+	wake  <-chan struct{}
+	timer *time.Timer
+	// prefix, when positive, limits the next batch to the events before a
+	// failing one so that they commit without it.
+	prefix int
+	// known is the checkpoint as this runner last saw or committed it, the
+	// position the next batch reads after; -1 when it must be read again.
+	known int64
+	// fatal is the misconfiguration that ends Run (outcomeFatal).
+	fatal error
+}
+
+// wait blocks for d, until a wake signal (when allowed) or until ctx is
+// cancelled. A closed wake channel is logged once and dropped: the
+// subscriber then polls.
+func (r *runner) wait(ctx context.Context, d time.Duration, allowWake bool) (woken, stop bool) {
+	r.timer.Reset(d)
+	defer r.timer.Stop()
+	for {
+		var wake <-chan struct{}
+		if allowWake {
+			wake = r.wake
+		}
+		select {
+		case <-ctx.Done():
+			return false, true
+		case <-r.timer.C:
+			return false, false
+		case _, ok := <-wake:
+			if !ok {
+				r.s.logger.Warn("subscriber: wake signal channel closed; falling back to polling", "subscriber", r.s.name, "poll_interval", r.s.pollInterval)
+				r.wake = nil
+				continue
+			}
+			return true, false
+		}
+	}
+}
+
+// sleep waits d unless ctx is cancelled first; it reports whether the full
+// delay passed.
+func (r *runner) sleep(ctx context.Context, d time.Duration) bool {
+	r.timer.Reset(d)
+	defer r.timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-r.timer.C:
+		return true
+	}
+}
+
+// cycle runs one batch: read the events past the checkpoint, acquire the
+// checkpoint, run the handler for each event, commit.
+//
+// Events are read before the checkpoint is acquired, at the position this
+// runner last committed or saw, and the acquired position is then checked
+// against it. So no batch transaction is open while the feed is read: an
+// idle poll costs two statements (the checkpoint and the feed, no
+// transaction, no lock), and a database with a single connection (in-memory
+// SQLite) never needs a second one mid-batch.
+//
+// Once a batch is acquired it runs on a context that ignores ctx's
+// cancellation, so that shutdown drains it instead of abandoning it.
+func (r *runner) cycle(ctx context.Context, check bool) outcome {
+	s := r.s
+	if check || r.known < 0 {
+		position, err := s.checkpoints.Position(ctx, s.name)
+		if err != nil {
+			return r.transient(ctx, "reading the checkpoint failed", err)
+		}
+		r.known = position
+	}
+	limit := s.batchSize
+	if r.prefix > 0 {
+		limit, r.prefix = r.prefix, 0
+	}
+	start := r.known
+	events, err := s.events.ReadAfter(ctx, start, limit)
+	if err != nil {
+		return r.transient(ctx, "reading the feed failed", err)
+	}
+	if len(events) == 0 {
+		return outcomeIdle
+	}
+	if ctx.Err() != nil {
+		return outcomeStopped
+	}
+
+	bctx := context.WithoutCancel(ctx)
+	batch, acquired, err := s.checkpoints.Acquire(bctx, s.name)
+	if err != nil {
+		s.logger.Error("subscriber: acquiring the checkpoint failed; will retry", "subscriber", s.name, "error", err)
+		return outcomeFailed
+	}
+	if !acquired {
+		r.known = -1
+		return outcomeSkipped
+	}
+	finished := false
+	defer func() {
+		// Only reached unfinished when a handler panics: release the
+		// checkpoint and let the panic propagate.
+		if !finished {
+			_ = batch.Rollback()
+		}
+	}()
+	if batch.Position() != start {
+		// Another replica advanced the checkpoint, or it was reset: read
+		// again from where it really is.
+		finished = true
+		r.rollback(batch)
+		r.known = batch.Position()
+		return outcomeMore
+	}
+
+	hctx := batch.HandlerContext(bctx)
+	for i, ev := range events {
+		if err := s.handler(hctx, ev); err != nil {
+			finished = true
+			r.rollback(batch)
+			if i > 0 {
+				// Commit the events before the failing one in a batch of their
+				// own, right away; the failing event comes first in the next.
+				r.prefix = i
+				return outcomeMore
+			}
+			r.known = -1
+			return r.failed(ctx, start, ev, err)
+		}
+	}
+	finished = true
+	last := events[len(events)-1].Position
+	if err := batch.Commit(bctx, last); err != nil {
+		r.known = -1
+		if errors.Is(err, ErrCheckpointMoved) {
+			s.logger.Info("subscriber: checkpoint was reset during the batch; batch discarded", "subscriber", s.name, "error", err)
+			return outcomeMore
+		}
+		s.logger.Error("subscriber: committing the batch failed; will retry", "subscriber", s.name, "position", last, "error", err)
+		return outcomeFailed
+	}
+	r.known = last
+	if len(events) == limit {
+		return outcomeMore
+	}
+	return outcomeIdle
+}
+
+// transient logs a failure outside a batch, unless it is only the
+// cancellation of ctx.
+func (r *runner) transient(ctx context.Context, what string, err error) outcome {
+	if ctx.Err() != nil {
+		return outcomeStopped
+	}
+	if errors.Is(err, domain.ErrGlobalOrderingNotSupported) {
+		r.fatal = err
+		return outcomeFatal
+	}
+	r.s.logger.Error("subscriber: "+what+"; will retry", "subscriber", r.s.name, "error", err)
+	r.known = -1
+	return outcomeFailed
+}
+
+func (r *runner) rollback(batch Batch) {
+	if err := batch.Rollback(); err != nil {
+		r.s.logger.Warn("subscriber: rolling back the batch failed", "subscriber", r.s.name, "error", err)
+	}
+}
+
+// failed handles an event whose handler failed on its first attempt, as
+// the first event of a batch (so nothing else is lost by abandoning it).
+//
+// Without a parking lot the event halts the checkpoint and is retried after
+// each poll interval. With one, it is retried with backoff, each retry in
+// a short transaction of its own (no transaction or row lock is held while
+// waiting), and parked after the last retry fails.
+func (r *runner) failed(ctx context.Context, start int64, ev domain.EventEnvelope[any], err error) outcome {
+	s := r.s
+	if s.parking == nil {
+		s.logger.Error("subscriber: handler failed; the event will be retried after the poll interval",
+			append(s.eventAttrs(ev), "error", err)...)
+		return outcomeFailed
+	}
+	attempts := 1 + s.maxRetries
+	s.logger.Warn("subscriber: handler failed; retrying", append(s.eventAttrs(ev), "attempt", 1, "of", attempts, "error", err)...)
+	for attempt := 2; attempt <= attempts; attempt++ {
+		if !r.sleep(ctx, s.backoff(attempt-1)) {
+			return outcomeStopped
+		}
+		out, done, aerr := r.retry(ctx, start, ev, attempt, attempt == attempts, nil)
+		if done {
+			return out
+		}
+		err = aerr
+		s.logger.Warn("subscriber: handler failed; retrying", append(s.eventAttrs(ev), "attempt", attempt, "of", attempts, "error", err)...)
+	}
+	// Only reached with WithMaxRetries(0): park after the first failure.
+	out, _, _ := r.retry(ctx, start, ev, 1, true, err)
+	return out
+}
+
+// retry runs one more attempt at ev in a transaction of its own. The last
+// attempt brackets the handler with a savepoint, so that on failure the
+// event is parked and the checkpoint advanced in the same transaction.
+// With a non-nil cause the handler is not run and ev is parked at once.
+// done is false when the attempt failed and more attempts remain.
+func (r *runner) retry(ctx context.Context, start int64, ev domain.EventEnvelope[any], attempt int, final bool, cause error) (out outcome, done bool, err error) {
+	s := r.s
+	bctx := context.WithoutCancel(ctx)
+	batch, acquired, aerr := s.checkpoints.Acquire(bctx, s.name)
+	if aerr != nil {
+		s.logger.Error("subscriber: acquiring the checkpoint for a retry failed", append(s.eventAttrs(ev), "error", aerr)...)
+		return outcomeFailed, true, nil
+	}
+	if !acquired {
+		return outcomeSkipped, true, nil // another replica took over
+	}
+	finished := false
+	defer func() {
+		if !finished { // a handler panic
+			_ = batch.Rollback()
+		}
+	}()
+	abandon := func(msg string, err error) (outcome, bool, error) {
+		finished = true
+		r.rollback(batch)
+		s.logger.Error(msg, append(s.eventAttrs(ev), "error", err)...)
+		return outcomeFailed, true, nil
+	}
+	if batch.Position() != start {
+		// Another replica handled the event, or the checkpoint was reset.
+		finished = true
+		r.rollback(batch)
+		return outcomeMore, true, nil
+	}
+	hctx := batch.HandlerContext(bctx)
+	if cause == nil {
+		if final {
+			if err := batch.Savepoint(bctx, attemptSavepoint); err != nil {
+				return abandon("subscriber: savepoint failed", err)
+			}
+		}
+		herr := s.handler(hctx, ev)
+		if herr == nil {
+			finished = true
+			if err := batch.Commit(bctx, ev.Position); err != nil {
+				s.logger.Error("subscriber: committing a retried event failed", append(s.eventAttrs(ev), "error", err)...)
+				return outcomeFailed, true, nil
+			}
+			s.logger.Info("subscriber: event succeeded on retry", append(s.eventAttrs(ev), "attempt", attempt)...)
+			return outcomeMore, true, nil
+		}
+		if !final {
+			finished = true
+			r.rollback(batch)
+			return outcomeFailed, false, herr
+		}
+		if err := batch.RollbackToSavepoint(bctx, attemptSavepoint); err != nil {
+			return abandon("subscriber: discarding a failed attempt's writes failed", err)
+		}
+		cause = herr
+	}
+	parked := ParkedEvent{
+		Subscriber: s.name,
+		EventID:    ev.ID,
+		EventType:  ev.EventType,
+		Position:   ev.Position,
+		Error:      cause.Error(),
+		Attempts:   attempt,
+		ParkedAt:   time.Now().UTC(),
+	}
+	if err := s.parking.Park(hctx, parked); err != nil {
+		return abandon("subscriber: parking the event failed; it will be retried", err)
+	}
+	finished = true
+	if err := batch.Commit(bctx, ev.Position); err != nil {
+		s.logger.Error("subscriber: committing a parked event failed; it will be retried", append(s.eventAttrs(ev), "error", err)...)
+		return outcomeFailed, true, nil
+	}
+	s.logger.Error("subscriber: event parked after exhausting its retries",
+		append(s.eventAttrs(ev), "attempts", attempt, "error", cause)...)
+	return outcomeMore, true, nil
+}
+
+// attemptSavepoint brackets the last attempt at a failing event.
+const attemptSavepoint = "subscriber_attempt"

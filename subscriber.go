@@ -1,0 +1,258 @@
+package subscriptions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"time"
+
+	"github.com/eventfeed/subscriptions/domain"
+)
+
+// Handler processes a single event from the feed. EventDispatcher.Dispatch
+// satisfies this signature, so a dispatcher with registered pattern
+// handlers can be wired directly as a Subscriber's handler.
+//
+// When the subscriber's CheckpointStore is database-backed, the context
+// passed to the handler carries the batch's transaction (see
+// TxFromContext): writes made through it commit atomically with the
+// checkpoint advance, giving exactly-once processing for same-database
+// handlers. Handlers with side effects outside that transaction must
+// tolerate at-least-once delivery.
+//
+// A handler runs on the subscriber's goroutine, one event at a time. Its
+// context is not cancelled when Run's context is: an in-flight batch is
+// drained on shutdown, so a handler that blocks forever blocks shutdown.
+type Handler func(ctx context.Context, event domain.EventEnvelope[any]) error
+
+var (
+	// ErrNoParkingLot is returned by ListParked and ReplayParked on a
+	// subscriber created without WithParkingLot.
+	ErrNoParkingLot = errors.New("subscriber has no parking lot (WithParkingLot)")
+
+	// ErrCheckpointAhead is returned by Lag when the checkpoint is past the
+	// feed head: the events table was truncated or the checkpoint was reset
+	// past the head, and the subscriber would silently skip every event
+	// until positions catch up.
+	ErrCheckpointAhead = errors.New("checkpoint is ahead of the feed head")
+)
+
+// Subscriber runs a Handler as a crash-safe background worker over the
+// event store's global ordered feed. Each cycle acquires the subscriber's
+// checkpoint, reads a batch of events past it via EventStore.ReadAfter,
+// invokes the handler for each event, and advances the checkpoint. Because
+// the checkpoint is the only state, crash recovery and normal startup are
+// the same code path.
+//
+// A handler error abandons the whole batch — the checkpoint stays put, any
+// handler writes made through the batch transaction roll back, and the
+// batch is retried. The events before the failing one are then committed
+// in a batch of their own at once, so one failing event never holds back
+// the events ahead of it; the failing event itself is retried after the
+// poll interval (or, with WithParkingLot, retried with backoff and then
+// parked). Events are therefore delivered at-least-once; handlers writing
+// through TxFromContext get exactly-once.
+//
+// A Subscriber's methods are safe for concurrent use. Run may be called
+// from several goroutines or processes with the same name: the checkpoint
+// store lets one batch at a time proceed.
+type Subscriber struct {
+	name        string
+	events      domain.EventStore
+	checkpoints CheckpointStore
+	handler     Handler
+
+	batchSize       int
+	pollInterval    time.Duration
+	logger          *slog.Logger
+	wake            <-chan struct{}
+	parking         ParkingLot
+	maxRetries      int
+	retryBackoff    time.Duration
+	maxRetryBackoff time.Duration
+}
+
+// NewSubscriber creates a subscriber. name identifies the checkpoint —
+// processes using the same name share one position. handler is invoked for
+// every event in feed order; EventDispatcher.Dispatch satisfies the Handler
+// signature for pattern-based routing.
+//
+// Every argument is checked: an error names the argument (or option) that
+// is out of range.
+func NewSubscriber(name string, events domain.EventStore, checkpoints CheckpointStore, handler Handler, opts ...SubscriberOption) (*Subscriber, error) {
+	s := &Subscriber{
+		name:            name,
+		events:          events,
+		checkpoints:     checkpoints,
+		handler:         handler,
+		batchSize:       DefaultBatchSize,
+		pollInterval:    DefaultPollInterval,
+		maxRetries:      DefaultMaxRetries,
+		retryBackoff:    DefaultRetryBackoff,
+		maxRetryBackoff: DefaultMaxRetryBackoff,
+	}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(s)
+		}
+	}
+	if err := s.validate(); err != nil {
+		return nil, fmt.Errorf("subscriptions: NewSubscriber(%q): %w", name, err)
+	}
+	if s.logger == nil {
+		s.logger = slog.Default()
+	}
+	if isNil(s.parking) {
+		s.parking = nil
+	}
+	return s, nil
+}
+
+func (s *Subscriber) validate() error {
+	if err := validateName(s.name); err != nil {
+		return fmt.Errorf("name: %w", err)
+	}
+	switch {
+	case isNil(s.events):
+		return errors.New("events: nil event store")
+	case isNil(s.checkpoints):
+		return errors.New("checkpoints: nil checkpoint store")
+	case s.handler == nil:
+		return errors.New("handler: nil handler")
+	case s.batchSize <= 0:
+		return fmt.Errorf("batch size %d must be positive (WithBatchSize)", s.batchSize)
+	case s.pollInterval <= 0:
+		return fmt.Errorf("poll interval %v must be positive (WithPollInterval)", s.pollInterval)
+	case s.maxRetries < 0:
+		return fmt.Errorf("max retries %d must not be negative (WithMaxRetries)", s.maxRetries)
+	case s.retryBackoff <= 0 || s.maxRetryBackoff < s.retryBackoff:
+		return fmt.Errorf("retry backoff initial %v, maximum %v: initial must be positive and maximum at least initial (WithRetryBackoff)", s.retryBackoff, s.maxRetryBackoff)
+	}
+	return nil
+}
+
+// isNil reports a nil interface or an interface holding a nil pointer, so
+// that a typed nil store is refused instead of panicking later.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		return rv.IsNil()
+	}
+	return false
+}
+
+// Name returns the subscriber's checkpoint name.
+func (s *Subscriber) Name() string { return s.name }
+
+// Lag returns how far the subscriber's committed checkpoint trails the feed
+// head (0 when caught up). Consumers log or meter it; this package does
+// not.
+//
+// A checkpoint ahead of the head is reported as an error wrapping
+// ErrCheckpointAhead rather than clamped to 0: it means the events table
+// was truncated or the checkpoint was reset past the head, and the
+// subscriber would otherwise look caught up while silently skipping
+// everything until positions catch back up.
+func (s *Subscriber) Lag(ctx context.Context) (int64, error) {
+	position, err := s.checkpoints.Position(ctx, s.name)
+	if err != nil {
+		return 0, fmt.Errorf("subscriptions: lag of %q: %w", s.name, err)
+	}
+	head, err := s.events.HeadPosition(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("subscriptions: lag of %q: %w", s.name, err)
+	}
+	if position > head {
+		return 0, fmt.Errorf("subscriptions: lag of %q: checkpoint %d, feed head %d: %w", s.name, position, head, ErrCheckpointAhead)
+	}
+	return head - position, nil
+}
+
+// ResetCheckpoint sets the subscriber's checkpoint. Resetting to 0 replays
+// all history — incrementally and resumably, since replay uses the same
+// batch/checkpoint cycle as live processing. It is safe while the
+// subscriber runs: the checkpoint store serializes with in-flight batches
+// (see CheckpointStore.Reset), so the reset is never silently overwritten.
+// A negative position is an error.
+func (s *Subscriber) ResetCheckpoint(ctx context.Context, position int64) error {
+	if err := validatePosition(s.name, position); err != nil {
+		return err
+	}
+	if err := s.checkpoints.Reset(ctx, s.name, position); err != nil {
+		return fmt.Errorf("subscriptions: reset %q to %d: %w", s.name, position, err)
+	}
+	s.logger.Info("subscriber checkpoint reset", "subscriber", s.name, "position", position)
+	return nil
+}
+
+// ListParked returns this subscriber's parked events ordered by position.
+// Requires a ParkingLot (WithParkingLot); otherwise the error wraps
+// ErrNoParkingLot.
+func (s *Subscriber) ListParked(ctx context.Context) ([]ParkedEvent, error) {
+	if s.parking == nil {
+		return nil, fmt.Errorf("subscriptions: list parked events of %q: %w", s.name, ErrNoParkingLot)
+	}
+	parked, err := s.parking.List(ctx, s.name)
+	if err != nil {
+		return nil, fmt.Errorf("subscriptions: list parked events of %q: %w", s.name, err)
+	}
+	return parked, nil
+}
+
+// ReplayParked re-runs the handler for one parked event and clears it on
+// success (a failed replay leaves the event parked). The event is loaded
+// fresh from the event store; database-backed parking lots run the handler
+// and the row deletion in one transaction, exposed via TxFromContext
+// exactly like a live batch. Requires a ParkingLot (WithParkingLot).
+//
+// An event that is not parked for this subscriber returns an error wrapping
+// ErrEventNotParked.
+func (s *Subscriber) ReplayParked(ctx context.Context, eventID string) error {
+	if s.parking == nil {
+		return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, s.name, ErrNoParkingLot)
+	}
+	event, err := s.events.GetEventByID(ctx, eventID)
+	if err != nil {
+		if !errors.Is(err, domain.ErrEventNotFound) && !errors.Is(err, domain.ErrInvalidEvent) {
+			return fmt.Errorf("subscriptions: replay event %q for %q: load event: %w", eventID, s.name, err)
+		}
+		// Unknown to the store: say whether it is parked at all.
+		parked, lerr := s.parking.List(ctx, s.name)
+		if lerr != nil {
+			return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, s.name, errors.Join(err, lerr))
+		}
+		for _, p := range parked {
+			if p.EventID == eventID {
+				return fmt.Errorf("subscriptions: replay event %q for %q: the parked event is no longer in the event store: %w", eventID, s.name, err)
+			}
+		}
+		return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, s.name, ErrEventNotParked)
+	}
+	if err := s.parking.Replay(ctx, s.name, eventID, event, s.handler); err != nil {
+		return fmt.Errorf("subscriptions: replay event %q (type %q, position %d) for %q: %w", eventID, event.EventType, event.Position, s.name, err)
+	}
+	s.logger.Info("parked event replayed", "subscriber", s.name, "event_id", eventID, "event_type", event.EventType, "position", event.Position)
+	return nil
+}
+
+// backoff returns the delay before retry n (n >= 1): the initial delay
+// doubled per retry, capped at the maximum.
+func (s *Subscriber) backoff(n int) time.Duration {
+	d := s.retryBackoff
+	for i := 1; i < n && d < s.maxRetryBackoff; i++ {
+		d *= 2
+	}
+	return min(d, s.maxRetryBackoff)
+}
+
+// eventAttrs are the log attributes that make a handler failure
+// actionable.
+func (s *Subscriber) eventAttrs(ev domain.EventEnvelope[any]) []any {
+	return []any{"subscriber", s.name, "position", ev.Position, "event_id", ev.ID, "event_type", ev.EventType}
+}
