@@ -53,8 +53,8 @@ var _ domain.EventStore = (*GormEventStore)(nil)
 // than Postgres and SQLite are refused with an error wrapping
 // domain.ErrGlobalOrderingNotSupported.
 func NewGormEventStore(db *gorm.DB) (*GormEventStore, error) {
-	if db == nil {
-		return nil, errors.New("infrastructure: NewGormEventStore: nil *gorm.DB")
+	if db == nil || db.Config == nil || db.Dialector == nil {
+		return nil, errors.New("infrastructure: NewGormEventStore: nil or unopened *gorm.DB (use gorm.Open)")
 	}
 	dialect := db.Name()
 	if dialect != sqlschema.Postgres && dialect != sqlschema.SQLite {
