@@ -131,7 +131,7 @@ func (g *GormCheckpointStore) Acquire(ctx context.Context, subscriber string) (B
 }
 
 func (g *GormCheckpointStore) begin(ctx context.Context, b *gormBatch) (bool, error) {
-	tx := g.db.WithContext(ctx).Begin()
+	tx := g.db.WithContext(ctx).Begin(g.txOptions())
 	if tx.Error != nil {
 		return false, fmt.Errorf("subscriptions: acquire checkpoint of %q: begin: %w", b.subscriber, tx.Error)
 	}
@@ -173,6 +173,17 @@ func (g *GormCheckpointStore) begin(ctx context.Context, b *gormBatch) (bool, er
 	b.tx = tx
 	b.position = positions[0]
 	return true, nil
+}
+
+// txOptions pins Postgres batches to READ COMMITTED whatever the server's
+// default_transaction_isolation: row locking with SKIP LOCKED and the
+// compare-and-set commit are designed for it, and a stricter level would
+// turn ordinary replica contention into serialization failures.
+func (g *GormCheckpointStore) txOptions() *sql.TxOptions {
+	if g.postgres {
+		return &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+	}
+	return nil
 }
 
 // Position returns the subscriber's committed checkpoint (0 if unknown).

@@ -164,6 +164,12 @@ func (g *GormParkingLot) Replay(ctx context.Context, subscriber, eventID string,
 	if handler == nil {
 		return fmt.Errorf("subscriptions: replay event %q for %q: nil handler", eventID, subscriber)
 	}
+	var opts []*sql.TxOptions
+	if g.postgres {
+		// The row lock below relies on READ COMMITTED: a replay that waited
+		// for the lock must then see the row gone, not fail to serialize.
+		opts = append(opts, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	}
 	return g.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var found []int
 		if g.postgres {
@@ -194,5 +200,5 @@ func (g *GormParkingLot) Replay(ctx context.Context, subscriber, eventID string,
 			return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, subscriber, errReplayLost)
 		}
 		return nil
-	})
+	}, opts...)
 }

@@ -1,0 +1,58 @@
+// Package subscriptions runs event handlers as crash-safe background
+// subscribers over an event store's global ordered feed.
+//
+// # The model
+//
+// An event store (package domain's EventStore; package infrastructure has a
+// memory and a GORM implementation) gives every committed event a Position
+// in one global, cross-aggregate order, and its ReadAfter method reads the
+// feed past a position. A Subscriber treats that feed as a durable queue
+// and remembers exactly one number per name: its checkpoint, the position
+// it has processed up to. Each cycle reads a batch of events past the
+// checkpoint, acquires the checkpoint from a CheckpointStore, runs the
+// Handler for each event in feed order and advances the checkpoint. Crash
+// recovery and normal startup are therefore the same code path: a new
+// process reads the checkpoint and carries on.
+//
+// # Delivery guarantees
+//
+// With a GormCheckpointStore each batch is one database transaction. A
+// handler that writes its projection through that transaction
+// (TxFromContext) commits atomically with the checkpoint advance:
+// exactly-once, for writes to the same database. Anything else a handler
+// does (HTTP calls, messages, writes elsewhere) is at-least-once: a batch
+// that fails or crashes is delivered again. MemoryCheckpointStore offers
+// at-least-once only.
+//
+// On Postgres, any number of processes may run the same subscriber: the
+// checkpoint row is locked with FOR UPDATE SKIP LOCKED, so one replica
+// processes each batch and the others skip, and no event is processed
+// twice. SQLite serializes writers, so it is for one process.
+//
+// # Failures
+//
+// A failing handler never blocks the events ahead of it: the events before
+// it in the batch commit at once. The failing event is retried after the
+// poll interval forever, or, with WithParkingLot, retried with a doubling
+// backoff (no transaction is held while waiting) and then parked — recorded
+// with its error and skipped — so that the events behind it keep flowing.
+// Parked events are listed with ListParked and re-run with ReplayParked.
+// Database outages are logged and retried; Run returns only on
+// cancellation or on an event store without a global ordered feed.
+//
+// # Wake-ups
+//
+// An idle subscriber polls every poll interval, at the cost of two indexed
+// reads. WithWakeSignal makes it react within milliseconds instead:
+// InProcessNotifier with NotifyingEventStore in one process, or
+// PostgresListener, which LISTENs for the NOTIFY that GormEventStore sends
+// on every commit, across processes. Signals are never load-bearing: a
+// missed one costs at most a poll interval.
+//
+// # Concurrency
+//
+// Subscribers, checkpoint stores, parking lots, notifiers and listeners are
+// safe for concurrent use. Run owns its goroutine: handlers run on it, one
+// event at a time, and it returns once its context is cancelled and the
+// batch in flight (if any) has committed.
+package subscriptions
