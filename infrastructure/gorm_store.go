@@ -2,6 +2,7 @@ package infrastructure
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
@@ -120,6 +121,15 @@ const insertColumns = "INSERT INTO events (id, aggregate_id, event_type, sequenc
 const insertChunk = 1000
 
 func (s *GormEventStore) appendOnce(ctx context.Context, aggregateID string, expectedVersion int, events []domain.EventEnvelope[any], notify bool) error {
+	// On Postgres the append relies on READ COMMITTED: the statement after
+	// the lock must see every append committed before the lock was granted.
+	// Under a stricter default_transaction_isolation the snapshot would be
+	// taken before the lock (duplicate positions), or appends would fail
+	// with serialization errors, so the level is set explicitly.
+	var opts []*sql.TxOptions
+	if s.postgres {
+		opts = append(opts, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	}
 	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if s.postgres {
 			if err := tx.Exec("SELECT pg_advisory_xact_lock(?)", s.lockKey).Error; err != nil {
@@ -176,7 +186,7 @@ func (s *GormEventStore) appendOnce(ctx context.Context, aggregateID string, exp
 			}
 		}
 		return nil
-	})
+	}, opts...)
 	if err == nil || errors.Is(err, domain.ErrInvalidEvent) || errors.Is(err, domain.ErrConcurrencyConflict) || errors.As(err, new(notifyError)) {
 		return err
 	}

@@ -162,3 +162,9 @@ func eventually(t testing.TB, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// newStoreNoCleanup constructs a store without touching a testing.TB, for
+// goroutines other than the test's.
+func newStoreNoCleanup(db *gorm.DB) (*infrastructure.GormEventStore, error) {
+	return infrastructure.NewGormEventStore(db)
+}

@@ -1,9 +1,11 @@
 package infrastructure_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"math"
+	"math/big"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,6 +45,7 @@ func TestStoreSuite(t *testing.T) {
 		{"EmptyStore", testEmptyStore},
 		{"IdentifierLimits", testIdentifierLimits},
 		{"LongUnicodeIdentifiers", testLongUnicodeIdentifiers},
+		{"CanceledContext", testCanceledContext},
 	}
 	for _, b := range storeBackends() {
 		t.Run(b.name, func(t *testing.T) {
@@ -85,6 +88,8 @@ func testPayloadRoundTrip(t *testing.T, s domain.EventStore) {
 		{"null", nil},
 		{"raw JSON object", json.RawMessage(`{"a": [1, 2, {"b": null}], "c": "d"}`)},
 		{"raw JSON scalar", json.RawMessage(`17.25`)},
+		{"raw JSON extreme numbers in range", json.RawMessage(`[1.7976931348623157e308, -5e-324, 123456789012345678901234567890, 0e16383, -0E-300, 0.5e-300, 0.000000001e5]`)},
+		{"big integer within float64", new(big.Int).Lsh(big.NewInt(1), 1000)},
 		{"bytes as base64", []byte{0, 1, 2, 255}},
 	}
 	for _, c := range cases {
@@ -544,6 +549,15 @@ func testInvalidAppends(t *testing.T, s domain.EventStore) {
 		{"invalid raw JSON", agg, []domain.EventEnvelope[any]{with(func(e *domain.EventEnvelope[any]) { e.Payload = json.RawMessage(`{"a":`) })}, "payload"},
 		{"invalid UTF-8 bytes in raw JSON", agg, []domain.EventEnvelope[any]{with(func(e *domain.EventEnvelope[any]) { e.Payload = json.RawMessage("\"\xff\"") })}, "payload"},
 		{"lone surrogate escape in raw JSON", agg, []domain.EventEnvelope[any]{with(func(e *domain.EventEnvelope[any]) { e.Payload = json.RawMessage(`["\ud800"]`) })}, "payload"},
+		// Valid JSON that a reader could not decode (numbers are read back
+		// as float64): stored, it would fail every feed read covering it.
+		{"raw JSON number beyond float64", agg, []domain.EventEnvelope[any]{with(func(e *domain.EventEnvelope[any]) { e.Payload = json.RawMessage(`{"n": 1e400}`) })}, "float64"},
+		{"big integer beyond float64", agg, []domain.EventEnvelope[any]{with(func(e *domain.EventEnvelope[any]) { e.Payload = []any{new(big.Int).Lsh(big.NewInt(1), 1100)} })}, "float64"},
+		{"json.Number beyond float64 in metadata", agg, []domain.EventEnvelope[any]{with(func(e *domain.EventEnvelope[any]) { e.Metadata = map[string]any{"n": json.Number("-2e308")} })}, "float64"},
+		{"raw JSON number rounding to zero", agg, []domain.EventEnvelope[any]{with(func(e *domain.EventEnvelope[any]) { e.Payload = json.RawMessage(`[1e-400]`) })}, "rounds to 0"},
+		{"raw JSON zero with a huge negative exponent", agg, []domain.EventEnvelope[any]{with(func(e *domain.EventEnvelope[any]) { e.Payload = json.RawMessage(`{"z": 0e-20000}`) })}, "exponent"},
+		{"raw JSON zero with a huge exponent", agg, []domain.EventEnvelope[any]{with(func(e *domain.EventEnvelope[any]) { e.Payload = json.RawMessage(`[0e99999999999999999999]`) })}, "exponent"},
+		{"raw JSON long decimal", agg, []domain.EventEnvelope[any]{with(func(e *domain.EventEnvelope[any]) { e.Payload = json.RawMessage("0." + strings.Repeat("0", 17000)) })}, "decimal places"},
 		{"invalid UTF-8 metadata", agg, []domain.EventEnvelope[any]{with(func(e *domain.EventEnvelope[any]) { e.Metadata = map[string]any{"k": "\xff"} })}, "metadata"},
 		{"chan metadata", agg, []domain.EventEnvelope[any]{with(func(e *domain.EventEnvelope[any]) { e.Metadata = map[string]any{"c": make(chan int)} })}, "metadata"},
 		{"NUL event ID", agg, []domain.EventEnvelope[any]{with(func(e *domain.EventEnvelope[any]) { e.ID = "id\x00" })}, "event ID"},
@@ -843,4 +857,19 @@ func testLongUnicodeIdentifiers(t *testing.T, s domain.EventStore) {
 	}
 	_, err = s.GetEventByID(ctx, id+" ")
 	require.True(t, errors.Is(err, domain.ErrEventNotFound), "got %v", err)
+}
+
+func testCanceledContext(t *testing.T, s domain.EventStore) {
+	ctx := testCtx(t)
+	require.NoError(t, s.Append(ctx, "agg", 0, newEvent("agg", "x", nil)))
+	before := stateOf(t, s, "agg")
+
+	canceled, cancel := context.WithCancel(ctx)
+	cancel()
+	ev := newEvent("agg", "x", nil)
+	err := s.Append(canceled, "agg", 1, ev)
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, before, stateOf(t, s, "agg"), "a canceled append stores nothing")
+	_, err = s.ReadAfter(canceled, 0, 0)
+	require.ErrorIs(t, err, context.Canceled)
 }

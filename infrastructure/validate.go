@@ -3,8 +3,10 @@ package infrastructure
 import (
 	"encoding"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -145,8 +147,10 @@ func encodeJSON(v any) ([]byte, error) {
 }
 
 // checkEncodedJSON checks a valid JSON text as encoding/json produced it:
-// valid UTF-8, no \u0000 escape, every surrogate escape paired, and nested
-// at most maxJSONDepth levels.
+// valid UTF-8, no \u0000 escape, every surrogate escape paired, nested at
+// most maxJSONDepth levels, and every number within float64's range.
+// Readers decode numbers as float64: a larger one (from a json.RawMessage,
+// json.Number or *big.Int) would make every read covering the event fail.
 func checkEncodedJSON(data []byte) error {
 	if !utf8.Valid(data) {
 		return fmt.Errorf("encoded JSON %q is not valid UTF-8", truncateForError(string(data)))
@@ -166,6 +170,15 @@ func checkEncodedJSON(data []byte) error {
 				}
 			case ']', '}':
 				depth--
+			case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+				end := i + 1
+				for end < len(data) && strings.IndexByte("0123456789.eE+-", data[end]) >= 0 {
+					end++
+				}
+				if err := checkJSONNumber(string(data[i:end])); err != nil {
+					return err
+				}
+				i = end - 1
 			}
 			continue
 		}
@@ -198,6 +211,43 @@ func checkEncodedJSON(data []byte) error {
 				i += 6
 			}
 		}
+	}
+	return nil
+}
+
+// maxNumericScale is the most decimal places a Postgres numeric (and so a
+// jsonb number) keeps; more fail the insert.
+const maxNumericScale = 16383
+
+// checkJSONNumber refuses a JSON number literal that a store could not
+// keep or a reader could not return unchanged: beyond float64's range
+// (readers decode numbers as float64, and the read would fail), non-zero
+// but rounding to zero in float64 (a quiet change), or with more decimal
+// places than Postgres keeps.
+func checkJSONNumber(lit string) error {
+	f, err := strconv.ParseFloat(lit, 64)
+	if errors.Is(err, strconv.ErrRange) {
+		return fmt.Errorf("number %s is beyond float64's range, and readers decode numbers as float64", truncateForError(lit))
+	}
+	mantissa, exponent, hasExponent := strings.Cut(strings.ToLower(lit), "e")
+	if f == 0 && strings.ContainsAny(mantissa, "123456789") {
+		return fmt.Errorf("number %s rounds to 0 as a float64, as readers would decode it", truncateForError(lit))
+	}
+	scale := 0
+	if _, frac, ok := strings.Cut(mantissa, "."); ok {
+		scale = len(frac)
+	}
+	if hasExponent {
+		// Finite float64s need exponents of a few hundred; Postgres refuses
+		// some zeros with huge ones (0e-20000, 0e99999999999).
+		exp, err := strconv.Atoi(exponent)
+		if err != nil || exp > maxNumericScale || exp < -maxNumericScale {
+			return fmt.Errorf("number %s has an exponent beyond ±%d, which Postgres cannot store", truncateForError(lit), maxNumericScale)
+		}
+		scale -= exp
+	}
+	if scale > maxNumericScale {
+		return fmt.Errorf("number %s has more than %d decimal places, which Postgres cannot store", truncateForError(lit), maxNumericScale)
 	}
 	return nil
 }

@@ -1,0 +1,286 @@
+package subscriptions_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/internal/dbtest"
+)
+
+// parkLotBackend builds a fresh ParkingLot for one test.
+type parkLotBackend struct {
+	name string
+	new  func(t *testing.T) subscriptions.ParkingLot
+	// db reports whether the lot is database-backed (sanitises text, hands
+	// replays a transaction).
+	db bool
+}
+
+// parkLotBackends lists MemoryParkingLot and GormParkingLot on every
+// database backend.
+func parkLotBackends() []parkLotBackend {
+	out := []parkLotBackend{{name: "memory", new: func(*testing.T) subscriptions.ParkingLot {
+		return subscriptions.NewMemoryParkingLot()
+	}}}
+	for _, b := range dbtest.GormBackends() {
+		b := b
+		out = append(out, parkLotBackend{name: b.Name, db: true, new: func(t *testing.T) subscriptions.ParkingLot {
+			lot, err := subscriptions.NewGormParkingLot(b.Open(t))
+			require.NoError(t, err)
+			return lot
+		}})
+	}
+	return out
+}
+
+// parkIncompressible returns n printable bytes that no compressor can
+// shrink (deterministic per seed).
+func parkIncompressible(seed uint64, n int) string {
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+	r := rand.New(rand.NewPCG(seed, seed))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = alphabet[r.IntN(len(alphabet))]
+	}
+	return string(b)
+}
+
+// parkAt is a timestamp at the precision every backend keeps.
+func parkAt(offset time.Duration) time.Time {
+	return time.Date(2025, 3, 4, 5, 6, 7, 891011000, time.UTC).Add(offset)
+}
+
+func parkEntry(subscriber, eventID string, position int64) subscriptions.ParkedEvent {
+	return subscriptions.ParkedEvent{
+		Subscriber: subscriber,
+		EventID:    eventID,
+		EventType:  "park.suite",
+		Position:   position,
+		Error:      "park: failed at " + eventID,
+		Attempts:   3,
+		ParkedAt:   parkAt(time.Duration(position) * time.Second),
+	}
+}
+
+// parkRequireSame compares two entries, the time by instant.
+func parkRequireSame(t *testing.T, want, got subscriptions.ParkedEvent) {
+	t.Helper()
+	require.True(t, want.ParkedAt.Equal(got.ParkedAt), "parked_at: want %v, got %v", want.ParkedAt, got.ParkedAt)
+	want.ParkedAt, got.ParkedAt = time.Time{}, time.Time{}
+	require.Equal(t, want, got)
+}
+
+// TestParkingLotSuite is the behavioural contract of every ParkingLot.
+func TestParkingLotSuite(t *testing.T) {
+	ctx := context.Background()
+	for _, b := range parkLotBackends() {
+		t.Run(b.name, func(t *testing.T) {
+			t.Run("empty list is an empty non-nil slice", func(t *testing.T) {
+				lot := b.new(t)
+				got, err := lot.List(ctx, "park-nobody")
+				require.NoError(t, err)
+				require.NotNil(t, got)
+				require.Empty(t, got)
+			})
+
+			t.Run("list is ordered by position and per subscriber", func(t *testing.T) {
+				lot := b.new(t)
+				entries := []subscriptions.ParkedEvent{
+					parkEntry("park-a", "ev-30", 30),
+					parkEntry("park-a", "ev-10", 10),
+					parkEntry("park-b", "ev-15", 15),
+					parkEntry("park-a", "ev-20", 20),
+					parkEntry("park-a", "ev-05", 5),
+				}
+				for _, p := range entries {
+					require.NoError(t, lot.Park(ctx, p))
+				}
+				got, err := lot.List(ctx, "park-a")
+				require.NoError(t, err)
+				require.Len(t, got, 4)
+				for i, want := range []subscriptions.ParkedEvent{entries[4], entries[1], entries[3], entries[0]} {
+					parkRequireSame(t, want, got[i])
+				}
+				got, err = lot.List(ctx, "park-b")
+				require.NoError(t, err)
+				require.Len(t, got, 1)
+				parkRequireSame(t, entries[2], got[0])
+			})
+
+			t.Run("re-park updates the entry", func(t *testing.T) {
+				lot := b.new(t)
+				first := parkEntry("park-a", "ev-1", 7)
+				require.NoError(t, lot.Park(ctx, first))
+				again := first
+				again.Error = "park: a different failure"
+				again.Attempts = 6
+				again.ParkedAt = first.ParkedAt.Add(time.Hour)
+				require.NoError(t, lot.Park(ctx, again))
+				got, err := lot.List(ctx, "park-a")
+				require.NoError(t, err)
+				require.Len(t, got, 1, "re-parking must not add a second entry")
+				parkRequireSame(t, again, got[0])
+			})
+
+			t.Run("invalid UTF-8 and NUL in texts are stored", func(t *testing.T) {
+				lot := b.new(t)
+				p := parkEntry("park-a", "ev-1", 1)
+				p.Error = "before \xff\xfe bad bytes, a NUL \x00 and after"
+				p.EventType = "park.\xc3(type\x00"
+				require.NoError(t, lot.Park(ctx, p), "a hostile error text must not make parking fail")
+				got, err := lot.List(ctx, "park-a")
+				require.NoError(t, err)
+				require.Len(t, got, 1)
+				require.Equal(t, p.EventID, got[0].EventID)
+				for _, s := range []string{got[0].Error, got[0].EventType} {
+					if b.db {
+						require.True(t, utf8.ValidString(s), "stored text %q is not valid UTF-8", s)
+						require.NotContains(t, s, "\x00")
+					}
+				}
+				require.True(t, strings.HasPrefix(got[0].Error, "before "), got[0].Error)
+				require.Contains(t, got[0].Error, " bad bytes, a NUL ")
+				require.True(t, strings.HasSuffix(got[0].Error, " and after"), got[0].Error)
+				require.True(t, strings.HasPrefix(got[0].EventType, "park."), got[0].EventType)
+				require.Contains(t, got[0].EventType, "(type")
+				if !b.db {
+					require.Equal(t, p.Error, got[0].Error, "the memory lot keeps the text as given")
+				}
+			})
+
+			t.Run("hostile names are stored and found exactly", func(t *testing.T) {
+				lot := b.new(t)
+				names := []string{
+					"park",
+					"park'",
+					`park"; DROP TABLE parked_events; --`,
+					"park' OR '1'='1",
+					`pa%rk_\`,
+					"パーク-🚗-ünïcödé",
+					strings.Repeat("x", 1000),
+					strings.Repeat("é", 1000),
+				}
+				ids := []string{
+					"ev",
+					"ev'",
+					`ev"; DELETE FROM parked_events; --`,
+					"ev%_\\",
+					"事件-🎉",
+					strings.Repeat("i", 1000),
+					strings.Repeat("ü", 1000),
+				}
+				var want []subscriptions.ParkedEvent
+				for i, sub := range names {
+					for j, id := range ids {
+						p := parkEntry(sub, id, int64(j+1))
+						p.Attempts = i*100 + j
+						require.NoError(t, lot.Park(ctx, p), "park %q/%q", sub, id)
+						want = append(want, p)
+					}
+				}
+				for i, sub := range names {
+					got, err := lot.List(ctx, sub)
+					require.NoError(t, err)
+					require.Len(t, got, len(ids), "subscriber %q", sub)
+					for j := range ids {
+						parkRequireSame(t, want[i*len(ids)+j], got[j])
+					}
+				}
+				// Replay clears exactly the addressed entry.
+				victim := want[2*len(ids)+2]
+				require.NoError(t, lot.Replay(ctx, victim.Subscriber, victim.EventID, domain.EventEnvelope[any]{ID: victim.EventID},
+					func(context.Context, domain.EventEnvelope[any]) error { return nil }))
+				for i, sub := range names {
+					got, err := lot.List(ctx, sub)
+					require.NoError(t, err)
+					n := len(ids)
+					if i == 2 {
+						n--
+					}
+					require.Len(t, got, n, "subscriber %q", sub)
+					for _, p := range got {
+						require.False(t, p.Subscriber == victim.Subscriber && p.EventID == victim.EventID, "the replayed entry is still listed")
+					}
+				}
+			})
+
+			t.Run("names at the documented length bounds are stored", func(t *testing.T) {
+				lot := b.new(t)
+				sub := parkIncompressible(1, subscriptions.MaxSubscriberNameBytes)
+				id := parkIncompressible(2, infrastructure.MaxIdentifierBytes)
+				p := parkEntry(sub, id, 1)
+				require.NoError(t, lot.Park(ctx, p))
+				got, err := lot.List(ctx, sub)
+				require.NoError(t, err)
+				require.Len(t, got, 1)
+				parkRequireSame(t, p, got[0])
+			})
+
+			t.Run("invalid entries are refused", func(t *testing.T) {
+				lot := b.new(t)
+				for name, p := range map[string]subscriptions.ParkedEvent{
+					"empty subscriber": parkEntry("", "ev", 1),
+					"empty event ID":   parkEntry("park-a", "", 1),
+					"NUL in name":      parkEntry("park\x00a", "ev", 1),
+					"invalid UTF-8":    parkEntry("park\xff", "ev", 1),
+				} {
+					require.Error(t, lot.Park(ctx, p), name)
+				}
+				got, err := lot.List(ctx, "park-a")
+				require.NoError(t, err)
+				require.Empty(t, got)
+			})
+
+			t.Run("replay", func(t *testing.T) {
+				lot := b.new(t)
+				p := parkEntry("park-a", "ev-1", 1)
+				require.NoError(t, lot.Park(ctx, p))
+				ev := domain.EventEnvelope[any]{ID: "ev-1", EventType: "park.suite", Position: 1}
+
+				err := lot.Replay(ctx, "park-a", "ev-unknown", ev, func(context.Context, domain.EventEnvelope[any]) error {
+					t.Error("the handler ran for an event that is not parked")
+					return nil
+				})
+				require.ErrorIs(t, err, subscriptions.ErrEventNotParked)
+				err = lot.Replay(ctx, "park-other", "ev-1", ev, func(context.Context, domain.EventEnvelope[any]) error {
+					t.Error("the handler ran for another subscriber's entry")
+					return nil
+				})
+				require.ErrorIs(t, err, subscriptions.ErrEventNotParked)
+				require.Error(t, lot.Replay(ctx, "park-a", "ev-1", ev, nil), "nil handler")
+
+				errReplay := errors.New("park: replay failed")
+				err = lot.Replay(ctx, "park-a", "ev-1", ev, func(context.Context, domain.EventEnvelope[any]) error { return errReplay })
+				require.ErrorIs(t, err, errReplay)
+				got, err := lot.List(ctx, "park-a")
+				require.NoError(t, err)
+				require.Len(t, got, 1, "a failed replay leaves the entry")
+				parkRequireSame(t, p, got[0])
+
+				var seen domain.EventEnvelope[any]
+				var hadTx bool
+				require.NoError(t, lot.Replay(ctx, "park-a", "ev-1", ev, func(hctx context.Context, e domain.EventEnvelope[any]) error {
+					seen, hadTx = e, subscriptions.TxFromContext(hctx) != nil
+					return nil
+				}))
+				require.Equal(t, ev, seen)
+				require.Equal(t, b.db, hadTx, "database-backed replays expose their transaction")
+				got, err = lot.List(ctx, "park-a")
+				require.NoError(t, err)
+				require.Empty(t, got, "a successful replay clears the entry")
+				err = lot.Replay(ctx, "park-a", "ev-1", ev, func(context.Context, domain.EventEnvelope[any]) error { return nil })
+				require.ErrorIs(t, err, subscriptions.ErrEventNotParked)
+			})
+		})
+	}
+}

@@ -1,0 +1,481 @@
+package subscriptions_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/internal/dbtest"
+)
+
+// parkBackoff is the documented retry delay before retry n (n >= 1):
+// initial doubled per retry, capped at maximum.
+func parkBackoff(initial, maximum time.Duration, n int) time.Duration {
+	d := initial
+	for i := 1; i < n; i++ {
+		d *= 2
+		if d >= maximum {
+			return maximum
+		}
+	}
+	return min(d, maximum)
+}
+
+// parkRequireBackoffGaps checks that consecutive attempts are at least
+// the configured backoff apart (lower bounds only: a loaded machine may
+// be slower, never faster).
+func parkRequireBackoffGaps(t *testing.T, attempts []time.Time, initial, maximum time.Duration) {
+	t.Helper()
+	for n := 1; n < len(attempts); n++ {
+		gap := attempts[n].Sub(attempts[n-1])
+		want := parkBackoff(initial, maximum, n)
+		require.GreaterOrEqual(t, gap, want, "gap before retry %d is %v, want at least %v (all attempts: %v)", n, gap, want, attempts)
+	}
+}
+
+// parkPoisonRun runs a subscriber over 3 events, a poison event (whose
+// handler always fails after writing through the batch transaction) and 3
+// more events, until the poison event is parked and the subscriber caught
+// up. It returns the poison event's attempt times and its parked entry.
+func parkPoisonRun(t *testing.T, e *env, name string, batchSize, maxRetries int, initial, maximum time.Duration) (domain.EventEnvelope[any], []time.Time, subscriptions.ParkedEvent) {
+	t.Helper()
+	if e.DB != nil {
+		createProjection(t, e.DB, parkProjection)
+	}
+	before, poison, after := parkFeed(t, e, 3, 3)
+	probe := newParkProbe()
+	h := parkHandler(e, probe, func(ev domain.EventEnvelope[any], _ int) error {
+		if ev.ID == poison.ID {
+			return errParkPoison
+		}
+		return nil
+	})
+	sub := parkSubscriber(t, e, name, h,
+		subscriptions.WithBatchSize(batchSize),
+		subscriptions.WithParkingLot(e.Parking),
+		subscriptions.WithMaxRetries(maxRetries),
+		subscriptions.WithRetryBackoff(initial, maximum))
+
+	startedAt := time.Now()
+	r := start(t, sub)
+	parked := parkWaitParked(t, sub, 1)
+	waitCaughtUp(t, sub)
+	r.stop(t)
+
+	attempts := probe.attemptsOf(poison.ID)
+	require.GreaterOrEqual(t, len(attempts), 1+maxRetries)
+	p := parked[0]
+	require.Equal(t, name, p.Subscriber)
+	require.Equal(t, poison.ID, p.EventID)
+	require.Equal(t, poison.EventType, p.EventType)
+	require.Equal(t, poison.Position, p.Position)
+	require.Equal(t, 1+maxRetries, p.Attempts)
+	require.Contains(t, p.Error, errParkPoison.Error())
+	require.WithinRange(t, p.ParkedAt, startedAt.Add(-time.Second), time.Now().Add(time.Second))
+	require.False(t, p.ParkedAt.Before(attempts[0].Add(-time.Second)), "parked_at %v is before the first attempt %v", p.ParkedAt, attempts[0])
+
+	head, err := e.Events.HeadPosition(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, head, parkPosition(t, e, name), "the checkpoint moves past the poison event")
+	// Events before and after the poison one commit (once each, on the
+	// database backends); none of the poison event's writes does.
+	parkRequireProcessed(t, e, probe, parkConcat(before, after))
+	for _, id := range after {
+		require.Positive(t, probe.count(id), "event %s behind the poison event was never handled", id)
+	}
+	return poison, attempts, p
+}
+
+var errParkPoison = errors.New("park: poison event refused")
+
+// TestRetryPoisonEventIsParkedAfterBackoff: a handler that always fails on
+// one event. The event is retried with doubling, capped backoff, then
+// parked with its error, attempt count, position and time; the checkpoint
+// moves past it, the events behind it are processed, and only the failed
+// attempts' writes through the batch transaction are discarded — the other
+// events of its batch, before and after it, commit.
+func TestRetryPoisonEventIsParkedAfterBackoff(t *testing.T) {
+	const maxRetries = 5
+	initial, maximum := 2*time.Millisecond, 8*time.Millisecond // 2, 4, 8, 8, 8
+	cases := []struct {
+		name      string
+		batchSize int
+	}{
+		// The three events before fill the first batch: the poison event
+		// heads the second, with the three events after it.
+		{"head of batch", 3},
+		// One batch holds all seven events.
+		{"middle of batch", 100},
+	}
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			for _, tc := range cases {
+				t.Run(tc.name, func(t *testing.T) {
+					e := b.New(t)
+					_, attempts, _ := parkPoisonRun(t, e, "park-poison", tc.batchSize, maxRetries, initial, maximum)
+					// The last 1+maxRetries attempts are the retry sequence: the
+					// first attempt, then maxRetries retries after growing delays.
+					// (In the middle of a batch one more attempt precedes them:
+					// see TestRetryMiddleOfBatchAttemptCount.)
+					seq := attempts[len(attempts)-1-maxRetries:]
+					parkRequireBackoffGaps(t, seq, initial, maximum)
+					if tc.batchSize == 3 {
+						require.Len(t, attempts, 1+maxRetries, "the poison event is attempted once and retried maxRetries times")
+					}
+				})
+			}
+		})
+	}
+}
+
+// TestRetryMiddleOfBatchAttemptCount: a poison event that is not the first
+// of its batch must also be attempted exactly 1+maxRetries times (and the
+// parked attempt count must say how often the handler really ran).
+func TestRetryMiddleOfBatchAttemptCount(t *testing.T) {
+	const maxRetries = 2
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			e := b.New(t)
+			_, attempts, parked := parkPoisonRun(t, e, "park-poison-mid", 100, maxRetries, time.Millisecond, 4*time.Millisecond)
+			require.Len(t, attempts, 1+maxRetries, "attempted %d times with WithMaxRetries(%d)", len(attempts), maxRetries)
+			require.Equal(t, len(attempts), parked.Attempts, "parked attempt count vs real handler runs")
+			parkRequireBackoffGaps(t, attempts, time.Millisecond, 4*time.Millisecond)
+		})
+	}
+}
+
+// TestRetryTransientFailureIsNotParked: a handler that fails a few times
+// and then succeeds (on an intermediate retry, or on the last one, which
+// runs under a savepoint) is not parked, and its writes commit exactly
+// once.
+func TestRetryTransientFailureIsNotParked(t *testing.T) {
+	const maxRetries = 3
+	cases := []struct {
+		name      string
+		succeedOn int // attempt number that succeeds
+	}{
+		{"succeeds on the first retry", 2},
+		{"succeeds on the last retry", 1 + maxRetries},
+	}
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			for _, tc := range cases {
+				t.Run(tc.name, func(t *testing.T) {
+					e := b.New(t)
+					if e.DB != nil {
+						createProjection(t, e.DB, parkProjection)
+					}
+					before, poison, after := parkFeed(t, e, 2, 2)
+					probe := newParkProbe()
+					h := parkHandler(e, probe, func(ev domain.EventEnvelope[any], n int) error {
+						if ev.ID == poison.ID && n < tc.succeedOn {
+							return fmt.Errorf("park: transient failure %d", n)
+						}
+						return nil
+					})
+					// Batches of two: the poison event heads the second batch, so
+					// its attempts are numbered from the start of its retries.
+					sub := parkSubscriber(t, e, "park-transient", h,
+						subscriptions.WithBatchSize(2),
+						subscriptions.WithParkingLot(e.Parking),
+						subscriptions.WithMaxRetries(maxRetries))
+					r := start(t, sub)
+					waitCaughtUp(t, sub)
+					r.stop(t)
+
+					parked, err := sub.ListParked(context.Background())
+					require.NoError(t, err)
+					require.Empty(t, parked, "a transient failure must not be parked")
+					require.NotNil(t, parked)
+					require.Equal(t, tc.succeedOn, probe.count(poison.ID))
+					require.Equal(t, 1, probe.handledCount(poison.ID), "the event succeeded exactly once")
+					parkRequireProcessed(t, e, probe, parkConcat(before, []string{poison.ID}, after))
+				})
+			}
+		})
+	}
+}
+
+// TestRetryWithoutParkingLotHalts: without a parking lot a failing event
+// halts the checkpoint, is retried every poll interval, and each failure
+// is logged at error level with the subscriber, position, event ID and
+// type.
+func TestRetryWithoutParkingLotHalts(t *testing.T) {
+	const poll = 20 * time.Millisecond
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			e := b.New(t)
+			if e.DB != nil {
+				createProjection(t, e.DB, parkProjection)
+			}
+			before, poison, after := parkFeed(t, e, 1, 2)
+			probe := newParkProbe()
+			h := parkHandler(e, probe, func(ev domain.EventEnvelope[any], _ int) error {
+				if ev.ID == poison.ID {
+					return errors.New("park: poison refused")
+				}
+				return nil
+			})
+			logger, logs := newLogger()
+			sub := parkSubscriber(t, e, "park-halt", h,
+				subscriptions.WithLogger(logger),
+				subscriptions.WithPollInterval(poll),
+				subscriptions.WithMaxRetries(1)) // meaningless without a lot
+			r := start(t, sub)
+			require.Eventually(t, func() bool { return probe.count(poison.ID) >= 5 }, 30*time.Second, 5*time.Millisecond)
+			require.Eventually(t, func() bool { return parkPosition(t, e, "park-halt") == poison.Position-1 }, 30*time.Second, 5*time.Millisecond)
+			r.stop(t)
+
+			require.Equal(t, poison.Position-1, parkPosition(t, e, "park-halt"), "the checkpoint halts before the failing event")
+			for _, id := range after {
+				require.Zero(t, probe.count(id), "an event behind the failing one was handled")
+			}
+			parkRequireProcessed(t, e, probe, before)
+
+			// The retries of the failing event, as the head of its own batch,
+			// are one poll interval apart at least. (The first attempt ran in
+			// the batch that also held the event before it.)
+			attempts := probe.attemptsOf(poison.ID)
+			for i := 2; i < len(attempts); i++ {
+				require.GreaterOrEqual(t, attempts[i].Sub(attempts[i-1]), poll, "retry %d came sooner than the poll interval", i)
+			}
+
+			var found bool
+			for _, line := range strings.Split(logs.String(), "\n") {
+				if strings.Contains(line, "level=ERROR") && strings.Contains(line, "event_id="+poison.ID) {
+					require.Contains(t, line, "subscriber=park-halt")
+					require.Contains(t, line, fmt.Sprintf("position=%d", poison.Position))
+					require.Contains(t, line, "event_type=park.poison")
+					require.Contains(t, line, "park: poison refused")
+					found = true
+				}
+			}
+			require.True(t, found, "no error-level log line names the failing event; logs:\n%s", logs.String())
+		})
+	}
+}
+
+// TestRetryShutdownDuringBackoff cancels Run while it waits out a long
+// retry backoff: Run returns nil promptly, no transaction is held during
+// the wait, the failed attempt's writes are rolled back, and the event is
+// redelivered on restart.
+func TestRetryShutdownDuringBackoff(t *testing.T) {
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			e := b.New(t)
+			if e.DB != nil {
+				createProjection(t, e.DB, parkProjection)
+			}
+			_, poison, after := parkFeed(t, e, 0, 2)
+			var failing atomic.Bool
+			failing.Store(true)
+			attempted := make(chan struct{}, 16)
+			probe := newParkProbe()
+			h := parkHandler(e, probe, func(ev domain.EventEnvelope[any], _ int) error {
+				if ev.ID == poison.ID && failing.Load() {
+					attempted <- struct{}{}
+					return errors.New("park: poison refused")
+				}
+				return nil
+			})
+			sub := parkSubscriber(t, e, "park-shutdown", h,
+				subscriptions.WithParkingLot(e.Parking),
+				subscriptions.WithMaxRetries(3),
+				subscriptions.WithRetryBackoff(time.Minute, time.Minute))
+
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- sub.Run(ctx) }()
+			select {
+			case <-attempted:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the poison event was never attempted")
+			}
+			// While Run waits out the backoff, nothing holds the checkpoint:
+			// another batch can be acquired at once.
+			require.Eventually(t, func() bool {
+				actx, acancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer acancel()
+				batch, ok, err := e.Checkpoints.Acquire(actx, "park-shutdown")
+				if err != nil || !ok {
+					return false
+				}
+				require.Equal(t, poison.Position-1, batch.Position())
+				require.NoError(t, batch.Rollback())
+				return true
+			}, 30*time.Second, 5*time.Millisecond, "the checkpoint stays held during the retry backoff")
+
+			cancel()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(10 * time.Second):
+				t.Fatal("Run did not return within 10s of cancellation during a 1 minute backoff")
+			}
+			require.Equal(t, 1, probe.count(poison.ID), "no retry ran before the backoff ended")
+			require.Equal(t, poison.Position-1, parkPosition(t, e, "park-shutdown"), "the event was not committed")
+			parked, err := e.Parking.List(context.Background(), "park-shutdown")
+			require.NoError(t, err)
+			require.Empty(t, parked, "the event was not parked")
+			if e.DB != nil {
+				require.Empty(t, projected(t, e.DB, parkProjection), "the failed attempt's write was rolled back")
+			}
+
+			// Restart with a handler that now succeeds: the event is
+			// redelivered.
+			failing.Store(false)
+			sub2 := parkSubscriber(t, e, "park-shutdown", h, subscriptions.WithParkingLot(e.Parking))
+			r := start(t, sub2)
+			waitCaughtUp(t, sub2)
+			r.stop(t)
+			require.Equal(t, 2, probe.count(poison.ID), "redelivered on restart")
+			parkRequireProcessed(t, e, probe, parkConcat([]string{poison.ID}, after))
+		})
+	}
+}
+
+// parkTimedStore wraps a CheckpointStore and records how long each batch's
+// transaction stays open, from Acquire to Commit or Rollback.
+type parkTimedStore struct {
+	subscriptions.CheckpointStore
+	mu    sync.Mutex
+	spans []time.Duration
+}
+
+func (s *parkTimedStore) Acquire(ctx context.Context, subscriber string) (subscriptions.Batch, bool, error) {
+	begun := time.Now()
+	b, ok, err := s.CheckpointStore.Acquire(ctx, subscriber)
+	if err != nil || !ok {
+		return b, ok, err
+	}
+	return &parkTimedBatch{Batch: b, store: s, begun: begun}, true, nil
+}
+
+func (s *parkTimedStore) record(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.spans = append(s.spans, d)
+}
+
+func (s *parkTimedStore) longest() (time.Duration, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var m time.Duration
+	for _, d := range s.spans {
+		m = max(m, d)
+	}
+	return m, len(s.spans)
+}
+
+type parkTimedBatch struct {
+	subscriptions.Batch
+	store *parkTimedStore
+	begun time.Time
+}
+
+func (b *parkTimedBatch) Commit(ctx context.Context, position int64) error {
+	defer func() { b.store.record(time.Since(b.begun)) }()
+	return b.Batch.Commit(ctx, position)
+}
+
+func (b *parkTimedBatch) Rollback() error {
+	defer func() { b.store.record(time.Since(b.begun)) }()
+	return b.Batch.Rollback()
+}
+
+// TestRetryTransactionStaysShort measures, on Postgres with the default
+// retry settings (5 retries from 100 ms, doubling: 3.1 s of backoff), how
+// long a poison event keeps a transaction open. Each retry runs in a short
+// transaction of its own, so no transaction may last anywhere near the
+// backoff sum.
+func TestRetryTransactionStaysShort(t *testing.T) {
+	pg := dbtest.NewPostgres(t)
+	app := fmt.Sprintf("park_txlen_%d", time.Now().UnixNano())
+	db := dbtest.OpenPostgresDSN(t, pg.DSN+"&application_name="+app)
+	e := gormEnv(t, "postgres", db, pg)
+	createProjection(t, e.DB, parkProjection)
+	// The poison event heads the feed, so every setting can stay default
+	// (see TestRetryMiddleOfBatchAttemptCount for a poison event mid-batch).
+	before, poison, after := parkFeed(t, e, 0, 2)
+
+	probe := newParkProbe()
+	h := parkHandler(e, probe, func(ev domain.EventEnvelope[any], _ int) error {
+		if ev.ID == poison.ID {
+			return errors.New("park: poison refused")
+		}
+		return nil
+	})
+	timed := &parkTimedStore{CheckpointStore: e.Checkpoints}
+	sub, err := subscriptions.NewSubscriber("park-txlen", e.Events, timed, h,
+		subscriptions.WithLogger(quietLogger()),
+		subscriptions.WithParkingLot(e.Parking)) // default retries and backoff
+	require.NoError(t, err)
+
+	// Sample the server's view too: the oldest open transaction of this
+	// test's pool (identified by its application_name).
+	var sampledMax atomic.Int64
+	stopSampling := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopSampling:
+				return
+			case <-tick.C:
+			}
+			var micros int64
+			err := pg.DB.Raw(`SELECT COALESCE(max((EXTRACT(EPOCH FROM clock_timestamp() - xact_start) * 1e6)::bigint), 0)
+				FROM pg_stat_activity WHERE application_name = ? AND xact_start IS NOT NULL`, app).Scan(&micros).Error
+			if err == nil && micros > sampledMax.Load() {
+				sampledMax.Store(micros)
+			}
+		}
+	}()
+	defer func() {
+		select {
+		case <-stopSampling:
+		default:
+			close(stopSampling)
+		}
+		<-sampled
+	}()
+
+	r := start(t, sub)
+	parked := parkWaitParked(t, sub, 1)
+	waitCaughtUp(t, sub)
+	r.stop(t)
+	close(stopSampling)
+	<-sampled
+
+	attempts := probe.attemptsOf(poison.ID)
+	require.Len(t, attempts, 1+subscriptions.DefaultMaxRetries)
+	parkRequireBackoffGaps(t, attempts, subscriptions.DefaultRetryBackoff, subscriptions.DefaultMaxRetryBackoff)
+	var backoffSum time.Duration
+	for n := 1; n <= subscriptions.DefaultMaxRetries; n++ {
+		backoffSum += parkBackoff(subscriptions.DefaultRetryBackoff, subscriptions.DefaultMaxRetryBackoff, n)
+	}
+	retrying := attempts[len(attempts)-1].Sub(attempts[0])
+	toPark := parked[0].ParkedAt.Sub(attempts[0])
+	longest, batches := timed.longest()
+	server := time.Duration(sampledMax.Load()) * time.Microsecond
+	t.Logf("default retry settings: backoff sum %v; first to last attempt %v; first attempt to parked_at %v", backoffSum, retrying, toPark)
+	t.Logf("longest batch transaction (Acquire to Commit/Rollback, %d batches): %v; longest open transaction sampled in pg_stat_activity: %v", batches, longest, server)
+
+	require.GreaterOrEqual(t, retrying, backoffSum, "the retries waited out the default backoff")
+	require.Less(t, longest, time.Second, "a batch transaction stayed open across the retry backoff")
+	require.Less(t, server, time.Second, "pg_stat_activity saw a transaction open across the retry backoff")
+	parkRequireProcessed(t, e, probe, parkConcat(before, after))
+}
