@@ -232,7 +232,7 @@ func (g *GormCheckpointStore) Reset(ctx context.Context, subscriber string, posi
 // (its Commit will abort), waits for it to end, and keeps new batches out
 // until release is called.
 func (g *GormCheckpointStore) fenceSQLite(ctx context.Context, subscriber string) (release func(), err error) {
-	fence := &gormBatch{subscriber: subscriber, done: make(chan struct{})}
+	fence := &gormBatch{store: g, subscriber: subscriber, done: make(chan struct{})}
 	for {
 		g.mu.Lock()
 		b := g.active[subscriber]

@@ -30,7 +30,11 @@ type GormParkedEventModel struct {
 func (GormParkedEventModel) TableName() string { return "parked_events" }
 
 var parkedObjects = sqlschema.Objects{
-	Names: []string{"parked_events", "idx_parked_events_position"},
+	Names: []string{"parked_events", "parked_events_key", "idx_parked_events_position"},
+	// SQLite keeps its primary key on the columns (no entry size limit).
+	// On Postgres the key is a unique index over md5 digests, not a primary
+	// key over the columns: a B-tree entry holds at most ~2.7 kB, and a
+	// subscriber name and an event ID may each be up to 2 kB.
 	Postgres: []string{
 		`CREATE TABLE IF NOT EXISTS parked_events (
 			subscriber text        NOT NULL,
@@ -39,10 +43,10 @@ var parkedObjects = sqlschema.Objects{
 			position   bigint      NOT NULL DEFAULT 0,
 			error      text        NOT NULL DEFAULT '',
 			attempts   integer     NOT NULL DEFAULT 0,
-			parked_at  timestamptz,
-			PRIMARY KEY (subscriber, event_id)
+			parked_at  timestamptz
 		)`,
-		`CREATE INDEX IF NOT EXISTS idx_parked_events_position ON parked_events (subscriber, position)`,
+		`CREATE UNIQUE INDEX IF NOT EXISTS parked_events_key ON parked_events ((md5(subscriber)), (md5(event_id)))`,
+		`CREATE INDEX IF NOT EXISTS idx_parked_events_position ON parked_events ((md5(subscriber)), position)`,
 	},
 	SQLite: []string{
 		`CREATE TABLE IF NOT EXISTS parked_events (
@@ -66,9 +70,10 @@ var parkedObjects = sqlschema.Objects{
 //
 // It is safe for concurrent use and does not own the *gorm.DB.
 type GormParkingLot struct {
-	db       *gorm.DB
-	pool     *sql.DB
-	postgres bool
+	db         *gorm.DB
+	pool       *sql.DB
+	postgres   bool
+	sqliteFile string // SQLite: the main database file, "" in memory
 }
 
 var _ ParkingLot = (*GormParkingLot)(nil)
@@ -87,7 +92,13 @@ func NewGormParkingLot(db *gorm.DB) (*GormParkingLot, error) {
 	if err := sqlschema.Ensure(context.Background(), db, parkedObjects); err != nil {
 		return nil, fmt.Errorf("subscriptions: create parked_events table: %w", err)
 	}
-	return &GormParkingLot{db: db, pool: pool, postgres: postgres}, nil
+	lot := &GormParkingLot{db: db, pool: pool, postgres: postgres}
+	if !postgres {
+		if lot.sqliteFile, err = sqliteMainFile(db); err != nil {
+			return nil, fmt.Errorf("subscriptions: NewGormParkingLot: locate the SQLite database file: %w", err)
+		}
+	}
+	return lot, nil
 }
 
 // Park records a poison event, writing through the batch transaction when
@@ -104,13 +115,17 @@ func (g *GormParkingLot) Park(ctx context.Context, parked ParkedEvent) error {
 	if parked.ParkedAt.IsZero() {
 		parked.ParkedAt = time.Now()
 	}
-	db := txForPool(ctx, g.pool)
+	db := g.batchTx(ctx)
 	if db == nil {
 		db = g.db
 	}
+	conflict := "(subscriber, event_id)"
+	if g.postgres {
+		conflict = "((md5(subscriber)), (md5(event_id)))"
+	}
 	err := db.WithContext(ctx).Exec(`INSERT INTO parked_events (subscriber, event_id, event_type, position, error, attempts, parked_at)
 		VALUES (?, ?, ?, ?, ?, ?, ?)
-		ON CONFLICT (subscriber, event_id) DO UPDATE SET event_type = excluded.event_type, position = excluded.position,
+		ON CONFLICT `+conflict+` DO UPDATE SET event_type = excluded.event_type, position = excluded.position,
 			error = excluded.error, attempts = excluded.attempts, parked_at = excluded.parked_at`,
 		parked.Subscriber, parked.EventID, storableText(parked.EventType), parked.Position,
 		storableText(parked.Error), parked.Attempts, parked.ParkedAt.UTC()).Error
@@ -118,6 +133,51 @@ func (g *GormParkingLot) Park(ctx context.Context, parked ParkedEvent) error {
 		return fmt.Errorf("subscriptions: park event %q (position %d) for %q: %w", parked.EventID, parked.Position, parked.Subscriber, err)
 	}
 	return nil
+}
+
+// keyWhere selects one parked row through the table's key index.
+func (g *GormParkingLot) keyWhere() string {
+	if g.postgres {
+		return "md5(subscriber) = md5(?) AND md5(event_id) = md5(?) AND subscriber = ? AND event_id = ?"
+	}
+	return "subscriber = ? AND event_id = ?"
+}
+
+func (g *GormParkingLot) keyArgs(subscriber, eventID string) []any {
+	if g.postgres {
+		return []any{subscriber, eventID, subscriber, eventID}
+	}
+	return []any{subscriber, eventID}
+}
+
+// batchTx returns the batch transaction in ctx when it belongs to this
+// lot's database: begun on the lot's own pool, or, on SQLite, on another
+// handle to the same database file. Writing through any other handle
+// while the batch holds SQLite's write lock would wait out the busy
+// timeout and fail.
+func (g *GormParkingLot) batchTx(ctx context.Context) *gorm.DB {
+	if tx := txForPool(ctx, g.pool); tx != nil {
+		return tx
+	}
+	if g.postgres || g.sqliteFile == "" {
+		return nil
+	}
+	tx := TxFromContext(ctx)
+	if tx == nil || tx.Name() != sqlschema.SQLite {
+		return nil
+	}
+	if file, err := sqliteMainFile(tx.WithContext(ctx)); err == nil && file == g.sqliteFile {
+		return tx
+	}
+	return nil
+}
+
+// sqliteMainFile returns the path of a SQLite handle's main database file
+// ("" for an in-memory database).
+func sqliteMainFile(db *gorm.DB) (string, error) {
+	var file string
+	err := db.Raw("SELECT file FROM pragma_database_list WHERE name = 'main'").Scan(&file).Error
+	return file, err
 }
 
 // storableText makes free text (an error message) storable as Postgres
@@ -130,8 +190,12 @@ func storableText(s string) string {
 // List returns the subscriber's parked events ordered by position.
 func (g *GormParkingLot) List(ctx context.Context, subscriber string) ([]ParkedEvent, error) {
 	var rows []GormParkedEventModel
+	where, args := "subscriber = ?", []any{subscriber}
+	if g.postgres {
+		where, args = "md5(subscriber) = md5(?) AND subscriber = ?", []any{subscriber, subscriber}
+	}
 	err := g.db.WithContext(ctx).Raw(`SELECT subscriber, event_id, event_type, position, error, attempts, parked_at
-		FROM parked_events WHERE subscriber = ? ORDER BY position, event_id`, subscriber).Scan(&rows).Error
+		FROM parked_events WHERE `+where+` ORDER BY position, event_id`, args...).Scan(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("subscriptions: list parked events of %q: %w", subscriber, err)
 	}
@@ -173,7 +237,7 @@ func (g *GormParkingLot) Replay(ctx context.Context, subscriber, eventID string,
 	return g.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var found []int
 		if g.postgres {
-			if err := tx.Raw("SELECT attempts FROM parked_events WHERE subscriber = ? AND event_id = ? FOR UPDATE", subscriber, eventID).Scan(&found).Error; err != nil {
+			if err := tx.Raw("SELECT attempts FROM parked_events WHERE "+g.keyWhere()+" FOR UPDATE", g.keyArgs(subscriber, eventID)...).Scan(&found).Error; err != nil {
 				return fmt.Errorf("subscriptions: replay event %q for %q: lock parked row: %w", eventID, subscriber, err)
 			}
 		} else {
@@ -192,7 +256,7 @@ func (g *GormParkingLot) Replay(ctx context.Context, subscriber, eventID string,
 		if err := handler(withTx(ctx, tx, g.pool), event); err != nil {
 			return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, subscriber, err)
 		}
-		res := tx.Exec("DELETE FROM parked_events WHERE subscriber = ? AND event_id = ?", subscriber, eventID)
+		res := tx.Exec("DELETE FROM parked_events WHERE "+g.keyWhere(), g.keyArgs(subscriber, eventID)...)
 		if res.Error != nil {
 			return fmt.Errorf("subscriptions: replay event %q for %q: clear parked row: %w", eventID, subscriber, res.Error)
 		}

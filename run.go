@@ -64,9 +64,10 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	r.timer.Stop()
 	defer r.timer.Stop()
 
-	check := true // take the cheap "anything new?" look before a transaction
-	woken := false
-	rechecks := 0
+	check := true // read the checkpoint again before the next batch
+	// rechecks counts the quick re-checks done since the last wake signal;
+	// -1 when no wake is being followed up.
+	rechecks := -1
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -79,21 +80,22 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		case outcomeFatal:
 			return fmt.Errorf("subscriptions: subscriber %q cannot run: %w", s.name, r.fatal)
 		case outcomeMore:
-			check, woken = false, false
+			check, rechecks = false, -1
 			continue
 		case outcomeIdle:
 			check = true
-			if woken && rechecks < len(wakeRechecks) {
+			if rechecks >= 0 && rechecks < len(wakeRechecks) {
 				wait = wakeRechecks[rechecks]
 				rechecks++
+			} else {
+				rechecks = -1
 			}
 		case outcomeSkipped:
-			check = true
+			check, rechecks = true, -1
 		case outcomeFailed:
-			check, allowWake = false, false
+			check, allowWake, rechecks = false, false, -1
 		}
-		var stop bool
-		woken, stop = r.wait(ctx, wait, allowWake)
+		woken, stop := r.wait(ctx, wait, allowWake)
 		if stop {
 			return nil
 		}
@@ -116,6 +118,16 @@ type runner struct {
 	known int64
 	// fatal is the misconfiguration that ends Run (outcomeFatal).
 	fatal error
+	// pending is a first attempt that failed in the middle of a batch: once
+	// the events before it have committed, the event goes straight to
+	// failure handling instead of being attempted again without backoff.
+	pending *pendingFailure
+}
+
+type pendingFailure struct {
+	eventID  string
+	position int64
+	err      error
 }
 
 // wait blocks for d, until a wake signal (when allowed) or until ctx is
@@ -179,8 +191,8 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 		}
 		r.known = position
 	}
-	limit := s.batchSize
-	if r.prefix > 0 {
+	limit, prefixCycle := s.batchSize, r.prefix > 0
+	if prefixCycle {
 		limit, r.prefix = r.prefix, 0
 	}
 	start := r.known
@@ -193,6 +205,13 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 	}
 	if ctx.Err() != nil {
 		return outcomeStopped
+	}
+	if p := r.pending; p != nil && !prefixCycle {
+		r.pending = nil
+		if ev := events[0]; ev.ID == p.eventID && ev.Position == p.position {
+			r.known = -1
+			return r.failed(ctx, start, ev, p.err)
+		}
 	}
 
 	bctx := context.WithoutCancel(ctx)
@@ -231,6 +250,7 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 				// Commit the events before the failing one in a batch of their
 				// own, right away; the failing event comes first in the next.
 				r.prefix = i
+				r.pending = &pendingFailure{eventID: ev.ID, position: ev.Position, err: err}
 				return outcomeMore
 			}
 			r.known = -1
