@@ -100,7 +100,12 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			return nil
 		}
 		if woken {
-			rechecks = 0
+			// A wake means new events: read them straight after the position
+			// this runner knows. A stale position (another replica advanced
+			// it, or a reset moved it) is caught when the batch is acquired.
+			// Only timed polls read the checkpoint first, so that a reset is
+			// noticed even when no event arrives.
+			rechecks, check = 0, false
 		}
 	}
 }
