@@ -41,9 +41,13 @@ import (
 // in its transaction, delivered at commit, for subscriptions'
 // PostgresListener.
 type GormEventStore struct {
-	db       *gorm.DB
-	postgres bool
-	lockKey  int64 // Postgres: the append lock's key
+	db   *gorm.DB
+	pool *sql.DB // Postgres: for the pipelined append
+	// portableOnly disables the pipelined append (tests of the portable
+	// path).
+	portableOnly bool
+	postgres     bool
+	lockKey      int64 // Postgres: the append lock's key
 }
 
 var _ domain.EventStore = (*GormEventStore)(nil)
@@ -79,6 +83,9 @@ func NewGormEventStore(db *gorm.DB) (*GormEventStore, error) {
 			return nil, fmt.Errorf("infrastructure: resolve the events table's schema: %v", err)
 		}
 		s.lockKey = sqlschema.Key("append", qualified)
+		if pool, err := db.DB(); err == nil {
+			s.pool = pool
+		}
 	}
 	return s, nil
 }
@@ -106,13 +113,25 @@ func (s *GormEventStore) Append(ctx context.Context, aggregateID string, expecte
 		_, err = prepareAppend(aggregateID, expectedVersion, current, nil)
 		return err
 	}
-	err := s.appendOnce(ctx, aggregateID, expectedVersion, events, s.postgres)
+	err := s.appendWith(ctx, aggregateID, expectedVersion, events, s.postgres)
 	if s.postgres && isNotifyFailure(err) {
 		// A full notification queue must not fail the append: notifications
 		// are wake-ups, and subscribers poll anyway.
-		err = s.appendOnce(ctx, aggregateID, expectedVersion, events, false)
+		err = s.appendWith(ctx, aggregateID, expectedVersion, events, false)
 	}
 	return err
+}
+
+// appendWith picks the pipelined Postgres path when the pool is pgx's
+// (the gorm.io/driver/postgres default) and the portable one otherwise.
+func (s *GormEventStore) appendWith(ctx context.Context, aggregateID string, expectedVersion int, events []domain.EventEnvelope[any], notify bool) error {
+	if s.postgres && s.pool != nil && !s.portableOnly {
+		err := s.appendPipelined(ctx, aggregateID, expectedVersion, events, notify)
+		if !errors.Is(err, errNotPgx) {
+			return err
+		}
+	}
+	return s.appendOnce(ctx, aggregateID, expectedVersion, events, notify)
 }
 
 const insertColumns = "INSERT INTO events (id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at) VALUES "

@@ -40,6 +40,18 @@ func storeBackends() []storeBackend {
 			postgres: b.Postgres,
 			open:     func(t testing.TB) domain.EventStore { return newGormStore(t, b.Open(t)) },
 		})
+		if b.Postgres {
+			// The portable append path, used when the pool is not pgx's.
+			out = append(out, storeBackend{
+				name:     b.Name + "-portable",
+				postgres: true,
+				open: func(t testing.TB) domain.EventStore {
+					s := newGormStore(t, b.Open(t))
+					infrastructure.PortableAppendOnly(s)
+					return s
+				},
+			})
+		}
 	}
 	return out
 }
