@@ -61,10 +61,25 @@ type GormCheckpointStore struct {
 	pool     *sql.DB
 	postgres bool
 
-	// SQLite only: the batches in flight in this process, so that Reset can
-	// abort them and Acquire can skip instead of queueing on the write lock.
+	// SQLite only: the batches in flight on this pool, shared by every
+	// store built on it, so that Reset can abort them and Acquire can skip
+	// instead of queueing on the write lock (forever, on a one-connection
+	// in-memory database).
+	reg *batchRegistry
+}
+
+// batchRegistry records the SQLite batches in flight on one pool.
+type batchRegistry struct {
 	mu     sync.Mutex
 	active map[string]*gormBatch
+}
+
+// sqliteRegistries maps each SQLite *sql.DB to its batchRegistry.
+var sqliteRegistries sync.Map
+
+func registryFor(pool *sql.DB) *batchRegistry {
+	reg, _ := sqliteRegistries.LoadOrStore(pool, &batchRegistry{active: make(map[string]*gormBatch)})
+	return reg.(*batchRegistry)
 }
 
 var _ CheckpointStore = (*GormCheckpointStore)(nil)
@@ -82,7 +97,11 @@ func NewGormCheckpointStore(db *gorm.DB) (*GormCheckpointStore, error) {
 	if err := sqlschema.Ensure(context.Background(), db, checkpointObjects); err != nil {
 		return nil, fmt.Errorf("subscriptions: create subscriber_checkpoints table: %w", err)
 	}
-	return &GormCheckpointStore{db: db, pool: pool, postgres: postgres, active: make(map[string]*gormBatch)}, nil
+	g := &GormCheckpointStore{db: db, pool: pool, postgres: postgres}
+	if !postgres {
+		g.reg = registryFor(pool)
+	}
+	return g, nil
 }
 
 // gormHandle checks a *gorm.DB handed to a constructor.
@@ -114,13 +133,13 @@ func (g *GormCheckpointStore) Acquire(ctx context.Context, subscriber string) (B
 	}
 	b := &gormBatch{store: g, subscriber: subscriber, done: make(chan struct{})}
 	if !g.postgres {
-		g.mu.Lock()
-		if g.active[subscriber] != nil {
-			g.mu.Unlock()
+		g.reg.mu.Lock()
+		if g.reg.active[subscriber] != nil {
+			g.reg.mu.Unlock()
 			return nil, false, nil
 		}
-		g.active[subscriber] = b
-		g.mu.Unlock()
+		g.reg.active[subscriber] = b
+		g.reg.mu.Unlock()
 	}
 	acquired, err := g.begin(ctx, b)
 	if err != nil || !acquired {
@@ -234,15 +253,15 @@ func (g *GormCheckpointStore) Reset(ctx context.Context, subscriber string, posi
 func (g *GormCheckpointStore) fenceSQLite(ctx context.Context, subscriber string) (release func(), err error) {
 	fence := &gormBatch{store: g, subscriber: subscriber, done: make(chan struct{})}
 	for {
-		g.mu.Lock()
-		b := g.active[subscriber]
+		g.reg.mu.Lock()
+		b := g.reg.active[subscriber]
 		if b == nil {
-			g.active[subscriber] = fence
-			g.mu.Unlock()
+			g.reg.active[subscriber] = fence
+			g.reg.mu.Unlock()
 			return fence.release, nil
 		}
 		b.moved.Store(true)
-		g.mu.Unlock()
+		g.reg.mu.Unlock()
 		select {
 		case <-b.done:
 		case <-ctx.Done():

@@ -28,11 +28,12 @@ type gormBatch struct {
 func (b *gormBatch) release() {
 	b.once.Do(func() {
 		if b.store != nil && !b.store.postgres {
-			b.store.mu.Lock()
-			if b.store.active[b.subscriber] == b {
-				delete(b.store.active, b.subscriber)
+			reg := b.store.reg
+			reg.mu.Lock()
+			if reg.active[b.subscriber] == b {
+				delete(reg.active, b.subscriber)
 			}
-			b.store.mu.Unlock()
+			reg.mu.Unlock()
 		}
 		close(b.done)
 	})
