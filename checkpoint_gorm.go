@@ -150,6 +150,53 @@ func (g *GormCheckpointStore) Acquire(ctx context.Context, subscriber string) (B
 }
 
 func (g *GormCheckpointStore) begin(ctx context.Context, b *gormBatch) (bool, error) {
+	if !g.postgres {
+		return g.beginSQLite(ctx, b)
+	}
+	acquired, exists, err := g.lockPostgres(ctx, b)
+	if err != nil || acquired || exists {
+		return acquired, err
+	}
+	// No row yet. Create it in a statement of its own, committed at once:
+	// created inside a batch, the uncommitted row would make every other
+	// replica's first Acquire wait for that whole batch instead of skipping.
+	if err := g.db.WithContext(ctx).Exec("INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, 0, ?) ON CONFLICT (subscriber) DO NOTHING",
+		b.subscriber, time.Now().UTC()).Error; err != nil {
+		return false, fmt.Errorf("subscriptions: acquire checkpoint of %q: create row: %w", b.subscriber, err)
+	}
+	acquired, _, err = g.lockPostgres(ctx, b)
+	return acquired, err
+}
+
+// lockPostgres begins the batch transaction and locks the subscriber's row,
+// skipping it when another transaction holds it. exists reports whether
+// the row exists at all, when it could not be locked.
+func (g *GormCheckpointStore) lockPostgres(ctx context.Context, b *gormBatch) (acquired, exists bool, err error) {
+	tx := g.db.WithContext(ctx).Begin(g.txOptions())
+	if tx.Error != nil {
+		return false, false, fmt.Errorf("subscriptions: acquire checkpoint of %q: begin: %w", b.subscriber, tx.Error)
+	}
+	var positions []int64
+	if err := tx.Raw("SELECT position FROM subscriber_checkpoints WHERE subscriber = ? FOR UPDATE SKIP LOCKED", b.subscriber).Scan(&positions).Error; err != nil {
+		tx.Rollback()
+		return false, false, fmt.Errorf("subscriptions: acquire checkpoint of %q: lock row: %w", b.subscriber, err)
+	}
+	if len(positions) == 0 {
+		tx.Rollback()
+		// Skipped because another replica holds it, or missing? A plain read
+		// tells, without waiting for anyone's lock.
+		var n int64
+		if err := g.db.WithContext(ctx).Raw("SELECT count(*) FROM subscriber_checkpoints WHERE subscriber = ?", b.subscriber).Scan(&n).Error; err != nil {
+			return false, false, fmt.Errorf("subscriptions: acquire checkpoint of %q: read row: %w", b.subscriber, err)
+		}
+		return false, n > 0, nil
+	}
+	b.tx = tx
+	b.position = positions[0]
+	return true, true, nil
+}
+
+func (g *GormCheckpointStore) beginSQLite(ctx context.Context, b *gormBatch) (bool, error) {
 	tx := g.db.WithContext(ctx).Begin(g.txOptions())
 	if tx.Error != nil {
 		return false, fmt.Errorf("subscriptions: acquire checkpoint of %q: begin: %w", b.subscriber, tx.Error)
@@ -158,36 +205,18 @@ func (g *GormCheckpointStore) begin(ctx context.Context, b *gormBatch) (bool, er
 		tx.Rollback()
 		return false, fmt.Errorf("subscriptions: acquire checkpoint of %q: %s: %w", b.subscriber, what, err)
 	}
+	// The insert comes first so that the batch takes SQLite's write lock at
+	// once, whatever the DSN's transaction mode.
+	if err := tx.Exec("INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, 0, ?) ON CONFLICT (subscriber) DO NOTHING",
+		b.subscriber, time.Now().UTC()).Error; err != nil {
+		return fail("create row", err)
+	}
 	var positions []int64
-	if g.postgres {
-		if err := tx.Raw("SELECT position FROM subscriber_checkpoints WHERE subscriber = ? FOR UPDATE SKIP LOCKED", b.subscriber).Scan(&positions).Error; err != nil {
-			return fail("lock row", err)
-		}
-		if len(positions) == 0 {
-			// Either the row does not exist yet, or another replica holds it.
-			// A row this transaction inserts is locked by it until commit.
-			if err := tx.Raw("INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, 0, ?) ON CONFLICT (subscriber) DO NOTHING RETURNING position",
-				b.subscriber, time.Now().UTC()).Scan(&positions).Error; err != nil {
-				return fail("create row", err)
-			}
-			if len(positions) == 0 {
-				tx.Rollback()
-				return false, nil
-			}
-		}
-	} else {
-		// The insert comes first so that the batch takes SQLite's write lock
-		// at once, whatever the DSN's transaction mode.
-		if err := tx.Exec("INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, 0, ?) ON CONFLICT (subscriber) DO NOTHING",
-			b.subscriber, time.Now().UTC()).Error; err != nil {
-			return fail("create row", err)
-		}
-		if err := tx.Raw("SELECT position FROM subscriber_checkpoints WHERE subscriber = ?", b.subscriber).Scan(&positions).Error; err != nil {
-			return fail("read row", err)
-		}
-		if len(positions) == 0 {
-			return fail("read row", errors.New("row vanished"))
-		}
+	if err := tx.Raw("SELECT position FROM subscriber_checkpoints WHERE subscriber = ?", b.subscriber).Scan(&positions).Error; err != nil {
+		return fail("read row", err)
+	}
+	if len(positions) == 0 {
+		return fail("read row", errors.New("row vanished"))
 	}
 	b.tx = tx
 	b.position = positions[0]

@@ -2,7 +2,9 @@ package subscriptions
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -30,23 +32,26 @@ type GormParkedEventModel struct {
 func (GormParkedEventModel) TableName() string { return "parked_events" }
 
 var parkedObjects = sqlschema.Objects{
-	Names: []string{"parked_events", "parked_events_key", "idx_parked_events_position"},
+	Names: []string{"parked_events", "idx_parked_events_position"},
 	// SQLite keeps its primary key on the columns (no entry size limit).
-	// On Postgres the key is a unique index over md5 digests, not a primary
-	// key over the columns: a B-tree entry holds at most ~2.7 kB, and a
-	// subscriber name and an event ID may each be up to 2 kB.
+	// On Postgres the key is a SHA-256 digest of (subscriber, event ID)
+	// computed by the library, not a primary key over the two columns: a
+	// B-tree entry holds at most ~2.7 kB, and a subscriber name and an event
+	// ID may each be up to 2 kB. (A digest index in SQL would need md5, whose
+	// collisions an attacker can choose, or a non-immutable conversion.)
 	Postgres: []string{
 		`CREATE TABLE IF NOT EXISTS parked_events (
-			subscriber text        NOT NULL,
-			event_id   text        NOT NULL,
-			event_type text        NOT NULL DEFAULT '',
-			position   bigint      NOT NULL DEFAULT 0,
-			error      text        NOT NULL DEFAULT '',
-			attempts   integer     NOT NULL DEFAULT 0,
-			parked_at  timestamptz
+			key            bytea       NOT NULL PRIMARY KEY,
+			subscriber_key bytea       NOT NULL,
+			subscriber     text        NOT NULL,
+			event_id       text        NOT NULL,
+			event_type     text        NOT NULL DEFAULT '',
+			position       bigint      NOT NULL DEFAULT 0,
+			error          text        NOT NULL DEFAULT '',
+			attempts       integer     NOT NULL DEFAULT 0,
+			parked_at      timestamptz
 		)`,
-		`CREATE UNIQUE INDEX IF NOT EXISTS parked_events_key ON parked_events ((md5(subscriber)), (md5(event_id)))`,
-		`CREATE INDEX IF NOT EXISTS idx_parked_events_position ON parked_events ((md5(subscriber)), position)`,
+		`CREATE INDEX IF NOT EXISTS idx_parked_events_position ON parked_events (subscriber_key, position)`,
 	},
 	SQLite: []string{
 		`CREATE TABLE IF NOT EXISTS parked_events (
@@ -119,16 +124,22 @@ func (g *GormParkingLot) Park(ctx context.Context, parked ParkedEvent) error {
 	if db == nil {
 		db = g.db
 	}
-	conflict := "(subscriber, event_id)"
+	var err error
 	if g.postgres {
-		conflict = "((md5(subscriber)), (md5(event_id)))"
+		err = db.WithContext(ctx).Exec(`INSERT INTO parked_events (key, subscriber_key, subscriber, event_id, event_type, position, error, attempts, parked_at)
+			VALUES (decode(?, 'hex'), decode(?, 'hex'), ?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (key) DO UPDATE SET event_type = excluded.event_type, position = excluded.position,
+				error = excluded.error, attempts = excluded.attempts, parked_at = excluded.parked_at`,
+			parkedRowKey(parked.Subscriber, parked.EventID), subscriberKey(parked.Subscriber), parked.Subscriber, parked.EventID,
+			storableText(parked.EventType), parked.Position, storableText(parked.Error), parked.Attempts, parked.ParkedAt.UTC()).Error
+	} else {
+		err = db.WithContext(ctx).Exec(`INSERT INTO parked_events (subscriber, event_id, event_type, position, error, attempts, parked_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (subscriber, event_id) DO UPDATE SET event_type = excluded.event_type, position = excluded.position,
+				error = excluded.error, attempts = excluded.attempts, parked_at = excluded.parked_at`,
+			parked.Subscriber, parked.EventID, storableText(parked.EventType), parked.Position,
+			storableText(parked.Error), parked.Attempts, parked.ParkedAt.UTC()).Error
 	}
-	err := db.WithContext(ctx).Exec(`INSERT INTO parked_events (subscriber, event_id, event_type, position, error, attempts, parked_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?)
-		ON CONFLICT `+conflict+` DO UPDATE SET event_type = excluded.event_type, position = excluded.position,
-			error = excluded.error, attempts = excluded.attempts, parked_at = excluded.parked_at`,
-		parked.Subscriber, parked.EventID, storableText(parked.EventType), parked.Position,
-		storableText(parked.Error), parked.Attempts, parked.ParkedAt.UTC()).Error
 	if err != nil {
 		return fmt.Errorf("subscriptions: park event %q (position %d) for %q: %w", parked.EventID, parked.Position, parked.Subscriber, err)
 	}
@@ -138,16 +149,31 @@ func (g *GormParkingLot) Park(ctx context.Context, parked ParkedEvent) error {
 // keyWhere selects one parked row through the table's key index.
 func (g *GormParkingLot) keyWhere() string {
 	if g.postgres {
-		return "md5(subscriber) = md5(?) AND md5(event_id) = md5(?) AND subscriber = ? AND event_id = ?"
+		return "key = decode(?, 'hex') AND subscriber = ? AND event_id = ?"
 	}
 	return "subscriber = ? AND event_id = ?"
 }
 
 func (g *GormParkingLot) keyArgs(subscriber, eventID string) []any {
 	if g.postgres {
-		return []any{subscriber, eventID, subscriber, eventID}
+		return []any{parkedRowKey(subscriber, eventID), subscriber, eventID}
 	}
 	return []any{subscriber, eventID}
+}
+
+// parkedRowKey is the Postgres row key, hex-encoded (GORM would expand a
+// []byte argument into a list): SHA-256 of the subscriber name and the
+// event ID, separated by a NUL (which neither may contain).
+func parkedRowKey(subscriber, eventID string) string {
+	sum := sha256.Sum256([]byte(subscriber + "\x00" + eventID))
+	return hex.EncodeToString(sum[:])
+}
+
+// subscriberKey is the Postgres index key for a subscriber's parked rows,
+// hex-encoded.
+func subscriberKey(subscriber string) string {
+	sum := sha256.Sum256([]byte(subscriber))
+	return hex.EncodeToString(sum[:])
 }
 
 // batchTx returns the batch transaction in ctx when it belongs to this
@@ -192,7 +218,7 @@ func (g *GormParkingLot) List(ctx context.Context, subscriber string) ([]ParkedE
 	var rows []GormParkedEventModel
 	where, args := "subscriber = ?", []any{subscriber}
 	if g.postgres {
-		where, args = "md5(subscriber) = md5(?) AND subscriber = ?", []any{subscriber, subscriber}
+		where, args = "subscriber_key = decode(?, 'hex') AND subscriber = ?", []any{subscriberKey(subscriber), subscriber}
 	}
 	err := g.db.WithContext(ctx).Raw(`SELECT subscriber, event_id, event_type, position, error, attempts, parked_at
 		FROM parked_events WHERE `+where+` ORDER BY position, event_id`, args...).Scan(&rows).Error

@@ -1,0 +1,263 @@
+package subscriptions_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+
+	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/internal/dbtest"
+)
+
+// Shared helpers of the subscriber-core tests (subscriber_*, checkpoint_*,
+// replicas_, reset_ and benchmark_ files). Everything is prefixed "core" so
+// that it cannot collide with the other test files of the package.
+
+// corePoll is the poll interval of the core tests: short, so that retries
+// and idle polls do not slow the suite down.
+const corePoll = 10 * time.Millisecond
+
+// coreFeed returns every event of the store's feed, in feed order.
+func coreFeed(t testing.TB, store domain.EventStore) []domain.EventEnvelope[any] {
+	t.Helper()
+	events, err := store.ReadAfter(context.Background(), 0, 0)
+	require.NoError(t, err)
+	return events
+}
+
+// coreIDs returns the events' IDs in order.
+func coreIDs(events []domain.EventEnvelope[any]) []string {
+	ids := make([]string, len(events))
+	for i, ev := range events {
+		ids[i] = ev.ID
+	}
+	return ids
+}
+
+// corePositions returns the events' positions in order.
+func corePositions(events []domain.EventEnvelope[any]) []int64 {
+	ps := make([]int64, len(events))
+	for i, ev := range events {
+		ps[i] = ev.Position
+	}
+	return ps
+}
+
+// coreRecorder records what a handler saw, safe for concurrent use.
+type coreRecorder struct {
+	mu     sync.Mutex
+	events []domain.EventEnvelope[any]
+	tx     []bool // TxFromContext(ctx) != nil, per recorded event
+}
+
+func (r *coreRecorder) record(ctx context.Context, ev domain.EventEnvelope[any]) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, ev)
+	r.tx = append(r.tx, subscriptions.TxFromContext(ctx) != nil)
+}
+
+func (r *coreRecorder) snapshot() []domain.EventEnvelope[any] {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]domain.EventEnvelope[any](nil), r.events...)
+}
+
+func (r *coreRecorder) ids() []string { return coreIDs(r.snapshot()) }
+
+func (r *coreRecorder) len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.events)
+}
+
+func (r *coreRecorder) txSeen() []bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]bool(nil), r.tx...)
+}
+
+// coreNewSub creates a subscriber with the core defaults (quiet logger,
+// corePoll) before opts.
+func coreNewSub(t testing.TB, name string, events domain.EventStore, cps subscriptions.CheckpointStore, h subscriptions.Handler, opts ...subscriptions.SubscriberOption) *subscriptions.Subscriber {
+	t.Helper()
+	all := append([]subscriptions.SubscriberOption{subscriptions.WithLogger(quietLogger()), subscriptions.WithPollInterval(corePoll)}, opts...)
+	sub, err := subscriptions.NewSubscriber(name, events, cps, h, all...)
+	require.NoError(t, err)
+	return sub
+}
+
+// coreRun runs sub.Run on a goroutine, recovering a panic: the result
+// arrives on the returned channel. cancel stops it.
+type coreRun struct {
+	cancel context.CancelFunc
+	done   chan coreRunResult
+}
+
+type coreRunResult struct {
+	err      error
+	panicked bool
+	panicVal any
+}
+
+func coreStart(t testing.TB, sub *subscriptions.Subscriber) *coreRun {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &coreRun{cancel: cancel, done: make(chan coreRunResult, 1)}
+	go func() {
+		var res coreRunResult
+		defer func() {
+			if v := recover(); v != nil {
+				res.panicked, res.panicVal = true, v
+			}
+			r.done <- res
+		}()
+		res.err = sub.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		// Make sure the goroutine is gone before the test ends (goleak).
+		cancel()
+		select {
+		case res := <-r.done:
+			r.done <- res
+		case <-time.After(30 * time.Second):
+			t.Errorf("Run did not return within 30s of the test's end")
+		}
+	})
+	return r
+}
+
+// wait waits (bounded) for Run to return and returns its result.
+func (r *coreRun) wait(t testing.TB) coreRunResult {
+	t.Helper()
+	select {
+	case res := <-r.done:
+		r.done <- res // keep it for the cleanup
+		return res
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return within 30s")
+		return coreRunResult{}
+	}
+}
+
+// stop cancels Run and requires it to return nil without panicking.
+func (r *coreRun) stop(t testing.TB) {
+	t.Helper()
+	r.cancel()
+	res := r.wait(t)
+	require.False(t, res.panicked, "Run panicked: %v", res.panicVal)
+	require.NoError(t, res.err)
+}
+
+// returned reports whether Run has returned, without waiting.
+func (r *coreRun) returned() bool {
+	select {
+	case res := <-r.done:
+		r.done <- res
+		return true
+	default:
+		return false
+	}
+}
+
+// coreGate blocks a handler at one event until released, telling the test
+// when the handler arrived.
+type coreGate struct {
+	entered chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func newCoreGate() *coreGate {
+	return &coreGate{entered: make(chan struct{}, 1), release: make(chan struct{})}
+}
+
+// pass is called by the handler: it signals arrival and waits for release.
+func (g *coreGate) pass() {
+	select {
+	case g.entered <- struct{}{}:
+	default:
+	}
+	<-g.release
+}
+
+// waitEntered waits (bounded) until a handler is at the gate.
+func (g *coreGate) waitEntered(t testing.TB) {
+	t.Helper()
+	select {
+	case <-g.entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler never reached the gate")
+	}
+}
+
+func (g *coreGate) open() { g.once.Do(func() { close(g.release) }) }
+
+// coreProjection creates a projection table unique to the test and returns
+// its name.
+func coreProjection(t testing.TB, db *gorm.DB, prefix string) string {
+	t.Helper()
+	table := fmt.Sprintf("core_%s_%d", prefix, time.Now().UnixNano()%1_000_000_000)
+	createProjection(t, db, table)
+	return table
+}
+
+// coreGoroutineBlockedIn reports whether some goroutine's stack contains
+// fn: the tests use it to know that a call has reached a blocking point
+// (e.g. a Reset waiting for a batch) without sleeping.
+func coreGoroutineBlockedIn(fn string) bool {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Contains(string(buf[:n]), fn)
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
+
+// coreSchemaLockSQL selects the sessions holding a lock on a relation of
+// the schema: the test's own sessions on a shared server.
+const coreSchemaLockSQL = `SELECT l.pid FROM pg_locks l
+	JOIN pg_class c ON c.oid = l.relation
+	JOIN pg_namespace n ON n.oid = c.relnamespace
+	WHERE n.nspname = ?`
+
+// coreIdleInTx counts sessions that are idle in a transaction while holding
+// a lock on a table of the test's schema: a leaked batch transaction.
+func coreIdleInTx(t testing.TB, pg *dbtest.Postgres) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pg.DB.Raw(`SELECT count(*) FROM pg_stat_activity
+		WHERE state LIKE 'idle in transaction%' AND pid IN (`+coreSchemaLockSQL+`)`, pg.Schema).Scan(&n).Error)
+	return n
+}
+
+// coreLockWaiters counts sessions of the test's schema that wait for a
+// lock (a Reset queued behind a batch's row lock).
+func coreLockWaiters(t testing.TB, pg *dbtest.Postgres) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pg.DB.Raw(`SELECT count(*) FROM pg_stat_activity
+		WHERE wait_event_type = 'Lock' AND pid IN (`+coreSchemaLockSQL+`)`, pg.Schema).Scan(&n).Error)
+	return n
+}
+
+// coreInUse is the number of connections of db's pool checked out.
+func coreInUse(t testing.TB, db *gorm.DB) int {
+	t.Helper()
+	sqlDB, err := db.DB()
+	require.NoError(t, err)
+	return sqlDB.Stats().InUse
+}
+
+// coreEnvelope is the envelope type handlers receive.
+type coreEnvelope = domain.EventEnvelope[any]
