@@ -1,0 +1,95 @@
+package subscriptions_test
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+
+	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/internal/dbtest"
+)
+
+// TestFaultCrashLoop is the promise "crash recovery is just startup": a
+// child process runs a subscriber that projects every event through the
+// batch transaction while the parent appends events, and the parent
+// SIGKILLs the child at random moments (during startup, mid-batch, idle)
+// and starts it again — 20 times in the short form, 200 in the long one.
+// After a last child has run to completion, the projection holds every
+// appended event exactly once and the checkpoint equals the feed head.
+func TestFaultCrashLoop(t *testing.T) {
+	t.Parallel()
+	bin := faultBuildChild(t)
+	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
+		pg := dbtest.NewPostgres(t)
+		faultCrashLoop(t, bin, "postgres", pg.DSN, pg.DB)
+	})
+	t.Run("sqlite-file", func(t *testing.T) {
+		t.Parallel()
+		dsn := dbtest.SQLiteFileDSN(filepath.Join(t.TempDir(), "crash.db"))
+		faultCrashLoop(t, bin, "sqlite", dsn, dbtest.OpenSQLite(t, dsn))
+	})
+}
+
+func faultCrashLoop(t *testing.T, bin, driver, dsn string, db *gorm.DB) {
+	const name, table = "fault-crash", "fault_crash_proj"
+	events, err := infrastructure.NewGormEventStore(db)
+	require.NoError(t, err)
+	_, err = subscriptions.NewGormCheckpointStore(db) // the parent reads the table before any child exists
+	require.NoError(t, err)
+	faultCreateChildProjection(t, db, table)
+
+	rng := faultRand(t)
+	kills := faultScale(20, 200)
+	args := []string{"-driver", driver, "-dsn", dsn, "-name", name, "-batch", "20", "-poll", "50ms", "-table", table}
+	if driver == "postgres" {
+		args = append(args, "-listen")
+	}
+
+	w := faultStartWriter(t, events, "fault.crash", 15*time.Millisecond, 3, 1_000_000)
+	loopStart := time.Now()
+	var backlogged, advanced, duringStartup int
+	for i := 0; i < kills; i++ {
+		before := faultCheckpoint(t, db, name)
+		c := faultStartChild(t, bin, args...)
+		if rng.IntN(4) == 0 {
+			// Anywhere, startup included.
+			duringStartup++
+			time.Sleep(time.Duration(rng.IntN(150)) * time.Millisecond)
+		} else {
+			c.waitReady(t)
+			time.Sleep(time.Duration(rng.IntN(250)) * time.Millisecond)
+		}
+		if faultCheckpoint(t, db, name) < faultHead(t, events) {
+			backlogged++ // there was work in flight or waiting when the kill came
+		}
+		c.kill(t)
+		if faultCheckpoint(t, db, name) > before {
+			advanced++
+		}
+		faultRequireCleanOutput(t, c.out.String())
+	}
+	appended, failures, last := w.stop()
+	require.Zero(t, failures, "the writer's appends failed (last: %v)", last)
+	require.Positive(t, advanced, "no child ever committed a batch before it was killed: the kills hit nothing")
+
+	loop := time.Since(loopStart)
+	finalStart := time.Now()
+	final := faultStartChild(t, bin, args...)
+	final.waitReady(t)
+	faultWaitCheckpointAtHead(t, db, events, name, 2*time.Minute)
+	final.term(t)
+	catchUp := time.Since(finalStart)
+	faultRequireCleanOutput(t, final.out.String())
+
+	feed := faultFeedIDs(t, events)
+	faultRequireExactlyOnce(t, driver+": writer's appends in the feed", feed, appended)
+	faultRequireExactlyOnce(t, driver+": projection", faultProjectedIDs(t, db, table), feed)
+	require.Equal(t, faultHead(t, events), faultCheckpoint(t, db, name))
+	t.Logf("%s: %d kills survived (%d with a backlog, %d possibly during startup, %d after the checkpoint had advanced), %d events; kill loop %v, final run %v",
+		driver, kills, backlogged, duringStartup, advanced, len(feed), loop.Round(time.Millisecond), catchUp.Round(time.Millisecond))
+}
