@@ -5,8 +5,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -100,33 +98,9 @@ func (s *GormEventStore) appendOnConn(ctx context.Context, conn *pgx.Conn, aggre
 		return err
 	}
 	second := &pgx.Batch{}
-	for start := 0; start < len(prepared); start += insertChunk {
-		end := min(start+insertChunk, len(prepared))
-		var q strings.Builder
-		q.WriteString(insertColumns)
-		args := make([]any, 0, 9*(end-start))
-		for i, p := range prepared[start:end] {
-			if i > 0 {
-				q.WriteString(", ")
-			}
-			n := len(args)
-			q.WriteString("(")
-			for j := 1; j <= 9; j++ {
-				if j > 1 {
-					q.WriteString(", ")
-				}
-				q.WriteString("$" + strconv.Itoa(n+j))
-				switch j {
-				case 7, 8:
-					q.WriteString("::jsonb")
-				}
-			}
-			q.WriteString(")")
-			e := p.env
-			args = append(args, e.ID, e.AggregateID, e.EventType, e.SequenceNo, e.TransactionID,
-				head+int64(start+i+1), string(p.payload), string(p.metadata), e.Created)
-		}
-		second.Queue(q.String(), args...)
+	inserts := insertStatements(prepared, head, true, true)
+	for _, stmt := range inserts {
+		second.Queue(stmt.sql, stmt.args...)
 	}
 	if notify {
 		second.Queue("SELECT pg_notify($1, '')", PostgresNotifyChannel)
@@ -134,8 +108,7 @@ func (s *GormEventStore) appendOnConn(ctx context.Context, conn *pgx.Conn, aggre
 	second.Queue("COMMIT")
 	br = conn.SendBatch(ctx, second)
 	defer br.Close()
-	inserts := (len(prepared) + insertChunk - 1) / insertChunk
-	for i := 0; i < inserts; i++ {
+	for range inserts {
 		if _, err := br.Exec(); err != nil {
 			return s.insertError(aggregateID, err)
 		}

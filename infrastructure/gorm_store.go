@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -139,6 +140,50 @@ const insertColumns = "INSERT INTO events (id, aggregate_id, event_type, sequenc
 // insertChunk keeps one INSERT under Postgres's 65535 bind parameters.
 const insertChunk = 1000
 
+// insertStatement is one multi-row INSERT and its arguments.
+type insertStatement struct {
+	sql  string
+	args []any
+}
+
+// insertStatements builds the INSERTs for prepared events whose positions
+// follow head, insertChunk rows at a time. numbered selects Postgres's $n
+// placeholders (for pgx) instead of GORM's ?; jsonb casts the JSON columns.
+func insertStatements(prepared []preparedEvent, head int64, jsonb, numbered bool) []insertStatement {
+	var out []insertStatement
+	for start := 0; start < len(prepared); start += insertChunk {
+		end := min(start+insertChunk, len(prepared))
+		var q strings.Builder
+		q.WriteString(insertColumns)
+		args := make([]any, 0, 9*(end-start))
+		for i, p := range prepared[start:end] {
+			if i > 0 {
+				q.WriteString(", ")
+			}
+			q.WriteString("(")
+			for col := 1; col <= 9; col++ {
+				if col > 1 {
+					q.WriteString(", ")
+				}
+				if numbered {
+					q.WriteString("$" + strconv.Itoa(len(args)+col))
+				} else {
+					q.WriteString("?")
+				}
+				if jsonb && (col == 7 || col == 8) {
+					q.WriteString("::jsonb")
+				}
+			}
+			q.WriteString(")")
+			e := p.env
+			args = append(args, e.ID, e.AggregateID, e.EventType, e.SequenceNo, e.TransactionID,
+				head+int64(start+i+1), string(p.payload), string(p.metadata), e.Created)
+		}
+		out = append(out, insertStatement{sql: q.String(), args: args})
+	}
+	return out
+}
+
 func (s *GormEventStore) appendOnce(ctx context.Context, aggregateID string, expectedVersion int, events []domain.EventEnvelope[any], notify bool) error {
 	// On Postgres the append relies on READ COMMITTED: the statement after
 	// the lock must see every append committed before the lock was granted.
@@ -177,25 +222,8 @@ func (s *GormEventStore) appendOnce(ctx context.Context, aggregateID string, exp
 		if err != nil {
 			return err
 		}
-		jsonCast := ""
-		if s.postgres {
-			jsonCast = "::jsonb"
-		}
-		for start := 0; start < len(prepared); start += insertChunk {
-			end := min(start+insertChunk, len(prepared))
-			var sql strings.Builder
-			sql.WriteString(insertColumns)
-			args := make([]any, 0, 9*(end-start))
-			for i, p := range prepared[start:end] {
-				if i > 0 {
-					sql.WriteString(", ")
-				}
-				sql.WriteString("(?, ?, ?, ?, ?, ?, ?" + jsonCast + ", ?" + jsonCast + ", ?)")
-				e := p.env
-				args = append(args, e.ID, e.AggregateID, e.EventType, e.SequenceNo, e.TransactionID,
-					heads.Position+int64(start+i+1), string(p.payload), string(p.metadata), e.Created)
-			}
-			if err := tx.Exec(sql.String(), args...).Error; err != nil {
+		for _, chunk := range insertStatements(prepared, heads.Position, s.postgres, false) {
+			if err := tx.Exec(chunk.sql, chunk.args...).Error; err != nil {
 				return s.insertError(aggregateID, err)
 			}
 		}
