@@ -1,0 +1,275 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"gorm.io/gorm"
+
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/infrastructure"
+)
+
+const eventsPerAppend = 10
+
+// appendResult is one timed run of concurrent writers.
+type appendResult struct {
+	events    int64
+	elapsed   time.Duration
+	latencies []time.Duration
+}
+
+func (r appendResult) rate() float64 { return float64(r.events) / r.elapsed.Seconds() }
+
+// runAppends: scenario 7.
+func runAppends(ctx context.Context, b *bench) ([]Row, error) {
+	sz := b.sizes()
+	dsn, err := b.newSchema(ctx, "appends")
+	if err != nil {
+		return nil, err
+	}
+	setup, err := b.openPG(dsn, 2, nil)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := infrastructure.NewGormEventStore(setup); err != nil {
+		return nil, err
+	}
+	// The same columns as events, positions from a sequence, no lock.
+	if err := setup.Exec(`CREATE TABLE plain_events (
+		id             text        NOT NULL PRIMARY KEY,
+		aggregate_id   text        NOT NULL,
+		event_type     text        NOT NULL,
+		sequence_no    bigint      NOT NULL,
+		transaction_id text        NOT NULL DEFAULT '',
+		position       bigserial   NOT NULL,
+		payload        jsonb,
+		metadata       jsonb,
+		created_at     timestamptz NOT NULL,
+		CONSTRAINT plain_events_aggregate_sequence_key UNIQUE (aggregate_id, sequence_no),
+		CONSTRAINT plain_events_position_key UNIQUE (position)
+	)`).Error; err != nil {
+		return nil, err
+	}
+	h := fnv.New64a()
+	h.Write([]byte(b.runID + " plain append lock"))
+	lockKey := int64(h.Sum64() | 1)
+	type variant struct {
+		key, label string
+		appendOne  func(db *gorm.DB, store *infrastructure.GormEventStore, tag string) func(ctx context.Context, w, k int) error
+	}
+	variants := []variant{
+		{"library", "GormEventStore.Append", func(_ *gorm.DB, store *infrastructure.GormEventStore, tag string) func(ctx context.Context, w, k int) error {
+			return func(ctx context.Context, w, k int) error {
+				return store.Append(ctx, fmt.Sprintf("%s-%d-a%d", tag, w, k), -1, makeEvents(eventsPerAppend, k)...)
+			}
+		}},
+		{"plain", "plain multi-row INSERT", func(db *gorm.DB, _ *infrastructure.GormEventStore, tag string) func(ctx context.Context, w, k int) error {
+			return func(ctx context.Context, w, k int) error {
+				return plainAppend(ctx, db, fmt.Sprintf("%s-%d-a%d", tag, w, k), makeEvents(eventsPerAppend, k), 0, false)
+			}
+		}},
+		{"lock", "plain INSERT + pg_advisory_xact_lock", func(db *gorm.DB, _ *infrastructure.GormEventStore, tag string) func(ctx context.Context, w, k int) error {
+			return func(ctx context.Context, w, k int) error {
+				return plainAppend(ctx, db, fmt.Sprintf("%s-%d-a%d", tag, w, k), makeEvents(eventsPerAppend, k), lockKey, false)
+			}
+		}},
+		{"notify", "plain INSERT + pg_notify", func(db *gorm.DB, _ *infrastructure.GormEventStore, tag string) func(ctx context.Context, w, k int) error {
+			return func(ctx context.Context, w, k int) error {
+				return plainAppend(ctx, db, fmt.Sprintf("%s-%d-a%d", tag, w, k), makeEvents(eventsPerAppend, k), 0, true)
+			}
+		}},
+	}
+	var rows []Row
+	for _, writers := range sz.appendWriters {
+		db, err := b.openPG(dsn, writers+1, nil)
+		if err != nil {
+			return rows, err
+		}
+		store, err := infrastructure.NewGormEventStore(db)
+		if err != nil {
+			return rows, err
+		}
+		results := map[string]*appendResult{}
+		for round := range sz.appendRounds {
+			for i := range variants {
+				v := variants[(i+round)%len(variants)]
+				if round%2 == 1 {
+					v = variants[len(variants)-1-i]
+				}
+				res, err := timedWriters(ctx, writers, sz.appendDuration, v.appendOne(db, store, fmt.Sprintf("%s-w%d-r%d", v.key, writers, round)))
+				if err != nil {
+					return rows, fmt.Errorf("%d writers, %s: %w", writers, v.label, err)
+				}
+				if results[v.key] == nil {
+					results[v.key] = &appendResult{}
+				}
+				results[v.key].events += res.events
+				results[v.key].elapsed += res.elapsed
+				results[v.key].latencies = append(results[v.key].latencies, res.latencies...)
+			}
+		}
+		lib, plain := results["library"], results["plain"]
+		ll, bl := sortedCopy(lib.latencies), sortedCopy(plain.latencies)
+		note := fmt.Sprintf("%d events per append, %d rounds of %s per variant, variants alternating; append latency p50/p99: library %.2f/%.2f ms, plain %.2f/%.2f ms; the library's appends are serialized by pg_advisory_xact_lock: %.0f appends/s = %.2f ms per append end to end",
+			eventsPerAppend, sz.appendRounds, sz.appendDuration, percentile(ll, 50), percentile(ll, 99), percentile(bl, 50), percentile(bl, 99),
+			lib.rate()/eventsPerAppend, 1000/(lib.rate()/eventsPerAppend))
+		plainName := "the same rows in one multi-row INSERT statement per append (its own transaction, one round trip, pgx on the same pool), positions from a sequence: no lock, no version check, no NOTIFY, no ordering guarantee"
+		rows = append(rows, newRow(fmt.Sprintf("%d writer(s): GormEventStore.Append", writers), lib.rate(), plain.rate(), "ev/s", plainName).note(fmt.Sprintf("%d writer(s): %s", writers, note)))
+		for _, key := range []string{"lock", "notify"} {
+			v := results[key]
+			vl := sortedCopy(v.latencies)
+			label := map[string]string{"lock": "plain + advisory lock only", "notify": "plain + pg_notify only"}[key]
+			how := map[string]string{"lock": "pipelined [BEGIN, pg_advisory_xact_lock] then [INSERT, COMMIT], the store's lock pattern", "notify": "pipelined [BEGIN, INSERT, pg_notify, COMMIT]"}[key]
+			rows = append(rows, newRow(fmt.Sprintf("%d writer(s): %s", writers, label), v.rate(), plain.rate(), "ev/s", plainName).
+				note(fmt.Sprintf("%s (decomposition of the price): append latency p50/p99 %.2f/%.2f ms", how, percentile(vl, 50), percentile(vl, 99))))
+		}
+	}
+	return rows, nil
+}
+
+// timedWriters runs writers goroutines calling appendOne back to back for
+// d and counts the events appended. Each writer first appends twice
+// untimed, so that the pool's connections are open and their statements
+// prepared before the clock starts.
+func timedWriters(ctx context.Context, writers int, d time.Duration, appendOne func(ctx context.Context, w, k int) error) (appendResult, error) {
+	var (
+		mu     sync.Mutex
+		res    appendResult
+		wg     sync.WaitGroup
+		warmed sync.WaitGroup
+	)
+	const warmup = 2
+	errs := make([]error, writers)
+	startc := make(chan time.Time)
+	warmed.Add(writers)
+	for w := range writers {
+		wg.Go(func() {
+			for k := range warmup {
+				if err := appendOne(ctx, w, k); err != nil {
+					errs[w] = err
+					break
+				}
+			}
+			warmed.Done()
+			start, ok := <-startc
+			if !ok || errs[w] != nil {
+				return
+			}
+			deadline := start.Add(d)
+			var lats []time.Duration
+			for k := warmup; time.Now().Before(deadline) && ctx.Err() == nil; k++ {
+				t0 := time.Now()
+				if err := appendOne(ctx, w, k); err != nil {
+					errs[w] = err
+					break
+				}
+				lats = append(lats, time.Since(t0))
+			}
+			mu.Lock()
+			res.events += int64(len(lats) * eventsPerAppend)
+			res.latencies = append(res.latencies, lats...)
+			mu.Unlock()
+		})
+	}
+	warmed.Wait()
+	start := time.Now()
+	for range writers {
+		startc <- start
+	}
+	close(startc)
+	wg.Wait()
+	res.elapsed = time.Since(start)
+	if err := errors.Join(errs...); err != nil {
+		return res, err
+	}
+	return res, ctx.Err()
+}
+
+// plainAppend inserts the events' rows without the store: positions come
+// from the column's sequence, so they become visible in commit order rather
+// than position order (no ordering guarantee), and there is no version
+// check. Like the store's Postgres append it talks to pgx directly and
+// pipelines its statements (pgx batches), so that the comparison is of
+// the work, not of the client stack or the number of round trips:
+//
+//   - plain (lockKey 0, !notify): one multi-row INSERT, in its own implicit
+//     transaction: one round trip, the cheapest atomic append there is;
+//   - lockKey != 0: [BEGIN; pg_advisory_xact_lock] then [INSERT; COMMIT]:
+//     two round trips with the lock held across the second and the commit,
+//     as the store holds its append lock;
+//   - notify: [BEGIN; INSERT; pg_notify; COMMIT] in one round trip.
+func plainAppend(ctx context.Context, db *gorm.DB, aggregate string, events []domain.EventEnvelope[any], lockKey int64, notify bool) error {
+	const insert = "INSERT INTO plain_events (id, aggregate_id, event_type, sequence_no, transaction_id, payload, metadata, created_at) VALUES "
+	var sql strings.Builder
+	sql.WriteString(insert)
+	args := make([]any, 0, 8*len(events))
+	for i, e := range events {
+		payload, err := json.Marshal(e.Payload)
+		if err != nil {
+			return err
+		}
+		metadata, err := json.Marshal(e.Metadata)
+		if err != nil {
+			return err
+		}
+		if i > 0 {
+			sql.WriteString(", ")
+		}
+		n := len(args)
+		fmt.Fprintf(&sql, "($%d, $%d, $%d, $%d, $%d, $%d::jsonb, $%d::jsonb, $%d)", n+1, n+2, n+3, n+4, n+5, n+6, n+7, n+8)
+		args = append(args, e.ID, aggregate, e.EventType, i+1, e.TransactionID, string(payload), string(metadata), e.Created.UTC().Truncate(time.Microsecond))
+	}
+	pool, err := db.DB()
+	if err != nil {
+		return err
+	}
+	conn, err := pool.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return conn.Raw(func(dc any) error {
+		pc, ok := dc.(interface{ Conn() *pgx.Conn })
+		if !ok {
+			return errors.New("not a pgx connection")
+		}
+		c := pc.Conn()
+		run := func(b *pgx.Batch) error {
+			return c.SendBatch(ctx, b).Close()
+		}
+		var err error
+		switch {
+		case lockKey == 0 && !notify:
+			_, err = c.Exec(ctx, sql.String(), args...)
+		case lockKey != 0:
+			first := &pgx.Batch{}
+			first.Queue("BEGIN")
+			first.Queue("SELECT pg_advisory_xact_lock($1)", lockKey)
+			second := &pgx.Batch{}
+			second.Queue(sql.String(), args...)
+			second.Queue("COMMIT")
+			if err = run(first); err == nil {
+				err = run(second)
+			}
+		default:
+			b := &pgx.Batch{}
+			b.Queue("BEGIN")
+			b.Queue(sql.String(), args...)
+			b.Queue("SELECT pg_notify($1, '')", infrastructure.PostgresNotifyChannel)
+			b.Queue("COMMIT")
+			err = run(b)
+		}
+		if c.PgConn().TxStatus() != 'I' {
+			_, _ = c.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		}
+		return err
+	})
+}

@@ -1,0 +1,577 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/infrastructure"
+)
+
+// benchPayload is the payload of every generated event.
+type benchPayload struct {
+	N    int    `json:"n"`
+	Note string `json:"note"`
+}
+
+// makeEvents builds count fresh envelopes for one aggregate.
+func makeEvents(count, first int) []domain.EventEnvelope[any] {
+	evs := make([]domain.EventEnvelope[any], count)
+	for i := range evs {
+		evs[i] = domain.NewEventEnvelope[any](benchPayload{N: first + i, Note: "subbench"}, "", "bench.happened", 0)
+	}
+	return evs
+}
+
+// fillStore appends n events, per aggregates of chunk events each.
+func fillStore(ctx context.Context, store domain.EventStore, n, chunk int) error {
+	for done, agg := 0, 0; done < n; agg++ {
+		c := min(chunk, n-done)
+		if err := store.Append(ctx, fmt.Sprintf("agg-%d", agg), -1, makeEvents(c, done)...); err != nil {
+			return fmt.Errorf("fill the event store: %w", err)
+		}
+		done += c
+	}
+	return nil
+}
+
+// windowMarks times a catch-up over positions 1..n: the first and the last
+// window events.
+type windowMarks struct {
+	n, window                        int64
+	start, firstEnd, lastStart, last time.Time
+	done                             chan struct{}
+}
+
+func newWindowMarks(n, window int) *windowMarks {
+	return &windowMarks{n: int64(n), window: int64(window), done: make(chan struct{})}
+}
+
+// handle is the no-op handler; it only notes the time at the window edges.
+func (m *windowMarks) handle(_ context.Context, ev domain.EventEnvelope[any]) error {
+	switch ev.Position {
+	case m.window:
+		m.firstEnd = time.Now()
+	case m.n - m.window:
+		m.lastStart = time.Now()
+	case m.n:
+		m.last = time.Now()
+		close(m.done)
+	}
+	return nil
+}
+
+func (m *windowMarks) rates() (first, last float64) {
+	return float64(m.window) / m.firstEnd.Sub(m.start).Seconds(), float64(m.window) / m.last.Sub(m.lastStart).Seconds()
+}
+
+func best(v []float64) float64 {
+	m := v[0]
+	for _, x := range v {
+		m = max(m, x)
+	}
+	return m
+}
+
+func median(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return s[len(s)/2]
+}
+
+// runCatchupMemory: scenario 1.
+func runCatchupMemory(ctx context.Context, b *bench) ([]Row, error) {
+	sz := b.sizes()
+	n, window := sz.memEvents, sz.memWindow
+	store := infrastructure.NewMemoryStore()
+	t0 := time.Now()
+	if err := fillStore(ctx, store, n, 1000); err != nil {
+		return nil, err
+	}
+	b.logf("appended %d events to a MemoryStore in %s", n, time.Since(t0).Round(time.Millisecond))
+	all, err := store.ReadAfter(ctx, 0, 0)
+	if err != nil {
+		return nil, err
+	}
+	if len(all) != n {
+		return nil, fmt.Errorf("MemoryStore holds %d events, want %d", len(all), n)
+	}
+	wk := fmt.Sprintf("%dk", window/1000)
+	var rows []Row
+	for _, batch := range []int{100, 1000} {
+		var baseFirst, baseLast, libFirst, libLast []float64
+		for rep := range sz.memReps {
+			// Baseline: a plain loop over the same slice calling the handler.
+			runtime.GC()
+			m := newWindowMarks(n, window)
+			m.start = time.Now()
+			for _, ev := range all {
+				_ = m.handle(ctx, ev)
+			}
+			f, l := m.rates()
+			baseFirst, baseLast = append(baseFirst, f), append(baseLast, l)
+
+			runtime.GC()
+			m = newWindowMarks(n, window)
+			cps := subscriptions.NewMemoryCheckpointStore()
+			sub, err := subscriptions.NewSubscriber(fmt.Sprintf("mem-b%d-%d", batch, rep), store, cps, m.handle,
+				subscriptions.WithBatchSize(batch), subscriptions.WithLogger(b.libLogger()))
+			if err != nil {
+				return rows, err
+			}
+			if err := runUntil(ctx, sub, m.done, func() { m.start = time.Now() }); err != nil {
+				return rows, err
+			}
+			f, l = m.rates()
+			libFirst, libLast = append(libFirst, f), append(libLast, l)
+		}
+		// Best of the runs: interference from other processes only ever
+		// slows a run down, and a window lasts milliseconds.
+		bf, bl, lf, ll := best(baseFirst), best(baseLast), best(libFirst), best(libLast)
+		base := "a plain loop over the same []EventEnvelope calling the same handler"
+		reps := fmt.Sprintf("best of %d runs over %d events (median: library %s / %s ev/s)", sz.memReps, n, groupThousands(median(libFirst)), groupThousands(median(libLast)))
+		rows = append(rows,
+			newRow(fmt.Sprintf("batch %d: first %s events", batch, wk), lf, bf, "ev/s", base).note(reps),
+			newRow(fmt.Sprintf("batch %d: last %s events", batch, wk), ll, bl, "ev/s", base).note(reps),
+		)
+		r := newRow(fmt.Sprintf("batch %d: last vs first %s", batch, wk), ll, lf, "ev/s", "the library's own rate over the first window")
+		rows = append(rows, r.goal(">= 0.8 (no slow-down as history grows)", r.Ratio != nil && *r.Ratio >= 0.8))
+	}
+	return rows, nil
+}
+
+// runUntil runs sub until done is closed (or ctx ends), then stops it and
+// waits for Run to return. started runs just before Run starts.
+func runUntil(ctx context.Context, sub *subscriptions.Subscriber, done <-chan struct{}, started func()) error {
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	if started != nil {
+		started()
+	}
+	go func() { errc <- sub.Run(rctx) }()
+	select {
+	case <-done:
+		cancel()
+		return <-errc
+	case err := <-errc:
+		if err == nil {
+			err = errors.New("Run returned before the catch-up finished")
+		}
+		return err
+	case <-ctx.Done():
+		cancel()
+		<-errc
+		return ctx.Err()
+	}
+}
+
+// dbContestant is one variant of the Postgres/SQLite catch-up. The
+// variants race through the same history at the same time, each with a
+// projection table (on SQLite, a database file) of its own.
+type dbContestant struct {
+	kind    string // "baseline", "library", "library+parking"
+	app     string // Postgres: the pool's application_name suffix
+	db      *gorm.DB
+	store   domain.EventStore
+	cps     *subscriptions.GormCheckpointStore
+	lot     *subscriptions.GormParkingLot
+	table   string
+	handled atomic.Int64  // events upserted in this race
+	elapsed time.Duration // from the start to the last commit
+}
+
+var contestantKinds = []string{"baseline", "library", "library+parking"}
+
+// upsert is the projection write: one row per event.
+func (c *dbContestant) upsert(tx *gorm.DB, ev domain.EventEnvelope[any]) error {
+	err := tx.Exec(`INSERT INTO `+c.table+` (event_id, aggregate_id, position) VALUES (?, ?, ?)
+		ON CONFLICT (event_id) DO UPDATE SET aggregate_id = excluded.aggregate_id, position = excluded.position`,
+		ev.ID, ev.AggregateID, ev.Position).Error
+	if err == nil {
+		c.handled.Add(1)
+	}
+	return err
+}
+
+func (c *dbContestant) prepare() error {
+	for _, stmt := range []string{
+		`CREATE TABLE IF NOT EXISTS ` + c.table + ` (event_id text NOT NULL PRIMARY KEY, aggregate_id text NOT NULL, position bigint NOT NULL)`,
+		`CREATE TABLE IF NOT EXISTS bench_checkpoint (name text NOT NULL PRIMARY KEY, position bigint NOT NULL, updated_at timestamp)`,
+	} {
+		if err := c.db.Exec(stmt).Error; err != nil {
+			return err
+		}
+	}
+	var err error
+	if c.cps, err = subscriptions.NewGormCheckpointStore(c.db); err != nil {
+		return err
+	}
+	c.lot, err = subscriptions.NewGormParkingLot(c.db)
+	return err
+}
+
+func (c *dbContestant) clear() error {
+	c.handled.Store(0)
+	if c.db.Name() == "postgres" {
+		return c.db.Exec("TRUNCATE " + c.table).Error
+	}
+	return c.db.Exec("DELETE FROM " + c.table).Error
+}
+
+// check verifies exactly-once: one row per event.
+func (c *dbContestant) check(want int64) error {
+	var got int64
+	if err := c.db.Raw("SELECT COUNT(*) FROM " + c.table).Scan(&got).Error; err != nil {
+		return err
+	}
+	if got != want {
+		return fmt.Errorf("%s: the projection holds %d rows, want %d", c.kind, got, want)
+	}
+	return nil
+}
+
+func runCatchupPostgres(ctx context.Context, b *bench) ([]Row, error) {
+	dsn, err := b.newSchema(ctx, "catchup")
+	if err != nil {
+		return nil, err
+	}
+	db, err := b.openPG(dsn, 16, nil)
+	if err != nil {
+		return nil, err
+	}
+	store, err := infrastructure.NewGormEventStore(db)
+	if err != nil {
+		return nil, err
+	}
+	if err := fillDB(ctx, b, db, store); err != nil {
+		return nil, err
+	}
+	var cs []*dbContestant
+	for i, kind := range contestantKinds {
+		// A pool of its own each, as separate processes would have: with a
+		// shared pool the variants trade connections, and an A/A run
+		// (the same variant twice) showed a steady ~10% bias by position.
+		app := fmt.Sprintf("catchup%d", i)
+		own, err := b.openPGAs(dsn, app, 4, nil)
+		if err != nil {
+			return nil, err
+		}
+		ownStore, err := infrastructure.NewGormEventStore(own)
+		if err != nil {
+			return nil, err
+		}
+		cs = append(cs, &dbContestant{kind: kind, app: app, db: own, store: ownStore, table: fmt.Sprintf("bench_projection_%d", i)})
+	}
+	return catchupDB(ctx, b, cs, "each on a pool and a projection table of its own in the same database")
+}
+
+func runCatchupSQLite(ctx context.Context, b *bench) ([]Row, error) {
+	var cs []*dbContestant
+	for i, kind := range contestantKinds {
+		db, err := b.openSQLite(fmt.Sprintf("catchup%d", i))
+		if err != nil {
+			return nil, err
+		}
+		store, err := infrastructure.NewGormEventStore(db)
+		if err != nil {
+			return nil, err
+		}
+		if err := fillDB(ctx, b, db, store); err != nil {
+			return nil, err
+		}
+		cs = append(cs, &dbContestant{kind: kind, db: db, store: store, table: "bench_projection"})
+	}
+	return catchupDB(ctx, b, cs, "each on a database file of its own (SQLite has one writer per database), filled alike")
+}
+
+func fillDB(ctx context.Context, b *bench, db *gorm.DB, store domain.EventStore) error {
+	t0 := time.Now()
+	n := b.sizes().dbEvents
+	if err := fillStore(ctx, store, n, 1000); err != nil {
+		return err
+	}
+	if err := db.Exec("ANALYZE").Error; err != nil {
+		return err
+	}
+	b.logf("appended %d events on %s in %s", n, db.Name(), time.Since(t0).Round(time.Millisecond))
+	return nil
+}
+
+// catchupDB: scenarios 2 and 3. For each batch size the baseline and the
+// two library variants catch up on the same history at the same time, so
+// that the machine's load (other processes on a shared machine) weighs on
+// every variant alike; each rate is taken over the time until the first
+// variant finished.
+func catchupDB(ctx context.Context, b *bench, cs []*dbContestant, where string) ([]Row, error) {
+	n := int64(b.sizes().dbEvents)
+	for _, c := range cs {
+		if err := c.prepare(); err != nil {
+			return nil, err
+		}
+	}
+	var rows []Row
+	for _, batch := range []int{100, 1000} {
+		for _, c := range cs {
+			if err := c.clear(); err != nil {
+				return rows, err
+			}
+		}
+		// Open every pool's connections before the start.
+		for _, c := range cs {
+			if err := c.db.Exec("SELECT 1").Error; err != nil {
+				return rows, err
+			}
+		}
+		cpuBefore := make([]map[int]time.Duration, len(cs))
+		for i, c := range cs {
+			if c.app != "" {
+				cpuBefore[i] = b.backendCPU(ctx, c.app)
+			}
+		}
+		start := time.Now()
+		errs := make([]error, len(cs))
+		var wg sync.WaitGroup
+		for i, c := range cs {
+			name := fmt.Sprintf("%s-b%d", c.kind, batch)
+			wg.Go(func() {
+				if c.kind == "baseline" {
+					errs[i] = baselineCatchup(ctx, c, batch, n, name, start)
+					return
+				}
+				opts := []subscriptions.SubscriberOption{subscriptions.WithBatchSize(batch), subscriptions.WithLogger(b.libLogger())}
+				if c.kind == "library+parking" {
+					opts = append(opts, subscriptions.WithParkingLot(c.lot))
+				}
+				errs[i] = libraryCatchup(ctx, c, name, n, opts, start)
+			})
+		}
+		finished := make(chan struct{})
+		go func() {
+			wg.Wait()
+			close(finished)
+		}()
+		// The race ends when the first variant has handled every event.
+		var raceEnd time.Duration
+		progress := make([]int64, len(cs))
+		serverCPU := make([]string, len(cs))
+		tick := time.NewTicker(time.Millisecond)
+	race:
+		for {
+			select {
+			case <-tick.C:
+			case <-finished:
+			}
+			for i, c := range cs {
+				progress[i] = c.handled.Load()
+			}
+			if slices.Max(progress) >= n {
+				raceEnd = time.Since(start)
+				for i, c := range cs {
+					if c.app != "" {
+						if d, ok := cpuDelta(cpuBefore[i], b.backendCPU(ctx, c.app)); ok && progress[i] > 0 {
+							serverCPU[i] = fmt.Sprintf("%s %.0f µs", c.kind, float64(d.Microseconds())/float64(progress[i]))
+						}
+					}
+				}
+				break race
+			}
+			select {
+			case <-finished:
+				break race
+			default:
+			}
+		}
+		tick.Stop()
+		<-finished
+		if err := errors.Join(errs...); err != nil {
+			return rows, fmt.Errorf("batch %d: %w", batch, err)
+		}
+		if raceEnd == 0 {
+			return rows, fmt.Errorf("batch %d: no variant handled all %d events", batch, n)
+		}
+		for _, c := range cs {
+			if err := c.check(n); err != nil {
+				return rows, fmt.Errorf("batch %d: %w", batch, err)
+			}
+		}
+		rate := func(i int) float64 { return float64(progress[i]) / raceEnd.Seconds() }
+		finish := make([]string, len(cs))
+		for i, c := range cs {
+			finish[i] = fmt.Sprintf("%s %s", c.kind, c.elapsed.Round(10*time.Millisecond))
+		}
+		bname := fmt.Sprintf("the same reads (GormEventStore.ReadAfter) and upserts (same GORM tx.Exec) in plain transactions of %d events, each with a checkpoint UPDATE, no library", batch)
+		note := fmt.Sprintf("%d events, one upsert per event through TxFromContext; the baseline and both library variants ran at the same time, %s; rates over the %s until the first had handled every event (each alone runs faster); all done after: %s",
+			n, where, raceEnd.Round(10*time.Millisecond), strings.Join(finish, ", "))
+		if serverCPU[0] != "" {
+			note += "; Postgres backend CPU per event over the race (from /proc): " + strings.Join(serverCPU, ", ")
+		}
+		for i, c := range cs[1:] {
+			label := "no parking lot"
+			if c.kind == "library+parking" {
+				label = "parking lot"
+			}
+			r := newRow(fmt.Sprintf("batch %d, %s", batch, label), rate(i+1), rate(0), "ev/s", bname).note(note)
+			rows = append(rows, r.goal(">= 0.85", r.Ratio != nil && *r.Ratio >= 0.85))
+		}
+	}
+	return rows, nil
+}
+
+// baselineCatchup does what a subscriber does, by hand, without the
+// library: read a batch, upsert each event and advance a checkpoint in one
+// plain transaction.
+func baselineCatchup(ctx context.Context, c *dbContestant, batch int, head int64, name string, start time.Time) error {
+	if err := c.db.Exec(`INSERT INTO bench_checkpoint (name, position, updated_at) VALUES (?, 0, ?)
+		ON CONFLICT (name) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at`, name, time.Now().UTC()).Error; err != nil {
+		return err
+	}
+	var pos int64
+	for pos < head {
+		events, err := c.store.ReadAfter(ctx, pos, batch)
+		if err != nil {
+			return err
+		}
+		if len(events) == 0 {
+			return fmt.Errorf("the feed ended at %d before the head %d", pos, head)
+		}
+		last := events[len(events)-1].Position
+		// The transaction runs on a context without cancellation, as the
+		// library's batches do (context.WithoutCancel): with a cancellable
+		// one, database/sql watches it per transaction and go-sqlite3 runs
+		// every statement on a goroutine of its own, which would handicap
+		// the baseline.
+		err = c.db.WithContext(context.WithoutCancel(ctx)).Transaction(func(tx *gorm.DB) error {
+			for _, ev := range events {
+				if err := c.upsert(tx, ev); err != nil {
+					return err
+				}
+			}
+			return tx.Exec("UPDATE bench_checkpoint SET position = ?, updated_at = ? WHERE name = ?", last, time.Now().UTC(), name).Error
+		})
+		if err != nil {
+			return err
+		}
+		pos = last
+	}
+	c.elapsed = time.Since(start)
+	return nil
+}
+
+// libraryCatchup runs a subscriber (its checkpoint reset to 0) until its
+// checkpoint reaches head.
+func libraryCatchup(ctx context.Context, c *dbContestant, name string, head int64, opts []subscriptions.SubscriberOption, start time.Time) error {
+	if err := c.cps.Reset(ctx, name, 0); err != nil {
+		return err
+	}
+	seen := make(chan struct{})
+	handler := func(ctx context.Context, ev domain.EventEnvelope[any]) error {
+		tx := subscriptions.TxFromContext(ctx)
+		if tx == nil {
+			return errors.New("no batch transaction in the handler's context")
+		}
+		if err := c.upsert(tx, ev); err != nil {
+			return err
+		}
+		if ev.Position == head {
+			select {
+			case <-seen:
+			default:
+				close(seen)
+			}
+		}
+		return nil
+	}
+	sub, err := subscriptions.NewSubscriber(name, c.store, c.cps, handler, opts...)
+	if err != nil {
+		return err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- sub.Run(rctx) }()
+	stop := func(err error) error {
+		cancel()
+		return errors.Join(err, <-errc)
+	}
+	// A watchdog: a catch-up that stops making progress is an error (with
+	// where it stopped), never a hang.
+	tick := time.NewTicker(10 * time.Second)
+	defer tick.Stop()
+	lastPos, lastMove := int64(-1), time.Now()
+wait:
+	for {
+		select {
+		case <-seen:
+			break wait
+		case err := <-errc:
+			return fmt.Errorf("Run returned early: %v", err)
+		case <-ctx.Done():
+			return stop(ctx.Err())
+		case <-tick.C:
+			pos, err := c.cps.Position(ctx, name)
+			if err == nil && pos != lastPos {
+				lastPos, lastMove = pos, time.Now()
+			}
+			if time.Since(lastMove) > 30*time.Second {
+				return stop(fmt.Errorf("%s: no progress for 30s: checkpoint at %d (last read error: %v), head %d", name, pos, err, head))
+			}
+		}
+	}
+	// The last event was handled; wait for its batch to commit.
+	for {
+		pos, err := c.cps.Position(ctx, name)
+		if err != nil {
+			return stop(err)
+		}
+		if pos >= head {
+			c.elapsed = time.Since(start)
+			break
+		}
+		if time.Since(lastMove) > time.Minute {
+			return stop(fmt.Errorf("%s: the last event was handled but the checkpoint stays at %d < %d", name, pos, head))
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+	return stop(nil)
+}
+
+// cappedStore shows the feed only up to max: it lets one catch-up run
+// over a slice of the history and go idle at its end.
+type cappedStore struct {
+	domain.EventStore
+	max int64
+}
+
+func (c *cappedStore) ReadAfter(ctx context.Context, after int64, limit int) ([]domain.EventEnvelope[any], error) {
+	events, err := c.EventStore.ReadAfter(ctx, after, limit)
+	for len(events) > 0 && events[len(events)-1].Position > c.max {
+		events = events[:len(events)-1]
+	}
+	return events, err
+}
+
+func (c *cappedStore) HeadPosition(ctx context.Context) (int64, error) {
+	head, err := c.EventStore.HeadPosition(ctx)
+	return min(head, c.max), err
+}
+
+// cutSlices splits positions 1..n into k consecutive ranges (from, to].
+func cutSlices(n int64, k int) [][2]int64 {
+	out := make([][2]int64, k)
+	for i := range k {
+		out[i] = [2]int64{n * int64(i) / int64(k), n * int64(i+1) / int64(k)}
+	}
+	return out
+}

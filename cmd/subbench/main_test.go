@@ -1,0 +1,100 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/eventfeed/subscriptions/internal/dbtest"
+)
+
+// TestRunQuick runs the whole program in -quick mode against the test
+// server: every scenario must produce rows with finite figures, replicas
+// must never duplicate work, and every schema the run created must be gone
+// afterwards. Only correctness is checked here, never speed: figures taken
+// on a shared CI machine (and under -race) say nothing.
+func TestRunQuick(t *testing.T) {
+	dbtest.RequirePostgres(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	var progress bytes.Buffer
+	rep, err := run(ctx, config{DSN: dbtest.PostgresDSN(), Quick: true}, &progress)
+	if err != nil {
+		t.Fatalf("run: %v\nprogress:\n%s", err, progress.String())
+	}
+
+	perScenario := map[string]int{}
+	for _, r := range rep.Rows {
+		perScenario[r.Scenario]++
+		if r.Figure != r.Figure || r.Baseline != r.Baseline { // NaN
+			t.Errorf("%s / %s: figure %v, baseline %v", r.Scenario, r.Case, r.Figure, r.Baseline)
+		}
+		if r.Duplicates != nil && *r.Duplicates != 0 {
+			t.Errorf("%s / %s: %d duplicates, want 0", r.Scenario, r.Case, *r.Duplicates)
+		}
+	}
+	for _, s := range scenarios {
+		if perScenario[s.num+" "+s.title] == 0 {
+			t.Errorf("scenario %s (%s) produced no row", s.num, s.title)
+		}
+	}
+	dups := 0
+	for _, r := range rep.Rows {
+		if r.Duplicates != nil {
+			dups++
+		}
+	}
+	if dups == 0 {
+		t.Error("no row reports duplicates")
+	}
+
+	var table bytes.Buffer
+	printTable(&table, rep)
+	if !strings.Contains(table.String(), "RATIO") {
+		t.Errorf("table has no header:\n%s", table.String())
+	}
+
+	// Nothing of the run is left on the server.
+	conn, err := pgx.Connect(ctx, dbtest.PostgresDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var left int
+	prefix := strings.SplitN(strings.TrimPrefix(rep.Notes[0], "Postgres "), "run ", 2)
+	if len(prefix) != 2 {
+		t.Fatalf("no run ID in the notes: %q", rep.Notes)
+	}
+	if err := conn.QueryRow(ctx, "SELECT COUNT(*) FROM pg_namespace WHERE starts_with(nspname, $1)", prefix[1]).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Errorf("%d schemas of run %s are left behind", left, prefix[1])
+	}
+}
+
+func TestParseOnly(t *testing.T) {
+	sel, err := parseOnly("catchup, 4,idle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"memory", "postgres", "sqlite", "latency", "idle"} {
+		if !sel[k] {
+			t.Errorf("%s not selected: %v", k, sel)
+		}
+	}
+	if sel["appends"] || sel["replicas"] {
+		t.Errorf("too much selected: %v", sel)
+	}
+	if _, err := parseOnly("nope"); err == nil {
+		t.Error("unknown scenario accepted")
+	}
+	if sel, err := parseOnly(""); err != nil || sel != nil {
+		t.Errorf("empty -only: %v, %v", sel, err)
+	}
+}

@@ -1,0 +1,45 @@
+package main
+
+import "time"
+
+// sizes are the scenario sizes of a mode.
+type sizes struct {
+	memEvents, memWindow, memReps int
+
+	dbEvents int
+
+	latencyAppends, latencyWarmup int
+	latencySpacing                time.Duration
+	unrelatedHold                 time.Duration
+
+	replicaEvents, replicaSlices int
+
+	idleSubscribers int
+	idleInterval    time.Duration
+	idleDuration    time.Duration
+
+	appendDuration time.Duration
+	appendRounds   int
+	appendWriters  []int
+}
+
+func (b *bench) sizes() sizes {
+	if b.cfg.Quick {
+		return sizes{
+			memEvents: 50_000, memWindow: 5_000, memReps: 1,
+			dbEvents:       1_000,
+			latencyAppends: 30, latencyWarmup: 5, latencySpacing: 2 * time.Millisecond, unrelatedHold: 2 * time.Second,
+			replicaEvents: 500, replicaSlices: 1,
+			idleSubscribers: 10, idleInterval: 100 * time.Millisecond, idleDuration: 500 * time.Millisecond,
+			appendDuration: 100 * time.Millisecond, appendRounds: 2, appendWriters: []int{1, 4, 16},
+		}
+	}
+	return sizes{
+		memEvents: 1_000_000, memWindow: 100_000, memReps: 11,
+		dbEvents:       50_000,
+		latencyAppends: 1_000, latencyWarmup: 20, latencySpacing: 3 * time.Millisecond, unrelatedHold: 2 * time.Second,
+		replicaEvents: 20_000, replicaSlices: 4,
+		idleSubscribers: 100, idleInterval: 100 * time.Millisecond, idleDuration: 10 * time.Second,
+		appendDuration: 1500 * time.Millisecond, appendRounds: 2, appendWriters: []int{1, 4, 16},
+	}
+}
