@@ -50,7 +50,7 @@ func prepareAppend(aggregateID string, expectedVersion, current int, events []do
 	seen := make(map[string]struct{}, len(events))
 	out := make([]preparedEvent, 0, len(events))
 	for i, ev := range events {
-		where := fmt.Sprintf("aggregate %q, event #%d (ID %q)", aggregateID, i+1, ev.ID)
+		where := eventRef{aggregateID, i + 1, ev.ID} // formatted only on error
 		if err := checkIdentifier("event ID", ev.ID); err != nil {
 			return nil, fmt.Errorf("%s: %w", where, err)
 		}
@@ -104,6 +104,19 @@ func prepareAppend(aggregateID string, expectedVersion, current int, events []do
 		out = append(out, preparedEvent{env: ev, payload: payload, metadata: metadata})
 	}
 	return out, nil
+}
+
+// eventRef names an event of an append in error messages. It formats
+// itself only when an error is built, keeping the happy path free of
+// string formatting.
+type eventRef struct {
+	aggregateID string
+	index       int
+	id          string
+}
+
+func (r eventRef) String() string {
+	return fmt.Sprintf("aggregate %q, event #%d (ID %q)", r.aggregateID, r.index, r.id)
 }
 
 // checkIdentifier rejects identifiers that a store could not keep exactly:
