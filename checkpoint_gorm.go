@@ -72,13 +72,16 @@ type GormCheckpointStore struct {
 type batchRegistry struct {
 	mu     sync.Mutex
 	active map[string]*gormBatch
+	// resets holds, per subscriber, a channel closed when the Reset in
+	// progress has committed; no batch starts while one is pending.
+	resets map[string]chan struct{}
 }
 
 // sqliteRegistries maps each SQLite *sql.DB to its batchRegistry.
 var sqliteRegistries sync.Map
 
 func registryFor(pool *sql.DB) *batchRegistry {
-	reg, _ := sqliteRegistries.LoadOrStore(pool, &batchRegistry{active: make(map[string]*gormBatch)})
+	reg, _ := sqliteRegistries.LoadOrStore(pool, &batchRegistry{active: make(map[string]*gormBatch), resets: make(map[string]chan struct{})})
 	return reg.(*batchRegistry)
 }
 
@@ -134,7 +137,7 @@ func (g *GormCheckpointStore) Acquire(ctx context.Context, subscriber string) (B
 	b := &gormBatch{store: g, subscriber: subscriber, done: make(chan struct{})}
 	if !g.postgres {
 		g.reg.mu.Lock()
-		if g.reg.active[subscriber] != nil {
+		if g.reg.active[subscriber] != nil || g.reg.resets[subscriber] != nil {
 			g.reg.mu.Unlock()
 			return nil, false, nil
 		}
@@ -276,25 +279,45 @@ func (g *GormCheckpointStore) Reset(ctx context.Context, subscriber string, posi
 	return nil
 }
 
-// fenceSQLite marks this store's in-flight batch of subscriber as moved
-// (its Commit will abort), waits for it to end, and keeps new batches out
-// until release is called.
+// fenceSQLite keeps new batches of subscriber out of every store on this
+// pool, marks the batch in flight (if any) as moved so that its Commit
+// aborts, and waits for it to end. The fence stands until release is
+// called, so that a busy subscriber cannot slip a batch in between the
+// aborted one and the reset (and starve the Reset).
 func (g *GormCheckpointStore) fenceSQLite(ctx context.Context, subscriber string) (release func(), err error) {
-	fence := &gormBatch{store: g, subscriber: subscriber, done: make(chan struct{})}
+	fence := make(chan struct{})
 	for {
 		g.reg.mu.Lock()
-		b := g.reg.active[subscriber]
-		if b == nil {
-			g.reg.active[subscriber] = fence
-			g.reg.mu.Unlock()
-			return fence.release, nil
+		pending := g.reg.resets[subscriber]
+		if pending == nil {
+			break
 		}
-		b.moved.Store(true)
 		g.reg.mu.Unlock()
-		select {
-		case <-b.done:
+		select { // another Reset of the same subscriber goes first
+		case <-pending:
 		case <-ctx.Done():
+			return nil, fmt.Errorf("subscriptions: reset checkpoint of %q: waiting for another reset: %w", subscriber, ctx.Err())
+		}
+	}
+	g.reg.resets[subscriber] = fence
+	inFlight := g.reg.active[subscriber]
+	if inFlight != nil {
+		inFlight.moved.Store(true)
+	}
+	g.reg.mu.Unlock()
+	release = func() {
+		g.reg.mu.Lock()
+		delete(g.reg.resets, subscriber)
+		g.reg.mu.Unlock()
+		close(fence)
+	}
+	if inFlight != nil {
+		select {
+		case <-inFlight.done:
+		case <-ctx.Done():
+			release()
 			return nil, fmt.Errorf("subscriptions: reset checkpoint of %q: waiting for the batch in flight: %w", subscriber, ctx.Err())
 		}
 	}
+	return release, nil
 }
