@@ -315,6 +315,8 @@ func (g *GormCheckpointStore) fenceSQLite(ctx context.Context, subscriber string
 		select {
 		case <-inFlight.done:
 		case <-ctx.Done():
+			// The reset is abandoned: the batch may commit after all.
+			inFlight.moved.Store(false)
 			release()
 			return nil, fmt.Errorf("subscriptions: reset checkpoint of %q: waiting for the batch in flight: %w", subscriber, ctx.Err())
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/internal/dbtest"
 )
 
 // coreSecondStore returns the checkpoint store a competing process would
@@ -406,4 +407,28 @@ func TestCheckpointStoreContract(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestCheckpointStoreAbandonedResetKeepsTheBatch: on SQLite a Reset marks
+// the batch in flight as moved while it waits for it; a Reset given up
+// (its context ends first) must not leave that mark behind, or the batch
+// would be thrown away although the checkpoint never moved.
+func TestCheckpointStoreAbandonedResetKeepsTheBatch(t *testing.T) {
+	db := dbtest.NewSQLiteFile(t)
+	cps, err := subscriptions.NewGormCheckpointStore(db)
+	require.NoError(t, err)
+	ctx := context.Background()
+	batch, acquired, err := cps.Acquire(ctx, "core-abandoned-reset")
+	require.NoError(t, err)
+	require.True(t, acquired)
+
+	rctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	err = cps.Reset(rctx, "core-abandoned-reset", 0)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+
+	require.NoError(t, batch.Commit(ctx, 5), "the abandoned reset must not abort the batch")
+	pos, err := cps.Position(ctx, "core-abandoned-reset")
+	require.NoError(t, err)
+	require.Equal(t, int64(5), pos)
 }

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 	"unicode/utf8"
 
 	"github.com/eventfeed/subscriptions/domain"
@@ -45,6 +46,9 @@ var _ ParkingLot = (*MemoryParkingLot)(nil)
 func (m *MemoryParkingLot) Park(ctx context.Context, parked ParkedEvent) error {
 	if err := validateParked(parked); err != nil {
 		return err
+	}
+	if parked.ParkedAt.IsZero() {
+		parked.ParkedAt = time.Now().UTC()
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -55,9 +55,10 @@ var (
 // parked). Events are therefore delivered at-least-once; handlers writing
 // through TxFromContext get exactly-once.
 //
-// A Subscriber's methods are safe for concurrent use. Run may be called
-// from several goroutines or processes with the same name: the checkpoint
-// store lets one batch at a time proceed.
+// A Subscriber's methods are safe for concurrent use. Call Run once per
+// Subscriber; to run replicas, create one Subscriber per replica (in one
+// process or several) with the same name, each with its own wake channel:
+// the checkpoint store lets one batch at a time proceed.
 type Subscriber struct {
 	name        string
 	events      domain.EventStore
