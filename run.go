@@ -201,33 +201,62 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 		limit, r.prefix = r.prefix, 0
 	}
 	start := r.known
-	events, err := s.events.ReadAfter(ctx, start, limit)
-	if err != nil {
-		return r.transient(ctx, "reading the feed failed", err)
+	bctx := context.WithoutCancel(ctx)
+
+	// On a wake (or while catching up) the position is known: where the
+	// checkpoint store allows, begin the batch, lock the checkpoint and read
+	// the feed in one round trip (see pipelinedAcquirer).
+	var batch Batch
+	var events []domain.EventEnvelope[any]
+	if !check && s.pipelined != nil {
+		b, evs, err := s.pipelined.acquireAndRead(bctx, s.name, start, limit)
+		switch {
+		case err == nil:
+			batch, events = b, evs
+			if len(events) == 0 {
+				r.rollback(batch)
+				return outcomeIdle
+			}
+		case !errors.Is(err, errNoPipeline):
+			s.logger.Error("subscriber: acquiring the checkpoint failed; will retry", "subscriber", s.name, "error", err)
+			return outcomeFailed
+		}
 	}
-	if len(events) == 0 {
-		return outcomeIdle
+	if batch == nil {
+		var err error
+		events, err = s.events.ReadAfter(ctx, start, limit)
+		if err != nil {
+			return r.transient(ctx, "reading the feed failed", err)
+		}
+		if len(events) == 0 {
+			return outcomeIdle
+		}
 	}
-	if ctx.Err() != nil {
+	if ctx.Err() != nil && batch == nil {
 		return outcomeStopped
 	}
 	if p := r.pending; p != nil && !prefixCycle {
 		r.pending = nil
 		if ev := events[0]; ev.ID == p.eventID && ev.Position == p.position {
+			if batch != nil {
+				r.rollback(batch)
+			}
 			r.known = -1
 			return r.failed(ctx, start, ev, p.err)
 		}
 	}
 
-	bctx := context.WithoutCancel(ctx)
-	batch, acquired, err := s.checkpoints.Acquire(bctx, s.name)
-	if err != nil {
-		s.logger.Error("subscriber: acquiring the checkpoint failed; will retry", "subscriber", s.name, "error", err)
-		return outcomeFailed
-	}
-	if !acquired {
-		r.known = -1
-		return outcomeSkipped
+	if batch == nil {
+		b, acquired, err := s.checkpoints.Acquire(bctx, s.name)
+		if err != nil {
+			s.logger.Error("subscriber: acquiring the checkpoint failed; will retry", "subscriber", s.name, "error", err)
+			return outcomeFailed
+		}
+		if !acquired {
+			r.known = -1
+			return outcomeSkipped
+		}
+		batch = b
 	}
 	finished := false
 	defer func() {

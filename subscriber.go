@@ -73,6 +73,10 @@ type Subscriber struct {
 	maxRetries      int
 	retryBackoff    time.Duration
 	maxRetryBackoff time.Duration
+
+	// pipelined is set when the checkpoint store can acquire and read the
+	// feed in one round trip for this event store (see pipelinedAcquirer).
+	pipelined pipelinedAcquirer
 }
 
 // NewSubscriber creates a subscriber. name identifies the checkpoint —
@@ -107,6 +111,9 @@ func NewSubscriber(name string, events domain.EventStore, checkpoints Checkpoint
 	}
 	if isNil(s.parking) {
 		s.parking = nil
+	}
+	if p, ok := s.checkpoints.(pipelinedAcquirer); ok && p.pipelines(s.events) {
+		s.pipelined = p
 	}
 	return s, nil
 }

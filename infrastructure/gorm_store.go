@@ -286,7 +286,7 @@ func (s *GormEventStore) query(ctx context.Context, what string, sql string, arg
 	}
 	out := make([]domain.EventEnvelope[any], len(rows))
 	for i := range rows {
-		env, err := rows[i].envelope()
+		env, err := rows[i].Envelope()
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", what, err)
 		}
@@ -295,7 +295,10 @@ func (s *GormEventStore) query(ctx context.Context, what string, sql string, arg
 	return out, nil
 }
 
-func (r *GormEventModel) envelope() (domain.EventEnvelope[any], error) {
+// Envelope converts a stored row into the envelope readers see: payload
+// and metadata decoded from JSON (objects as map[string]any, numbers as
+// float64), Created in UTC, Metadata never nil.
+func (r *GormEventModel) Envelope() (domain.EventEnvelope[any], error) {
 	payload, err := decodeJSON(r.Payload)
 	if err != nil {
 		return domain.EventEnvelope[any]{}, fmt.Errorf("event %s (type %q, position %d): decode payload: %w", r.ID, r.EventType, r.Position, err)
@@ -414,6 +417,10 @@ func (s *GormEventStore) HeadPosition(ctx context.Context) (int64, error) {
 	}
 	return head, nil
 }
+
+// DB returns the handle the store was built on. The subscriptions package
+// uses it to tell whether a checkpoint store shares the store's database.
+func (s *GormEventStore) DB() *gorm.DB { return s.db }
 
 // Close is a no-op: the *gorm.DB belongs to the caller, who closes it.
 func (s *GormEventStore) Close() error { return nil }

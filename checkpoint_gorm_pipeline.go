@@ -1,0 +1,215 @@
+package subscriptions
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"gorm.io/gorm"
+
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/infrastructure"
+)
+
+// errNoPipeline tells the subscriber to take the ordinary path (read the
+// feed, then Acquire) for this cycle.
+var errNoPipeline = errors.New("pipelined acquire not available")
+
+// pipelinedAcquirer is implemented by checkpoint stores that can begin a
+// batch, lock the checkpoint and read the feed in one network round trip.
+// It is an optimisation of the wake-up path only: the ordinary path is
+// always correct, and any errNoPipeline falls back to it.
+type pipelinedAcquirer interface {
+	// pipelines reports whether events shares the store's database, so
+	// that the feed can be read inside the batch's own connection.
+	pipelines(events domain.EventStore) bool
+	// acquireAndRead begins a batch and reads up to limit events after
+	// after on the batch's connection. acquired=false with a nil error
+	// means the checkpoint is held elsewhere; errNoPipeline means "use the
+	// ordinary path".
+	acquireAndRead(ctx context.Context, subscriber string, after int64, limit int) (Batch, []domain.EventEnvelope[any], error)
+}
+
+var _ pipelinedAcquirer = (*GormCheckpointStore)(nil)
+
+func (g *GormCheckpointStore) pipelines(events domain.EventStore) bool {
+	store, ok := events.(*infrastructure.GormEventStore)
+	if !ok || !g.postgres {
+		return false
+	}
+	pool, err := store.DB().DB()
+	return err == nil && pool == g.pool
+}
+
+const pipelinedFeedQuery = `SELECT id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at
+	FROM events WHERE position > $1 ORDER BY position LIMIT $2`
+
+// acquireAndRead sends BEGIN, the checkpoint lock and the feed read as one
+// pgx batch on a connection pinned for the batch's lifetime: one round
+// trip where the ordinary path needs three, which is most of the latency
+// between a NOTIFY and the handler. The statements are the ordinary
+// path's; the feed read merely runs inside the batch's transaction (READ
+// COMMITTED, so it sees what a separate read would). The caller checks the
+// batch's position against after, exactly as on the ordinary path.
+func (g *GormCheckpointStore) acquireAndRead(ctx context.Context, subscriber string, after int64, limit int) (Batch, []domain.EventEnvelope[any], error) {
+	conn, err := g.pool.Conn(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("subscriptions: acquire checkpoint of %q: %w", subscriber, err)
+	}
+	var (
+		positions []int64
+		rows      []infrastructure.GormEventModel
+	)
+	err = conn.Raw(func(dc any) error {
+		c, ok := dc.(interface{ Conn() *pgx.Conn })
+		if !ok {
+			return errNoPipeline
+		}
+		pc := c.Conn()
+		positions, rows, err = sendAcquireBatch(ctx, pc, subscriber, after, limit)
+		if err != nil || len(positions) == 0 {
+			return endSession(ctx, pc, err)
+		}
+		return nil
+	})
+	if err != nil || len(positions) == 0 {
+		_ = conn.Close()
+		if err == nil {
+			// Not locked: held by another replica, or not created yet. The
+			// ordinary path tells the two apart and creates the row.
+			err = errNoPipeline
+		}
+		if !errors.Is(err, errNoPipeline) {
+			err = fmt.Errorf("subscriptions: acquire checkpoint of %q: %w", subscriber, err)
+		}
+		return nil, nil, err
+	}
+	events := make([]domain.EventEnvelope[any], len(rows))
+	for i := range rows {
+		if events[i], err = rows[i].Envelope(); err != nil {
+			pinned := &pinnedTx{conn: conn}
+			_ = pinned.Rollback()
+			return nil, nil, fmt.Errorf("subscriptions: read feed after position %d: %w", after, err)
+		}
+	}
+	tx := g.db.WithContext(ctx).Session(&gorm.Session{NewDB: true})
+	tx.Statement.ConnPool = &pinnedTx{conn: conn}
+	b := &gormBatch{store: g, subscriber: subscriber, tx: tx, position: positions[0], done: make(chan struct{})}
+	return b, events, nil
+}
+
+func sendAcquireBatch(ctx context.Context, pc *pgx.Conn, subscriber string, after int64, limit int) ([]int64, []infrastructure.GormEventModel, error) {
+	batch := &pgx.Batch{}
+	batch.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	batch.Queue("SELECT position FROM subscriber_checkpoints WHERE subscriber = $1 FOR UPDATE SKIP LOCKED", subscriber)
+	batch.Queue(pipelinedFeedQuery, after, limit)
+	br := pc.SendBatch(ctx, batch)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, nil, fmt.Errorf("begin: %w", err)
+	}
+	positions, err := pgx.CollectRows(must(br.Query()), pgx.RowTo[int64])
+	if err != nil {
+		return nil, nil, fmt.Errorf("lock row: %w", err)
+	}
+	rows, err := pgx.CollectRows(must(br.Query()), func(row pgx.CollectableRow) (infrastructure.GormEventModel, error) {
+		var m infrastructure.GormEventModel
+		err := row.Scan(&m.ID, &m.AggregateID, &m.EventType, &m.SequenceNo, &m.TransactionID, &m.Position, &m.Payload, &m.Metadata, &m.CreatedAt)
+		return m, err
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("read feed after position %d: %w", after, err)
+	}
+	return positions, rows, br.Close()
+}
+
+// must adapts BatchResults.Query, whose error is also reported by the
+// rows it returns, to CollectRows.
+func must(rows pgx.Rows, _ error) pgx.Rows { return rows }
+
+// endSession rolls back whatever the batch began, so the connection goes
+// back to the pool outside a transaction; a connection that cannot be
+// rolled back is closed so that the pool drops it.
+func endSession(ctx context.Context, pc *pgx.Conn, cause error) error {
+	if pc.PgConn().TxStatus() != 'I' {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := pc.Exec(rctx, "ROLLBACK"); err != nil {
+			_ = pc.Close(rctx)
+			if cause == nil {
+				cause = err
+			}
+			return errors.Join(cause, driver.ErrBadConn)
+		}
+	}
+	return cause
+}
+
+// pinnedTx is the GORM connection pool of a pipelined batch: a connection
+// pinned from the pool whose session holds the transaction the pipeline
+// began. It implements gorm.TxCommitter, so the batch commits, rolls back
+// and takes savepoints exactly like a database/sql transaction; Commit and
+// Rollback return the connection to the pool. It belongs to the batch's
+// goroutine.
+type pinnedTx struct {
+	conn *sql.Conn
+}
+
+var (
+	_ gorm.ConnPool    = (*pinnedTx)(nil)
+	_ gorm.TxCommitter = (*pinnedTx)(nil)
+)
+
+func (p *pinnedTx) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
+	return p.conn.PrepareContext(ctx, query)
+}
+
+func (p *pinnedTx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	return p.conn.ExecContext(ctx, query, args...)
+}
+
+func (p *pinnedTx) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	return p.conn.QueryContext(ctx, query, args...)
+}
+
+func (p *pinnedTx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	return p.conn.QueryRowContext(ctx, query, args...)
+}
+
+func (p *pinnedTx) Commit() error   { return p.end("COMMIT") }
+func (p *pinnedTx) Rollback() error { return p.end("ROLLBACK") }
+
+// end runs COMMIT or ROLLBACK and releases the connection. A COMMIT that
+// Postgres turned into a rollback (the transaction had failed) is an
+// error, as database/sql reports it.
+func (p *pinnedTx) end(stmt string) error {
+	if p.conn == nil {
+		return sql.ErrTxDone
+	}
+	conn := p.conn
+	p.conn = nil
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var endErr error
+	err := conn.Raw(func(dc any) error {
+		pc := dc.(interface{ Conn() *pgx.Conn }).Conn()
+		tag, err := pc.Exec(ctx, stmt)
+		if err == nil && stmt == "COMMIT" && tag.String() != "COMMIT" {
+			endErr = fmt.Errorf("commit: the transaction was rolled back (%s)", tag.String())
+		}
+		if err != nil {
+			endErr = err
+			_ = pc.Close(ctx) // state unknown: never reuse the connection
+			return driver.ErrBadConn
+		}
+		return nil
+	})
+	if closeErr := conn.Close(); endErr == nil && err == nil {
+		return closeErr
+	}
+	return endErr
+}

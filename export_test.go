@@ -1,0 +1,19 @@
+package subscriptions
+
+import (
+	"context"
+	"errors"
+
+	"github.com/eventfeed/subscriptions/domain"
+)
+
+// AcquireAndReadForTest exposes the pipelined acquisition to the tests.
+func AcquireAndReadForTest(ctx context.Context, g *GormCheckpointStore, subscriber string, after int64, limit int) (Batch, []domain.EventEnvelope[any], error) {
+	return g.acquireAndRead(ctx, subscriber, after, limit)
+}
+
+// PipelinesForTest reports whether g pipelines acquisition for events.
+func PipelinesForTest(g *GormCheckpointStore, events domain.EventStore) bool { return g.pipelines(events) }
+
+// IsNoPipeline reports the "take the ordinary path" answer.
+func IsNoPipeline(err error) bool { return errors.Is(err, errNoPipeline) }
