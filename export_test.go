@@ -13,7 +13,9 @@ func AcquireAndReadForTest(ctx context.Context, g *GormCheckpointStore, subscrib
 }
 
 // PipelinesForTest reports whether g pipelines acquisition for events.
-func PipelinesForTest(g *GormCheckpointStore, events domain.EventStore) bool { return g.pipelines(events) }
+func PipelinesForTest(g *GormCheckpointStore, events domain.EventStore) bool {
+	return g.pipelines(events)
+}
 
 // IsNoPipeline reports the "take the ordinary path" answer.
 func IsNoPipeline(err error) bool { return errors.Is(err, errNoPipeline) }
