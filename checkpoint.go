@@ -5,10 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
-	"unicode/utf8"
 
 	"gorm.io/gorm"
+
+	"github.com/eventfeed/subscriptions/internal/ident"
 )
 
 // Batch is one acquired processing cycle for a subscriber. Exactly one of
@@ -86,22 +86,12 @@ var (
 // MaxSubscriberNameBytes bounds subscriber names. Longer names are
 // rejected rather than truncated (Postgres keeps names in a B-tree index
 // whose entries are limited in size).
-const MaxSubscriberNameBytes = 2048
+const MaxSubscriberNameBytes = ident.MaxBytes
 
 // validateName rejects subscriber names that a checkpoint store could not
 // keep exactly.
 func validateName(name string) error {
-	switch {
-	case name == "":
-		return errors.New("subscriber name is empty")
-	case len(name) > MaxSubscriberNameBytes:
-		return fmt.Errorf("subscriber name is %d bytes long, at most %d are stored", len(name), MaxSubscriberNameBytes)
-	case !utf8.ValidString(name):
-		return fmt.Errorf("subscriber name %q is not valid UTF-8", name)
-	case strings.IndexByte(name, 0) >= 0:
-		return fmt.Errorf("subscriber name %q contains a NUL character", name)
-	}
-	return nil
+	return ident.Check("subscriber name", name)
 }
 
 func validatePosition(subscriber string, position int64) error {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/internal/pgxconn"
 )
 
 // errNoPipeline tells the subscriber to take the ordinary path (read the
@@ -65,14 +66,13 @@ func (g *GormCheckpointStore) acquireAndRead(ctx context.Context, subscriber str
 		rows      []infrastructure.GormEventModel
 	)
 	err = conn.Raw(func(dc any) error {
-		c, ok := dc.(interface{ Conn() *pgx.Conn })
+		pc, ok := pgxconn.Unwrap(dc)
 		if !ok {
 			return errNoPipeline
 		}
-		pc := c.Conn()
 		positions, rows, err = sendAcquireBatch(ctx, pc, subscriber, after, limit)
 		if err != nil || len(positions) == 0 {
-			return endSession(ctx, pc, err)
+			return pgxconn.EndSession(ctx, pc, err)
 		}
 		return nil
 	})
@@ -131,24 +131,6 @@ func sendAcquireBatch(ctx context.Context, pc *pgx.Conn, subscriber string, afte
 // rows it returns, to CollectRows.
 func must(rows pgx.Rows, _ error) pgx.Rows { return rows }
 
-// endSession rolls back whatever the batch began, so the connection goes
-// back to the pool outside a transaction; a connection that cannot be
-// rolled back is closed so that the pool drops it.
-func endSession(ctx context.Context, pc *pgx.Conn, cause error) error {
-	if pc.PgConn().TxStatus() != 'I' {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if _, err := pc.Exec(rctx, "ROLLBACK"); err != nil {
-			_ = pc.Close(rctx)
-			if cause == nil {
-				cause = err
-			}
-			return errors.Join(cause, driver.ErrBadConn)
-		}
-	}
-	return cause
-}
-
 // pinnedTx is the GORM connection pool of a pipelined batch: a connection
 // pinned from the pool whose session holds the transaction the pipeline
 // began. It implements gorm.TxCommitter, so the batch commits, rolls back
@@ -196,7 +178,7 @@ func (p *pinnedTx) end(stmt string) error {
 	defer cancel()
 	var endErr error
 	err := conn.Raw(func(dc any) error {
-		pc := dc.(interface{ Conn() *pgx.Conn }).Conn()
+		pc, _ := pgxconn.Unwrap(dc) // pinned only after Unwrap succeeded
 		tag, err := pc.Exec(ctx, stmt)
 		if err == nil && stmt == "COMMIT" && tag.String() != "COMMIT" {
 			endErr = fmt.Errorf("commit: the transaction was rolled back (%s)", tag.String())

@@ -4,13 +4,11 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/eventfeed/subscriptions/domain"
-	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/internal/ident"
 )
 
 // MemoryParkingLot is an in-memory ParkingLot for tests and single-process
@@ -67,13 +65,8 @@ func validateParked(p ParkedEvent) error {
 	if err := validateName(p.Subscriber); err != nil {
 		return fmt.Errorf("subscriptions: park event %q: %w", p.EventID, err)
 	}
-	switch id := p.EventID; {
-	case id == "":
-		return fmt.Errorf("subscriptions: park for %q: empty event ID", p.Subscriber)
-	case len(id) > infrastructure.MaxIdentifierBytes:
-		return fmt.Errorf("subscriptions: park for %q: event ID is %d bytes long, at most %d are stored", p.Subscriber, len(id), infrastructure.MaxIdentifierBytes)
-	case !utf8.ValidString(id) || strings.IndexByte(id, 0) >= 0:
-		return fmt.Errorf("subscriptions: park for %q: event ID %q is not valid UTF-8 without NUL characters", p.Subscriber, id)
+	if err := ident.Check("event ID", p.EventID); err != nil {
+		return fmt.Errorf("subscriptions: park for %q: %w", p.Subscriber, err)
 	}
 	return nil
 }

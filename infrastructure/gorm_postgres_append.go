@@ -5,20 +5,17 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/internal/pgxconn"
 )
 
 // errNotPgx reports that the pool's driver connection is not pgx (a
 // *gorm.DB opened on another Postgres driver), so the append falls back
 // to the portable path.
 var errNotPgx = errors.New("connection is not a pgx connection")
-
-// pgxConn is what pgx's database/sql driver connections offer.
-type pgxConn interface{ Conn() *pgx.Conn }
 
 // appendPipelined is the Postgres append in two network round trips
 // instead of six: BEGIN, the append lock and the read of the aggregate's
@@ -38,22 +35,13 @@ func (s *GormEventStore) appendPipelined(ctx context.Context, aggregateID string
 	defer conn.Close()
 	var appendErr error
 	err = conn.Raw(func(dc any) error {
-		c, ok := dc.(pgxConn)
+		pc, ok := pgxconn.Unwrap(dc)
 		if !ok {
 			return errNotPgx
 		}
-		appendErr = s.appendOnConn(ctx, c.Conn(), aggregateID, expectedVersion, events, notify)
-		if c.Conn().PgConn().TxStatus() != 'I' {
-			// Never hand a connection back to the pool inside a transaction:
-			// roll back, and if even that fails, close it so the pool drops it.
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			if _, err := c.Conn().Exec(rctx, "ROLLBACK"); err != nil {
-				_ = c.Conn().Close(rctx)
-				return driver.ErrBadConn
-			}
-		}
-		return nil
+		appendErr = s.appendOnConn(ctx, pc, aggregateID, expectedVersion, events, notify)
+		// Never hand a connection back to the pool inside a transaction.
+		return pgxconn.EndSession(ctx, pc, nil)
 	})
 	if err != nil && !errors.Is(err, driver.ErrBadConn) {
 		return err

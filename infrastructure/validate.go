@@ -12,13 +12,14 @@ import (
 	"unicode/utf8"
 
 	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/internal/ident"
 )
 
 // MaxIdentifierBytes bounds event IDs, aggregate IDs, event types and
 // transaction IDs. Longer values are rejected with domain.ErrInvalidEvent
 // rather than truncated, and the bound keeps every identifier inside what a
 // Postgres B-tree index entry can hold.
-const MaxIdentifierBytes = 2048
+const MaxIdentifierBytes = ident.MaxBytes
 
 // preparedEvent is an envelope validated and completed for storage.
 type preparedEvent struct {
@@ -123,15 +124,8 @@ func (r eventRef) String() string {
 // empty, invalid UTF-8, NUL characters (Postgres text cannot hold them) or
 // longer than MaxIdentifierBytes.
 func checkIdentifier(what, value string) error {
-	switch {
-	case value == "":
-		return fmt.Errorf("%w: empty %s", domain.ErrInvalidEvent, what)
-	case len(value) > MaxIdentifierBytes:
-		return fmt.Errorf("%w: %s is %d bytes long, at most %d are stored", domain.ErrInvalidEvent, what, len(value), MaxIdentifierBytes)
-	case !utf8.ValidString(value):
-		return fmt.Errorf("%w: %s %q is not valid UTF-8", domain.ErrInvalidEvent, what, value)
-	case strings.IndexByte(value, 0) >= 0:
-		return fmt.Errorf("%w: %s %q contains a NUL character", domain.ErrInvalidEvent, what, value)
+	if err := ident.Check(what, value); err != nil {
+		return fmt.Errorf("%w: %v", domain.ErrInvalidEvent, err)
 	}
 	return nil
 }
