@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/url"
-	"regexp"
-	"sort"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -16,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/internal/secret"
 )
 
 // DefaultListenerReconnectDelay is how long PostgresListener waits before
@@ -149,15 +147,15 @@ func NewPostgresListener(dsn string, opts ...PostgresListenerOption) (*PostgresL
 	}
 	l.ident = pgx.Identifier{l.channel}.Sanitize()
 
-	secrets := dsnSecrets(dsn)
+	secrets := secret.FromDSN(dsn)
 	config, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		// Only the scrubbed text is kept, not the error itself: pgx's
 		// ParseConfigError carries the raw connection string.
-		return nil, fmt.Errorf("subscriptions: NewPostgresListener: invalid Postgres DSN: %s", scrubSecrets(err.Error(), secrets))
+		return nil, fmt.Errorf("subscriptions: NewPostgresListener: invalid Postgres DSN: %s", secret.Scrub(err.Error(), secrets))
 	}
 	// The password may also come from PGPASSWORD or a .pgpass file.
-	l.secrets = normalizeSecrets(append(secrets, config.Password))
+	l.secrets = secret.Normalize(append(secrets, config.Password))
 
 	if config.RuntimeParams["application_name"] == "" {
 		config.RuntimeParams["application_name"] = listenerApplicationName
@@ -221,7 +219,7 @@ func (l *PostgresListener) Run(ctx context.Context) error {
 			msg = "subscriptions: postgres listener: connection lost; reconnecting"
 		}
 		l.logger.Warn(msg, "channel", l.channel, "server", l.target,
-			"consecutive_failures", failures, "retry_in", l.reconnectDelay, "error", scrubSecrets(err.Error(), l.secrets))
+			"consecutive_failures", failures, "retry_in", l.reconnectDelay, "error", secret.Scrub(err.Error(), l.secrets))
 		if !sleepContext(ctx, l.reconnectDelay) {
 			return nil
 		}
@@ -268,78 +266,4 @@ func sleepContext(ctx context.Context, d time.Duration) bool {
 	case <-timer.C:
 		return true
 	}
-}
-
-var (
-	// kvPassword finds password= and sslpassword= values in key=value DSNs
-	// (quoted or not) and in URL query strings.
-	kvPassword  = regexp.MustCompile(`(?i)(?:^|[\s?&])(?:ssl)?password\s*=\s*('(?:[^'\\]|\\.)*'?|[^\s&#]*)`)
-	kvUnescaper = strings.NewReplacer(`\'`, `'`, `\\`, `\`)
-)
-
-// dsnSecrets returns every string in dsn that may be a password, by
-// syntax alone, so that even a DSN pgx cannot parse can be scrubbed from
-// messages. It over-approximates on purpose: scrubbing a harmless string
-// costs readability, missing a password leaks it.
-func dsnSecrets(dsn string) []string {
-	var out []string
-	add := func(s string) {
-		out = append(out, s)
-		if u, err := url.PathUnescape(s); err == nil {
-			out = append(out, u)
-		}
-		if u, err := url.QueryUnescape(s); err == nil {
-			out = append(out, u)
-		}
-	}
-	// URL userinfo: the password runs from a ':' to an '@'. A malformed DSN
-	// may have several of each (an unescaped '@' or ':' in the password, a
-	// mistyped scheme), so every such span is a candidate, except the one
-	// starting at the scheme's "://".
-	for i := range len(dsn) {
-		if dsn[i] != '@' {
-			continue
-		}
-		for j := range i {
-			if dsn[j] == ':' && !strings.HasPrefix(dsn[j+1:i], "//") {
-				add(dsn[j+1 : i])
-			}
-		}
-	}
-	for _, m := range kvPassword.FindAllStringSubmatch(dsn, -1) {
-		v := m[1]
-		if strings.HasPrefix(v, "'") {
-			v = strings.TrimSuffix(strings.TrimPrefix(v, "'"), "'")
-			out = append(out, v, kvUnescaper.Replace(v))
-			continue
-		}
-		add(v)
-	}
-	return normalizeSecrets(out)
-}
-
-// normalizeSecrets drops empty strings and duplicates and sorts longest
-// first, so that a secret containing another is replaced whole.
-func normalizeSecrets(secrets []string) []string {
-	seen := make(map[string]bool, len(secrets))
-	out := secrets[:0:0]
-	for _, s := range secrets {
-		if s != "" && !seen[s] {
-			seen[s] = true
-			out = append(out, s)
-		}
-	}
-	sort.SliceStable(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
-	return out
-}
-
-// scrubSecrets replaces every secret in msg. pgx already redacts the
-// passwords it knows of in its errors; this is the belt to its braces, for
-// passwords from the environment or a .pgpass file and for DSNs too
-// malformed for pgx to tell where the password is.
-func scrubSecrets(msg string, secrets []string) string {
-	for _, s := range secrets {
-		msg = strings.ReplaceAll(msg, s, "xxxxx")
-	}
-	return msg
 }

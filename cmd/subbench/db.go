@@ -24,7 +24,8 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
-	"github.com/eventfeed/subscriptions/internal/dbtest"
+	"github.com/eventfeed/subscriptions/internal/dsn"
+	"github.com/eventfeed/subscriptions/internal/secret"
 )
 
 // bench is one run's shared state: the server, the schemas and files it
@@ -53,7 +54,7 @@ func newBench(ctx context.Context, cfg config, progress io.Writer) (*bench, erro
 	defer cancel()
 	conn, err := pgx.Connect(cctx, cfg.DSN)
 	if err != nil {
-		return nil, fmt.Errorf("connect to Postgres at %s: %w", redact(cfg.DSN), err)
+		return nil, fmt.Errorf("connect to Postgres at %s: %w", secret.RedactDSN(cfg.DSN), err)
 	}
 	defer conn.Close(context.Background())
 	var version string
@@ -143,7 +144,7 @@ func (b *bench) openSQLite(name string) (*gorm.DB, error) {
 		return nil, err
 	}
 	b.tmpDirs = append(b.tmpDirs, dir)
-	db, err := gorm.Open(sqlite.Open(dbtest.SQLiteFileDSN(filepath.Join(dir, name+".db"))), &gorm.Config{Logger: logger.Discard})
+	db, err := gorm.Open(sqlite.Open(dsn.SQLiteFile(filepath.Join(dir, name+".db"))), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
 		return nil, fmt.Errorf("open sqlite: %w", err)
 	}
@@ -196,14 +197,6 @@ func (b *bench) cleanup() error {
 	}
 	b.schemas = nil
 	return errors.Join(errs...)
-}
-
-func redact(dsn string) string {
-	u, err := url.Parse(dsn)
-	if err != nil {
-		return "(unparseable DSN)"
-	}
-	return u.Redacted()
 }
 
 // libLogger is the logger handed to the library. Warnings and errors are

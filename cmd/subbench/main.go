@@ -35,7 +35,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/eventfeed/subscriptions/internal/dbtest"
+	"github.com/eventfeed/subscriptions/internal/dsn"
 )
 
 // config is everything the flags decide.
@@ -103,11 +103,11 @@ func main() {
 		cpuprofile string
 		timeout    time.Duration
 	)
-	defaultDSN := os.Getenv(dbtest.DSNEnv)
+	defaultDSN := os.Getenv(dsn.PostgresEnv)
 	if defaultDSN == "" {
-		defaultDSN = dbtest.DefaultPostgresDSN
+		defaultDSN = dsn.DefaultPostgres
 	}
-	flag.StringVar(&cfg.DSN, "dsn", defaultDSN, "Postgres DSN (URL form); default $"+dbtest.DSNEnv)
+	flag.StringVar(&cfg.DSN, "dsn", defaultDSN, "Postgres DSN (URL form); default $"+dsn.PostgresEnv)
 	flag.BoolVar(&cfg.Quick, "quick", false, "smoke mode: every scenario, tiny sizes (seconds)")
 	flag.StringVar(&only, "only", "", "comma-separated scenarios to run: "+scenarioKeys()+", catchup (1-3), or their numbers")
 	flag.BoolVar(&asJSON, "json", false, "print JSON instead of a table")

@@ -52,12 +52,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
-	"regexp"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -75,6 +72,8 @@ import (
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/internal/dsn"
+	"github.com/eventfeed/subscriptions/internal/secret"
 )
 
 func main() {
@@ -243,15 +242,6 @@ func (b *backend) close() error {
 // *gorm.Config it is given, so each handle needs its own.
 func gormConfig() *gorm.Config { return &gorm.Config{Logger: logger.Discard} }
 
-// sqliteDSN is the DSN this module needs for a SQLite file database: WAL
-// so readers never block the writer, a busy timeout so that writers queue
-// instead of failing, and immediate transactions so that a transaction
-// never has to upgrade a read lock (SQLite refuses that with "database is
-// locked" instead of waiting).
-func sqliteDSN(path string) string {
-	return "file:" + path + "?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate&_foreign_keys=1"
-}
-
 // openSQLite creates a SQLite file database in a new temporary directory,
 // removed by close. N replicas share the one process's handle and stores.
 func openSQLite(replicas int) (*backend, error) {
@@ -264,7 +254,7 @@ func openSQLite(replicas int) (*backend, error) {
 	path := filepath.Join(dir, "example.db")
 	be.describe = fmt.Sprintf("SQLite file %s (removed at exit)", path)
 
-	db, err := gorm.Open(sqlite.Open(sqliteDSN(path)), gormConfig())
+	db, err := gorm.Open(sqlite.Open(dsn.SQLiteFile(path)), gormConfig())
 	if err != nil {
 		_ = be.close()
 		return nil, fmt.Errorf("open SQLite database %s: %w", path, err)
@@ -333,8 +323,8 @@ func openStores(db *gorm.DB) (*infrastructure.GormEventStore, *subscriptions.Gor
 // per replica.
 func openPostgres(ctx context.Context, cfg config, log *slog.Logger) (*backend, error) {
 	be := newBackend("postgres")
-	secrets := dsnSecrets(cfg.postgresDSN)
-	be.scrub = func(s string) string { return scrub(s, secrets) }
+	secrets := secret.FromDSN(cfg.postgresDSN)
+	be.scrub = func(s string) string { return secret.Scrub(s, secrets) }
 
 	pgcfg, err := pgx.ParseConfig(cfg.postgresDSN)
 	if err != nil {
@@ -352,8 +342,7 @@ func openPostgres(ctx context.Context, cfg config, log *slog.Logger) (*backend, 
 		return nil, errors.New("invalid -postgres DSN: its host contains '@'; percent-encode an '@' in the user name or password as %40")
 	}
 	if pgcfg.Password != "" { // it may come from PGPASSWORD or ~/.pgpass
-		secrets = append([]string{pgcfg.Password}, secrets...)
-		sort.Slice(secrets, func(i, j int) bool { return len(secrets[i]) > len(secrets[j]) })
+		secrets = secret.Normalize(append(secrets, pgcfg.Password))
 	}
 	if pgcfg.ConnectTimeout <= 0 || pgcfg.ConnectTimeout > cfg.connectTimeout {
 		pgcfg.ConnectTimeout = cfg.connectTimeout
@@ -770,57 +759,4 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-// dsnSecrets returns the substrings of a Postgres DSN that must never be
-// printed: the URL password (raw and decoded) and password=/sslpassword=
-// values, found leniently so that it also works on a DSN that does not
-// parse.
-func dsnSecrets(dsn string) []string {
-	var secrets []string
-	add := func(s string) {
-		if s == "" {
-			return
-		}
-		secrets = append(secrets, s)
-		if d, err := url.QueryUnescape(s); err == nil && d != s {
-			secrets = append(secrets, d)
-		}
-		if d, err := url.PathUnescape(s); err == nil && d != s {
-			secrets = append(secrets, d)
-		}
-	}
-	if i := strings.Index(dsn, "://"); i >= 0 {
-		// The userinfo ends at an '@', but a malformed DSN may have several
-		// (an unescaped '@' in the password): take every candidate.
-		rest := dsn[i+3:]
-		for at := range len(rest) {
-			if rest[at] != '@' {
-				continue
-			}
-			if _, password, ok := strings.Cut(rest[:at], ":"); ok {
-				add(password)
-			}
-		}
-	}
-	for _, m := range passwordParam.FindAllStringSubmatch(dsn, -1) {
-		v := m[1]
-		add(v)
-		if len(v) >= 2 && v[0] == '\'' && v[len(v)-1] == '\'' {
-			add(strings.ReplaceAll(v[1:len(v)-1], `\'`, `'`))
-		}
-	}
-	// Longest first, so that a secret containing another is masked whole.
-	sort.Slice(secrets, func(i, j int) bool { return len(secrets[i]) > len(secrets[j]) })
-	return secrets
-}
-
-var passwordParam = regexp.MustCompile(`(?i)(?:^|[\s?&])(?:ssl)?password\s*=\s*('(?:[^'\\]|\\.)*'|[^\s&]+)`)
-
-// scrub masks every secret in s.
-func scrub(s string, secrets []string) string {
-	for _, secret := range secrets {
-		s = strings.ReplaceAll(s, secret, "xxxxx")
-	}
-	return s
 }

@@ -27,24 +27,22 @@ import (
 	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
+
+	"github.com/eventfeed/subscriptions/internal/dsn"
+	"github.com/eventfeed/subscriptions/internal/secret"
 )
 
 const (
 	// DSNEnv names the variable holding the Postgres DSN for tests.
-	DSNEnv = "SUBSCRIPTIONS_POSTGRES_DSN"
+	DSNEnv = dsn.PostgresEnv
 	// RequireEnv, set to 1, turns "no Postgres server" into a test failure.
 	RequireEnv = "SUBSCRIPTIONS_REQUIRE_POSTGRES"
 	// DefaultPostgresDSN is used when DSNEnv is unset.
-	DefaultPostgresDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	DefaultPostgresDSN = dsn.DefaultPostgres
 )
 
 // PostgresDSN returns the configured base DSN (no schema selected).
-func PostgresDSN() string {
-	if dsn := os.Getenv(DSNEnv); dsn != "" {
-		return dsn
-	}
-	return DefaultPostgresDSN
-}
+func PostgresDSN() string { return dsn.Postgres() }
 
 // Postgres is one test's isolated schema on the test server.
 type Postgres struct {
@@ -85,7 +83,7 @@ func RequirePostgres(t testing.TB) {
 	t.Helper()
 	if err := reachable(); err != nil {
 		msg := fmt.Sprintf("Postgres not reachable at %s (set %s to a reachable server): %v",
-			redact(PostgresDSN()), DSNEnv, err)
+			secret.RedactDSN(PostgresDSN()), DSNEnv, err)
 		if os.Getenv(RequireEnv) == "1" {
 			t.Fatalf("%s; %s=1 requires it", msg, RequireEnv)
 		}
@@ -172,14 +170,9 @@ func WithSearchPath(dsn, schema string) (string, error) {
 	return u.String(), nil
 }
 
-// SQLiteFileDSN is the DSN this module documents for a SQLite file database:
-// WAL so readers never block the writer, a busy timeout so writers queue
-// instead of failing, and immediate transactions so that a transaction never
-// has to upgrade a read lock (which SQLite refuses with "database is
-// locked" instead of waiting).
-func SQLiteFileDSN(path string) string {
-	return "file:" + path + "?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate&_foreign_keys=1"
-}
+// SQLiteFileDSN is the DSN this module documents for a SQLite file database
+// (see dsn.SQLiteFile).
+func SQLiteFileDSN(path string) string { return dsn.SQLiteFile(path) }
 
 // SQLiteMemoryDSN is an in-memory database named name (unique per
 // database). Open it with a single connection (SetMaxOpenConns(1)): SQLite's
@@ -232,13 +225,4 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-// redact hides a DSN's password so that test output never carries it.
-func redact(dsn string) string {
-	u, err := url.Parse(dsn)
-	if err != nil {
-		return "(unparseable DSN)"
-	}
-	return u.Redacted()
 }
