@@ -107,8 +107,11 @@ func WithListenerLogger(logger *slog.Logger) PostgresListenerOption {
 }
 
 // WithListenerReconnectDelay sets the wait between reconnect attempts
-// (default DefaultListenerReconnectDelay). A delay <= 0 falls back to the
-// default: reconnecting without a pause would hammer a server that is down.
+// (default DefaultListenerReconnectDelay). A delay <= 0 is refused by
+// NewPostgresListener, as every out-of-range option value is (the rule
+// NewSubscriber follows too): reconnecting without a pause would hammer a
+// server that is down, and silently substituting the default would hide
+// the mistake.
 func WithListenerReconnectDelay(d time.Duration) PostgresListenerOption {
 	return func(l *PostgresListener) { l.reconnectDelay = d }
 }
@@ -134,10 +137,9 @@ func NewPostgresListener(dsn string, opts ...PostgresListenerOption) (*PostgresL
 	if l.logger == nil {
 		l.logger = slog.Default()
 	}
-	if l.reconnectDelay <= 0 {
-		l.reconnectDelay = DefaultListenerReconnectDelay
-	}
 	switch {
+	case l.reconnectDelay <= 0:
+		return nil, fmt.Errorf("subscriptions: NewPostgresListener: reconnect delay %v must be positive (WithListenerReconnectDelay)", l.reconnectDelay)
 	case l.channel == "":
 		return nil, errors.New("subscriptions: NewPostgresListener: empty channel name (WithListenerChannel)")
 	case len(l.channel) > maxChannelBytes:
