@@ -170,7 +170,7 @@ func (s *Subscriber) Name() string { return s.name }
 func (s *Subscriber) Lag(ctx context.Context) (int64, error) {
 	position, err := s.checkpoints.Position(ctx, s.name)
 	if err != nil {
-		return 0, fmt.Errorf("subscriptions: lag of %q: %w", s.name, err)
+		return 0, err // the store names the subscriber
 	}
 	head, err := s.events.HeadPosition(ctx)
 	if err != nil {
@@ -193,7 +193,7 @@ func (s *Subscriber) ResetCheckpoint(ctx context.Context, position int64) error 
 		return err
 	}
 	if err := s.checkpoints.Reset(ctx, s.name, position); err != nil {
-		return fmt.Errorf("subscriptions: reset %q to %d: %w", s.name, position, err)
+		return err // the store names the subscriber and the position
 	}
 	s.logger.Info("subscriber checkpoint reset", "subscriber", s.name, "position", position)
 	return nil
@@ -206,11 +206,7 @@ func (s *Subscriber) ListParked(ctx context.Context) ([]ParkedEvent, error) {
 	if s.parking == nil {
 		return nil, fmt.Errorf("subscriptions: list parked events of %q: %w", s.name, ErrNoParkingLot)
 	}
-	parked, err := s.parking.List(ctx, s.name)
-	if err != nil {
-		return nil, fmt.Errorf("subscriptions: list parked events of %q: %w", s.name, err)
-	}
-	return parked, nil
+	return s.parking.List(ctx, s.name) // the lot names the subscriber in its errors
 }
 
 // ReplayParked re-runs the handler for one parked event and clears it on
@@ -243,7 +239,7 @@ func (s *Subscriber) ReplayParked(ctx context.Context, eventID string) error {
 		return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, s.name, ErrEventNotParked)
 	}
 	if err := s.parking.Replay(ctx, s.name, eventID, event, s.handler); err != nil {
-		return fmt.Errorf("subscriptions: replay event %q (type %q, position %d) for %q: %w", eventID, event.EventType, event.Position, s.name, err)
+		return err // the lot names the event and the subscriber
 	}
 	s.logger.Info("parked event replayed", "subscriber", s.name, "event_id", eventID, "event_type", event.EventType, "position", event.Position)
 	return nil
