@@ -12,9 +12,12 @@ import (
 // the subscriber.
 var ErrEventNotParked = errors.New("event is not parked")
 
-// ErrReplayInProgress is returned by MemoryParkingLot.Replay when another
-// replay of the same event is running: the handler runs at most once per
-// parked entry, so the second replay conflicts instead of running it again.
+// ErrReplayInProgress is returned by Replay, on every ParkingLot, when
+// another replay of the same entry is running: the handler runs at most
+// once per parked entry, so the second replay conflicts instead of running
+// it again (or waiting to find the entry gone). The handler did not run;
+// the entry stays parked unless the other replay clears it, so retrying
+// later answers either nil or ErrEventNotParked.
 var ErrReplayInProgress = errors.New("a replay of the event is already in progress")
 
 // ParkedEvent records an event a subscriber could not process after
@@ -48,6 +51,8 @@ type ParkingLot interface {
 	// success. Database-backed implementations run both in one transaction
 	// (with the transaction exposed to the handler via TxFromContext), so a
 	// failed replay leaves the row — and any handler writes — untouched.
-	// Returns ErrEventNotParked when the event is not parked.
+	// Returns ErrEventNotParked when the event is not parked, and
+	// ErrReplayInProgress, without running handler, when another replay
+	// of the same entry is running.
 	Replay(ctx context.Context, subscriber, eventID string, event domain.EventEnvelope[any], handler Handler) error
 }

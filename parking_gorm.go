@@ -5,9 +5,9 @@ import (
 	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"gorm.io/gorm"
@@ -240,16 +240,52 @@ func (g *GormParkingLot) List(ctx context.Context, subscriber string) ([]ParkedE
 	return out, nil
 }
 
-// errReplayLost aborts a replay whose row disappeared before its delete.
-var errReplayLost = errors.New("the parked entry was cleared by a concurrent replay")
+// sqliteReplays holds the SQLite entries being replayed in this process,
+// keyed by database file (or, in memory, by pool): SQLite has no row lock
+// to find busy, so a second replay is refused here before it would queue
+// on the write lock.
+var sqliteReplays = struct {
+	sync.Mutex
+	running map[sqliteReplayKey]bool
+}{running: map[sqliteReplayKey]bool{}}
+
+type sqliteReplayKey struct {
+	database any // the file path, or the *sql.DB of an in-memory database
+	entry    parkedKey
+}
+
+// claimSQLiteReplay marks the entry as being replayed and returns its
+// release, or ok=false when a replay of it is already running.
+func (g *GormParkingLot) claimSQLiteReplay(subscriber, eventID string) (release func(), ok bool) {
+	k := sqliteReplayKey{database: g.pool, entry: parkedKey{subscriber, eventID}}
+	if g.sqliteFile != "" {
+		k.database = g.sqliteFile
+	}
+	sqliteReplays.Lock()
+	defer sqliteReplays.Unlock()
+	if sqliteReplays.running[k] {
+		return nil, false
+	}
+	sqliteReplays.running[k] = true
+	return func() {
+		sqliteReplays.Lock()
+		delete(sqliteReplays.running, k)
+		sqliteReplays.Unlock()
+	}, true
+}
 
 // Replay re-runs the handler and clears the parked row in one transaction.
 // The handler receives the transaction via TxFromContext, so a failed
 // replay rolls back both the handler's writes and the row deletion.
-// Concurrent replays of the same event execute the handler at most once:
-// the row is locked on Postgres (SQLite serializes writers), and the delete
-// is verified so a transaction that lost the race rolls back its duplicate
-// handler writes instead of committing.
+// Concurrent replays of the same event execute the handler at most once,
+// and the one that finds the entry busy returns ErrReplayInProgress
+// without running it: on Postgres the row is locked (SKIP LOCKED finds it
+// taken, by another replay or by a batch re-parking it, from any process);
+// on SQLite the lots of one process share a claim on the entry, and a
+// replay from another process waits for SQLite's write lock and then finds
+// the entry gone (ErrEventNotParked). The delete is verified, so a
+// transaction whose entry vanished meanwhile rolls back its handler's
+// writes instead of committing them.
 func (g *GormParkingLot) Replay(ctx context.Context, subscriber, eventID string, event domain.EventEnvelope[any], handler Handler) error {
 	if handler == nil {
 		return fmt.Errorf("subscriptions: replay event %q for %q: nil handler", eventID, subscriber)
@@ -260,11 +296,27 @@ func (g *GormParkingLot) Replay(ctx context.Context, subscriber, eventID string,
 		// for the lock must then see the row gone, not fail to serialize.
 		opts = append(opts, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	}
+	if !g.postgres {
+		release, ok := g.claimSQLiteReplay(subscriber, eventID)
+		if !ok {
+			return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, subscriber, ErrReplayInProgress)
+		}
+		defer release()
+	}
 	return g.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var found []int
 		if g.postgres {
-			if err := tx.Raw("SELECT attempts FROM parked_events WHERE "+g.keyWhere()+" FOR UPDATE", g.keyArgs(subscriber, eventID)...).Scan(&found).Error; err != nil {
+			if err := tx.Raw("SELECT attempts FROM parked_events WHERE "+g.keyWhere()+" FOR UPDATE SKIP LOCKED", g.keyArgs(subscriber, eventID)...).Scan(&found).Error; err != nil {
 				return fmt.Errorf("subscriptions: replay event %q for %q: lock parked row: %w", eventID, subscriber, err)
+			}
+			if len(found) == 0 {
+				// Skipped: absent, or locked by another transaction.
+				if err := tx.Raw("SELECT attempts FROM parked_events WHERE "+g.keyWhere(), g.keyArgs(subscriber, eventID)...).Scan(&found).Error; err != nil {
+					return fmt.Errorf("subscriptions: replay event %q for %q: read parked row: %w", eventID, subscriber, err)
+				}
+				if len(found) != 0 {
+					return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, subscriber, ErrReplayInProgress)
+				}
 			}
 		} else {
 			// Take SQLite's write lock first: nobody can re-park or replay the
@@ -287,7 +339,7 @@ func (g *GormParkingLot) Replay(ctx context.Context, subscriber, eventID string,
 			return fmt.Errorf("subscriptions: replay event %q for %q: clear parked row: %w", eventID, subscriber, res.Error)
 		}
 		if res.RowsAffected != 1 {
-			return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, subscriber, errReplayLost)
+			return fmt.Errorf("subscriptions: replay event %q for %q: the entry was cleared meanwhile: %w", eventID, subscriber, ErrReplayInProgress)
 		}
 		return nil
 	}, opts...)

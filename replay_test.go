@@ -197,6 +197,32 @@ func (g *parkGate) waitEntered(t *testing.T) {
 	}
 }
 
+// parkAt is a timestamp at the precision every backend keeps.
+func parkAt(offset time.Duration) time.Time {
+	return time.Date(2025, 3, 4, 5, 6, 7, 891011000, time.UTC).Add(offset)
+}
+
+// parkEntry is a parked entry of subscriber for the event at position.
+func parkEntry(subscriber, eventID string, position int64) subscriptions.ParkedEvent {
+	return subscriptions.ParkedEvent{
+		Subscriber: subscriber,
+		EventID:    eventID,
+		EventType:  "park.suite",
+		Position:   position,
+		Error:      "park: failed at " + eventID,
+		Attempts:   3,
+		ParkedAt:   parkAt(time.Duration(position) * time.Second),
+	}
+}
+
+// parkRequireSame compares two entries, the time by instant.
+func parkRequireSame(t *testing.T, want, got subscriptions.ParkedEvent) {
+	t.Helper()
+	require.True(t, want.ParkedAt.Equal(got.ParkedAt), "parked_at: want %v, got %v", want.ParkedAt, got.ParkedAt)
+	want.ParkedAt, got.ParkedAt = time.Time{}, time.Time{}
+	require.Equal(t, want, got)
+}
+
 // parkAsync runs f on a goroutine and returns the channel of its result.
 func parkAsync(f func() error) <-chan error {
 	done := make(chan error, 1)
@@ -216,45 +242,87 @@ func parkResult(t *testing.T, done <-chan error) error {
 }
 
 // TestReplayParkedConcurrently runs two replays of one parked event at
-// once: the handler runs at most once. The memory lot refuses the second
-// with ErrReplayInProgress; on Postgres the second waits on the row lock
-// and then finds the entry gone; SQLite serialises them.
+// once through a subscriber: the handler runs at most once, and the second
+// replay, started while the first runs, is refused with
+// ErrReplayInProgress (on single-connection in-memory SQLite it queues and
+// then finds the entry gone). A replay after the first one cleared the
+// entry finds it gone.
 func TestReplayParkedConcurrently(t *testing.T) {
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
-			var e *env
-			var admin *gorm.DB
-			var app string
-			if b.Name == "postgres" {
-				e, admin, app = parkPGEnv(t)
-			} else {
-				e = b.New(t)
-			}
+			e := b.New(t)
 			ev := parkStoredEvent(t, e)
 			gate := newParkGate()
 			sub := parkSubscriber(t, e, "park-replay-race", gate.handler, subscriptions.WithParkingLot(e.Parking))
 			require.NoError(t, e.Parking.Park(context.Background(), parkEntry("park-replay-race", ev.ID, ev.Position)))
 			ctx := context.Background()
 
+			release := sync.OnceFunc(func() { close(gate.release) })
+			defer release()
 			first := parkAsync(func() error { return sub.ReplayParked(ctx, ev.ID) })
 			gate.waitEntered(t)
 			second := parkAsync(func() error { return sub.ReplayParked(ctx, ev.ID) })
-			switch b.Name {
-			case "memory":
+			if b.Name == "sqlite-memory" {
+				// One connection: the second replay's event load queues
+				// behind the first replay's transaction.
+				release()
+				require.NoError(t, parkResult(t, first))
+				require.ErrorIs(t, parkResult(t, second), subscriptions.ErrEventNotParked, "the queued replay finds the entry cleared")
+			} else {
 				err := parkResult(t, second)
+				release()
 				require.ErrorIs(t, err, subscriptions.ErrReplayInProgress, "the second replay conflicts while the first runs")
-			case "postgres":
-				parkWaitLockWait(t, admin, app, "%parked_events%FOR UPDATE%")
+				require.NoError(t, parkResult(t, first))
 			}
-			close(gate.release)
-			require.NoError(t, parkResult(t, first))
-			if b.Name != "memory" {
-				require.ErrorIs(t, parkResult(t, second), subscriptions.ErrEventNotParked, "the second replay finds the entry cleared")
-			}
+			require.ErrorIs(t, sub.ReplayParked(ctx, ev.ID), subscriptions.ErrEventNotParked, "a later replay finds the entry cleared")
 			require.EqualValues(t, 1, gate.runs.Load(), "the handler ran more than once for one parked entry")
 			left, err := sub.ListParked(ctx)
 			require.NoError(t, err)
 			require.Empty(t, left)
+		})
+	}
+}
+
+// TestGormParkingLotReplayRaceAcrossHandles races two replays of one
+// entry through two GormParkingLots on separate handles to the same
+// database, as two processes (Postgres) or two parts of one process
+// (SQLite file) would: the second is refused with ErrReplayInProgress.
+func TestGormParkingLotReplayRaceAcrossHandles(t *testing.T) {
+	for _, b := range dbtest.GormBackends() {
+		if b.Name == "sqlite-memory" {
+			continue // one connection holds the whole database
+		}
+		t.Run(b.Name, func(t *testing.T) {
+			var db, otherDB *gorm.DB
+			if b.Postgres {
+				pg := dbtest.NewPostgres(t)
+				db, otherDB = pg.DB, pg.Open(t)
+			} else {
+				db = b.Open(t)
+				var file string
+				require.NoError(t, db.Raw("SELECT file FROM pragma_database_list WHERE name = 'main'").Scan(&file).Error)
+				otherDB = dbtest.OpenSQLite(t, dbtest.SQLiteFileDSN(file))
+			}
+			lot, err := subscriptions.NewGormParkingLot(db)
+			require.NoError(t, err)
+			other, err := subscriptions.NewGormParkingLot(otherDB)
+			require.NoError(t, err)
+			ctx := context.Background()
+			require.NoError(t, lot.Park(ctx, parkEntry("park-race-handles", "ev-1", 1)))
+			ev := domain.EventEnvelope[any]{ID: "ev-1", EventType: "park.suite", Position: 1}
+
+			gate := newParkGate()
+			release := sync.OnceFunc(func() { close(gate.release) })
+			defer release()
+			first := parkAsync(func() error { return lot.Replay(ctx, "park-race-handles", "ev-1", ev, gate.handler) })
+			gate.waitEntered(t)
+			err = other.Replay(ctx, "park-race-handles", "ev-1", ev, gate.handler)
+			release()
+			require.ErrorIs(t, err, subscriptions.ErrReplayInProgress)
+			require.NoError(t, parkResult(t, first))
+			require.EqualValues(t, 1, gate.runs.Load())
+			err = other.Replay(ctx, "park-race-handles", "ev-1", ev, gate.handler)
+			require.ErrorIs(t, err, subscriptions.ErrEventNotParked)
 		})
 	}
 }

@@ -216,7 +216,11 @@ func (s *Subscriber) ListParked(ctx context.Context) ([]ParkedEvent, error) {
 // exactly like a live batch. Requires a ParkingLot (WithParkingLot).
 //
 // An event that is not parked for this subscriber returns an error wrapping
-// ErrEventNotParked.
+// ErrEventNotParked; one whose replay is already running, an error wrapping
+// ErrReplayInProgress (the handler did not run). On a database served by a
+// single connection (in-memory SQLite) the event load queues behind the
+// running replay's transaction instead, and then finds the event no longer
+// parked.
 func (s *Subscriber) ReplayParked(ctx context.Context, eventID string) error {
 	if s.parking == nil {
 		return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, s.name, ErrNoParkingLot)

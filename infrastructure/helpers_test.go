@@ -2,7 +2,6 @@ package infrastructure_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -85,22 +84,6 @@ func testCtx(t testing.TB) context.Context {
 	return ctx
 }
 
-// jsonOf is v's JSON encoding; it fails the test when v has none.
-func jsonOf(t testing.TB, v any) string {
-	t.Helper()
-	b, err := json.Marshal(v)
-	require.NoError(t, err)
-	return string(b)
-}
-
-// requireJSONEqual compares two values by their JSON encodings: a GORM
-// store decodes objects as map[string]any and numbers as float64, so Go
-// values are compared by what they mean as JSON.
-func requireJSONEqual(t testing.TB, want, got any, msgAndArgs ...any) {
-	t.Helper()
-	require.JSONEq(t, jsonOf(t, want), jsonOf(t, got), msgAndArgs...)
-}
-
 // ids returns the events' IDs in order.
 func ids(events []domain.EventEnvelope[any]) []string {
 	out := make([]string, len(events))
@@ -137,28 +120,6 @@ func requireStrictlyIncreasing(t testing.TB, events []domain.EventEnvelope[any])
 		require.Greater(t, e.Position, last, "event #%d (%s) is not after the previous position", i, e.ID)
 		last = e.Position
 	}
-}
-
-// storeState is what a rejected append must leave unchanged.
-type storeState struct {
-	head    int64
-	version int
-	feed    []string
-}
-
-func stateOf(t testing.TB, s domain.EventStore, aggregateID string) storeState {
-	t.Helper()
-	ctx := testCtx(t)
-	head, err := s.HeadPosition(ctx)
-	require.NoError(t, err)
-	var version int
-	if aggregateID != "" {
-		version, err = s.GetCurrentVersion(ctx, aggregateID)
-		require.NoError(t, err)
-	}
-	feed, err := s.ReadAfter(ctx, 0, 0)
-	require.NoError(t, err)
-	return storeState{head: head, version: version, feed: ids(feed)}
 }
 
 // eventually polls cond until it holds or the deadline passes. It is how

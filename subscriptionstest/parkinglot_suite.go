@@ -1,10 +1,12 @@
-package subscriptions_test
+package subscriptionstest
 
 import (
 	"context"
 	"errors"
 	"math/rand/v2"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -14,33 +16,27 @@ import (
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
-	"github.com/eventfeed/subscriptions/internal/dbtest"
 )
 
-// parkLotBackend builds a fresh ParkingLot for one test.
+// ParkingLotHarness tells RunParkingLotSuite how to build the
+// subscriptions.ParkingLot under test.
+type ParkingLotHarness struct {
+	// Name names the subtest the suite runs in ("memory", "postgres", ...).
+	Name string
+	// New returns a fresh, empty lot for one test. Release what it opens
+	// with t.Cleanup.
+	New func(t *testing.T) subscriptions.ParkingLot
+	// Transactional reports that the lot is database-backed: it stores
+	// free text as valid UTF-8 without NUL characters, and Replay hands
+	// the handler its transaction (subscriptions.TxFromContext).
+	Transactional bool
+}
+
+// parkLotBackend is the harness as the cases read it.
 type parkLotBackend struct {
 	name string
 	new  func(t *testing.T) subscriptions.ParkingLot
-	// db reports whether the lot is database-backed (sanitises text, hands
-	// replays a transaction).
-	db bool
-}
-
-// parkLotBackends lists MemoryParkingLot and GormParkingLot on every
-// database backend.
-func parkLotBackends() []parkLotBackend {
-	out := []parkLotBackend{{name: "memory", new: func(*testing.T) subscriptions.ParkingLot {
-		return subscriptions.NewMemoryParkingLot()
-	}}}
-	for _, b := range dbtest.GormBackends() {
-		b := b
-		out = append(out, parkLotBackend{name: b.Name, db: true, new: func(t *testing.T) subscriptions.ParkingLot {
-			lot, err := subscriptions.NewGormParkingLot(b.Open(t))
-			require.NoError(t, err)
-			return lot
-		}})
-	}
-	return out
+	db   bool
 }
 
 // parkIncompressible returns n printable bytes that no compressor can
@@ -80,10 +76,15 @@ func parkRequireSame(t *testing.T, want, got subscriptions.ParkedEvent) {
 	require.Equal(t, want, got)
 }
 
-// TestParkingLotSuite is the behavioural contract of every ParkingLot.
-func TestParkingLotSuite(t *testing.T) {
+// RunParkingLotSuite runs the behavioural contract of
+// subscriptions.ParkingLot against the lot h builds, as subtests of t
+// named h.Name/<case>. Every case gets a fresh lot from h.New. Cases run
+// one after another; a case may run goroutines of its own, all ended
+// before it returns.
+func RunParkingLotSuite(t *testing.T, h ParkingLotHarness) {
 	ctx := context.Background()
-	for _, b := range parkLotBackends() {
+	// One backend; the loop keeps the cases where they were written.
+	for _, b := range []parkLotBackend{{name: h.Name, new: h.New, db: h.Transactional}} {
 		t.Run(b.name, func(t *testing.T) {
 			t.Run("empty list is an empty non-nil slice", func(t *testing.T) {
 				lot := b.new(t)
@@ -280,6 +281,60 @@ func TestParkingLotSuite(t *testing.T) {
 				require.Empty(t, got, "a successful replay clears the entry")
 				err = lot.Replay(ctx, "park-a", "ev-1", ev, func(context.Context, domain.EventEnvelope[any]) error { return nil })
 				require.ErrorIs(t, err, subscriptions.ErrEventNotParked)
+			})
+
+			t.Run("a replay racing a running replay is ErrReplayInProgress", func(t *testing.T) {
+				lot := b.new(t)
+				require.NoError(t, lot.Park(ctx, parkEntry("park-a", "ev-race", 1)))
+				ev := domain.EventEnvelope[any]{ID: "ev-race", EventType: "park.suite", Position: 1}
+				var runs atomic.Int32
+				entered, release := make(chan struct{}, 2), make(chan struct{})
+				releaseOnce := sync.OnceFunc(func() { close(release) })
+				defer releaseOnce()
+				handler := func(context.Context, domain.EventEnvelope[any]) error {
+					runs.Add(1)
+					entered <- struct{}{}
+					<-release
+					return nil
+				}
+				first := make(chan error, 1)
+				go func() { first <- lot.Replay(ctx, "park-a", "ev-race", ev, handler) }()
+				select {
+				case <-entered:
+				case <-time.After(30 * time.Second):
+					t.Fatal("the first replay never ran its handler")
+				}
+
+				// The loser must answer while the winner still runs: waiting
+				// for it would be a different answer (and, here, a deadlock).
+				second := make(chan error, 1)
+				go func() {
+					second <- lot.Replay(ctx, "park-a", "ev-race", ev, func(context.Context, domain.EventEnvelope[any]) error {
+						runs.Add(1)
+						return nil
+					})
+				}()
+				var err error
+				select {
+				case err = <-second:
+				case <-time.After(30 * time.Second):
+					releaseOnce()
+					t.Fatal("the second replay waited for the first instead of refusing")
+				}
+				releaseOnce()
+				require.ErrorIs(t, err, subscriptions.ErrReplayInProgress, "the loser of a replay race")
+				select {
+				case err := <-first:
+					require.NoError(t, err)
+				case <-time.After(30 * time.Second):
+					t.Fatal("the first replay did not return")
+				}
+				require.EqualValues(t, 1, runs.Load(), "the handler ran more than once for one parked entry")
+				got, err := lot.List(ctx, "park-a")
+				require.NoError(t, err)
+				require.Empty(t, got, "the winning replay clears the entry")
+				err = lot.Replay(ctx, "park-a", "ev-race", ev, handler)
+				require.ErrorIs(t, err, subscriptions.ErrEventNotParked, "a replay after the winner finds the entry gone")
 			})
 		})
 	}

@@ -1,0 +1,31 @@
+package subscriptions_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/internal/dbtest"
+	"github.com/eventfeed/subscriptions/subscriptionstest"
+)
+
+// TestParkingLotSuite runs the exported ParkingLot conformance suite
+// against MemoryParkingLot and GormParkingLot on every database.
+func TestParkingLotSuite(t *testing.T) {
+	subscriptionstest.RunParkingLotSuite(t, subscriptionstest.ParkingLotHarness{
+		Name: "memory",
+		New:  func(*testing.T) subscriptions.ParkingLot { return subscriptions.NewMemoryParkingLot() },
+	})
+	for _, b := range dbtest.GormBackends() {
+		subscriptionstest.RunParkingLotSuite(t, subscriptionstest.ParkingLotHarness{
+			Name:          b.Name,
+			Transactional: true,
+			New: func(t *testing.T) subscriptions.ParkingLot {
+				lot, err := subscriptions.NewGormParkingLot(b.Open(t))
+				require.NoError(t, err)
+				return lot
+			},
+		})
+	}
+}

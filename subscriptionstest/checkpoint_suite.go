@@ -1,0 +1,354 @@
+package subscriptionstest
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/infrastructure"
+)
+
+// CheckpointStoreHarness tells RunCheckpointStoreSuite how to build the
+// subscriptions.CheckpointStore under test.
+type CheckpointStoreHarness struct {
+	// Name names the subtest the suite runs in ("memory", "postgres", ...).
+	Name string
+	// New returns a fresh, empty store for one test, and the store a
+	// competing process would use over the same data: a second store on
+	// its own connection pool where the backend coordinates across
+	// processes (Postgres), or store itself where it coordinates within one
+	// process (memory, SQLite). Release what it opens with t.Cleanup.
+	New func(t *testing.T) (store, competitor subscriptions.CheckpointStore)
+	// Transactional reports that a batch runs in a database transaction,
+	// handed to handlers through subscriptions.TxFromContext on
+	// Batch.HandlerContext.
+	Transactional bool
+	// SerializesWriters reports that one batch in flight blocks every
+	// other batch, whatever its subscriber (SQLite's single write lock):
+	// the suite then does not check that another name is independent.
+	SerializesWriters bool
+}
+
+// RunCheckpointStoreSuite runs the behavioural contract of
+// subscriptions.CheckpointStore against the store h builds, as subtests of
+// t named h.Name/<case>. Every case gets a fresh store from h.New. Cases
+// run one after another; a case may run goroutines of its own, all ended
+// before it returns.
+func RunCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
+	ctx := context.Background()
+	t.Run(h.Name, func(t *testing.T) {
+		t.Run("PositionOfUnknownIsZero", func(t *testing.T) {
+			cps, _ := h.New(t)
+			pos, err := cps.Position(ctx, "never-seen")
+			require.NoError(t, err)
+			require.Zero(t, pos)
+		})
+
+		t.Run("AcquireCreatesAtZero", func(t *testing.T) {
+			cps, _ := h.New(t)
+			batch, acquired, err := cps.Acquire(ctx, "created-by-acquire")
+			require.NoError(t, err)
+			require.True(t, acquired)
+			require.NotNil(t, batch)
+			require.Zero(t, batch.Position())
+			// The row exists inside the batch: committing advances it.
+			require.NoError(t, batch.Commit(ctx, 3))
+			pos, err := cps.Position(ctx, "created-by-acquire")
+			require.NoError(t, err)
+			require.EqualValues(t, 3, pos)
+		})
+
+		t.Run("SecondAcquireWhileActiveIsRefused", func(t *testing.T) {
+			cps, other := h.New(t)
+			const name = "busy"
+			advance(t, cps, name, 5)
+
+			first, acquired, err := cps.Acquire(ctx, name)
+			require.NoError(t, err)
+			require.True(t, acquired)
+
+			second, acquired, err := other.Acquire(ctx, name)
+			require.NoError(t, err)
+			require.False(t, acquired, "a second batch of the same subscriber was acquired while the first is active")
+			require.Nil(t, second)
+
+			if !h.SerializesWriters {
+				// Another name is independent. (SQLite serializes all
+				// writers: a second batch would queue on the write lock.)
+				unrelated, acquired, err := other.Acquire(ctx, name+"-other")
+				require.NoError(t, err)
+				require.True(t, acquired)
+				require.NoError(t, unrelated.Rollback())
+			}
+
+			require.NoError(t, first.Rollback())
+			second, acquired, err = other.Acquire(ctx, name)
+			require.NoError(t, err)
+			require.True(t, acquired, "the checkpoint must be acquirable once the first batch ended")
+			require.EqualValues(t, 5, second.Position())
+			require.NoError(t, second.Rollback())
+		})
+
+		t.Run("SecondAcquireOfANewNameIsRefused", func(t *testing.T) {
+			cps, other := h.New(t)
+			// The first batch of a brand-new subscriber creates its row; a
+			// competing Acquire must not double-acquire it and must not hang.
+			const name = "brand-new"
+			first, acquired, err := cps.Acquire(ctx, name)
+			require.NoError(t, err)
+			require.True(t, acquired)
+			defer func() { _ = first.Rollback() }()
+
+			type result struct {
+				batch    subscriptions.Batch
+				acquired bool
+				err      error
+			}
+			got := make(chan result, 1)
+			actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			go func() {
+				b, ok, err := other.Acquire(actx, name)
+				got <- result{b, ok, err}
+			}()
+			var res result
+			select {
+			case res = <-got:
+			case <-time.After(20 * time.Second):
+				t.Fatal("second Acquire neither returned nor timed out")
+			}
+			if res.batch != nil {
+				_ = res.batch.Rollback()
+			}
+			require.NoError(t, res.err, "the second Acquire blocked on the first batch's uncommitted row instead of skipping")
+			require.False(t, res.acquired)
+		})
+
+		t.Run("CommitAdvances", func(t *testing.T) {
+			cps, _ := h.New(t)
+			const name = "commit"
+			batch, acquired, err := cps.Acquire(ctx, name)
+			require.NoError(t, err)
+			require.True(t, acquired)
+			require.NoError(t, batch.Commit(ctx, 7))
+			pos, err := cps.Position(ctx, name)
+			require.NoError(t, err)
+			require.EqualValues(t, 7, pos)
+
+			batch, acquired, err = cps.Acquire(ctx, name)
+			require.NoError(t, err)
+			require.True(t, acquired)
+			require.EqualValues(t, 7, batch.Position())
+			require.NoError(t, batch.Commit(ctx, 12))
+			pos, err = cps.Position(ctx, name)
+			require.NoError(t, err)
+			require.EqualValues(t, 12, pos)
+		})
+
+		t.Run("CommitBehindStartIsRefused", func(t *testing.T) {
+			cps, _ := h.New(t)
+			const name = "behind"
+			advance(t, cps, name, 10)
+			batch, acquired, err := cps.Acquire(ctx, name)
+			require.NoError(t, err)
+			require.True(t, acquired)
+			require.Error(t, batch.Commit(ctx, 4))
+			pos, err := cps.Position(ctx, name)
+			require.NoError(t, err)
+			require.EqualValues(t, 10, pos)
+			// The failed commit ended the batch: the checkpoint is free.
+			batch, acquired, err = cps.Acquire(ctx, name)
+			require.NoError(t, err)
+			require.True(t, acquired)
+			require.NoError(t, batch.Rollback())
+		})
+
+		t.Run("RollbackKeeps", func(t *testing.T) {
+			cps, _ := h.New(t)
+			const name = "rollback"
+			advance(t, cps, name, 9)
+			batch, acquired, err := cps.Acquire(ctx, name)
+			require.NoError(t, err)
+			require.True(t, acquired)
+			require.NoError(t, batch.Rollback())
+			pos, err := cps.Position(ctx, name)
+			require.NoError(t, err)
+			require.EqualValues(t, 9, pos)
+			batch, acquired, err = cps.Acquire(ctx, name)
+			require.NoError(t, err)
+			require.True(t, acquired, "a rolled-back batch must release the checkpoint")
+			require.EqualValues(t, 9, batch.Position())
+			require.NoError(t, batch.Rollback())
+		})
+
+		t.Run("FinishTwiceIsErrBatchFinished", func(t *testing.T) {
+			cps, _ := h.New(t)
+			type op func(subscriptions.Batch) error
+			commit := func(b subscriptions.Batch) error { return b.Commit(ctx, b.Position()+1) }
+			rollback := func(b subscriptions.Batch) error { return b.Rollback() }
+			cases := []struct {
+				name          string
+				first, second op
+				want          int64 // position after both
+			}{
+				{"commit-commit", commit, commit, 1},
+				{"commit-rollback", commit, rollback, 1},
+				{"rollback-rollback", rollback, rollback, 0},
+				{"rollback-commit", rollback, commit, 0},
+			}
+			for _, tc := range cases {
+				t.Run(tc.name, func(t *testing.T) {
+					name := "twice-" + tc.name
+					batch, acquired, err := cps.Acquire(ctx, name)
+					require.NoError(t, err)
+					require.True(t, acquired)
+					require.NoError(t, tc.first(batch))
+					require.ErrorIs(t, tc.second(batch), subscriptions.ErrBatchFinished)
+					pos, err := cps.Position(ctx, name)
+					require.NoError(t, err)
+					require.Equal(t, tc.want, pos)
+					// The second call did not disturb the next batch.
+					next, acquired, err := cps.Acquire(ctx, name)
+					require.NoError(t, err)
+					require.True(t, acquired)
+					require.ErrorIs(t, tc.second(batch), subscriptions.ErrBatchFinished, "a finished batch must not end its successor")
+					require.NoError(t, next.Rollback())
+				})
+			}
+		})
+
+		t.Run("ResetCreates", func(t *testing.T) {
+			cps, _ := h.New(t)
+			const name = "created-by-reset"
+			require.NoError(t, cps.Reset(ctx, name, 42))
+			pos, err := cps.Position(ctx, name)
+			require.NoError(t, err)
+			require.EqualValues(t, 42, pos)
+			batch, acquired, err := cps.Acquire(ctx, name)
+			require.NoError(t, err)
+			require.True(t, acquired)
+			require.EqualValues(t, 42, batch.Position())
+			require.NoError(t, batch.Rollback())
+			// Reset moves an existing checkpoint both ways.
+			require.NoError(t, cps.Reset(ctx, name, 0))
+			pos, err = cps.Position(ctx, name)
+			require.NoError(t, err)
+			require.Zero(t, pos)
+		})
+
+		t.Run("NegativeResetIsAnError", func(t *testing.T) {
+			cps, _ := h.New(t)
+			const name = "negative"
+			advance(t, cps, name, 3)
+			require.Error(t, cps.Reset(ctx, name, -1))
+			pos, err := cps.Position(ctx, name)
+			require.NoError(t, err)
+			require.EqualValues(t, 3, pos)
+		})
+
+		t.Run("HandlerContext", func(t *testing.T) {
+			cps, _ := h.New(t)
+			batch, acquired, err := cps.Acquire(ctx, "handler-context")
+			require.NoError(t, err)
+			require.True(t, acquired)
+			defer func() { require.NoError(t, batch.Rollback()) }()
+			tx := subscriptions.TxFromContext(batch.HandlerContext(ctx))
+			if !h.Transactional {
+				require.Nil(t, tx, "a store without transactions hands out none")
+				return
+			}
+			require.NotNil(t, tx)
+			var one int
+			require.NoError(t, tx.Raw("SELECT 1").Scan(&one).Error)
+			require.Equal(t, 1, one)
+		})
+
+		t.Run("Savepoints", func(t *testing.T) {
+			// Savepoint and RollbackToSavepoint with a valid name succeed
+			// on every store (no-ops without a transaction); what they
+			// undo inside a transaction is the backend's own test.
+			cps, _ := h.New(t)
+			batch, acquired, err := cps.Acquire(ctx, "savepoints")
+			require.NoError(t, err)
+			require.True(t, acquired)
+			require.NoError(t, batch.Savepoint(ctx, "sp"))
+			require.NoError(t, batch.RollbackToSavepoint(ctx, "sp"))
+			require.NoError(t, batch.Commit(ctx, 1))
+			pos, err := cps.Position(ctx, "savepoints")
+			require.NoError(t, err)
+			require.EqualValues(t, 1, pos)
+		})
+
+		t.Run("NamesAreStoredExactly", func(t *testing.T) {
+			cps, _ := h.New(t)
+			names := []string{
+				`it's "quoted"`,
+				`'; DROP TABLE subscriber_checkpoints; --`,
+				"semi;colon",
+				"back\\slash and %_ wildcards",
+				"überprojektion-日本語-🚀",
+				"e\u0301", // decomposed é: distinct from the composed one
+				"\u00e9",
+				"trailing ",
+				"trailing",
+				"Trailing",
+				strings.Repeat("n", 1000),
+				strings.Repeat("m", subscriptions.MaxSubscriberNameBytes),
+			}
+			for i, name := range names {
+				advance(t, cps, name, int64(100+i))
+			}
+			for i, name := range names {
+				pos, err := cps.Position(ctx, name)
+				require.NoError(t, err)
+				require.EqualValues(t, 100+i, pos, "name %q", name)
+				batch, acquired, err := cps.Acquire(ctx, name)
+				require.NoError(t, err)
+				require.True(t, acquired, "name %q", name)
+				require.EqualValues(t, 100+i, batch.Position(), "name %q", name)
+				require.NoError(t, batch.Commit(ctx, int64(1000+i)))
+			}
+			for i, name := range names {
+				pos, err := cps.Position(ctx, name)
+				require.NoError(t, err)
+				require.EqualValues(t, 1000+i, pos, "name %q", name)
+			}
+		})
+
+		t.Run("OverlongNameIsAClearError", func(t *testing.T) {
+			cps, _ := h.New(t)
+			for _, name := range []string{
+				strings.Repeat("x", subscriptions.MaxSubscriberNameBytes+1),
+				// 513 four-byte runes: fewer characters than the limit, more bytes.
+				strings.Repeat("🚀", subscriptions.MaxSubscriberNameBytes/4+1),
+			} {
+				_, acquired, err := cps.Acquire(ctx, name)
+				require.Error(t, err)
+				require.False(t, acquired)
+				require.Contains(t, err.Error(), "bytes")
+				err = cps.Reset(ctx, name, 1)
+				require.Error(t, err)
+				require.Contains(t, err.Error(), "bytes")
+				_, err = subscriptions.NewSubscriber(name, infrastructure.NewMemoryStore(), cps,
+					func(context.Context, domain.EventEnvelope[any]) error { return nil })
+				require.Error(t, err)
+				require.Contains(t, err.Error(), "name")
+			}
+		})
+	})
+}
+
+// advance sets a subscriber's checkpoint through a committed batch (not
+// through Reset, which has its own cases).
+func advance(t *testing.T, cps subscriptions.CheckpointStore, name string, pos int64) {
+	t.Helper()
+	batch, acquired, err := cps.Acquire(context.Background(), name)
+	require.NoError(t, err)
+	require.True(t, acquired, "name %q", name)
+	require.NoError(t, batch.Commit(context.Background(), pos), "name %q", name)
+}
