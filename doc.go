@@ -36,7 +36,9 @@
 // poll interval forever, or, with WithParkingLot, retried with a doubling
 // backoff (no transaction is held while waiting) and then parked — recorded
 // with its error and skipped — so that the events behind it keep flowing.
-// Parked events are listed with ListParked and re-run with ReplayParked.
+// Parked events are listed with ListParked and re-run with ReplayParked;
+// a replay started while another replay of the same event runs is refused
+// with ErrReplayInProgress, on every ParkingLot, so the handler runs once.
 // Database outages are logged and retried; Run returns only on
 // cancellation or on an event store without a global ordered feed.
 //
@@ -55,4 +57,11 @@
 // safe for concurrent use. Run owns its goroutine: handlers run on it, one
 // event at a time, and it returns once its context is cancelled and the
 // batch in flight (if any) has committed.
+//
+// # Other backends
+//
+// CheckpointStore, ParkingLot and domain.EventStore are interfaces; package
+// subscriptionstest holds the behavioural suites that this module's
+// memory, SQLite and Postgres implementations pass, for a new backend to
+// run in its own tests.
 package subscriptions
