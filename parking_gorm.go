@@ -292,11 +292,12 @@ func (g *GormParkingLot) Replay(ctx context.Context, subscriber, eventID string,
 	}
 	var opts []*sql.TxOptions
 	if g.postgres {
-		// The row lock below relies on READ COMMITTED: a replay that waited
-		// for the lock must then see the row gone, not fail to serialize.
+		// The row lock below relies on READ COMMITTED (whatever the
+		// server's default): each statement sees the latest commits, so a
+		// skipped row is told apart from a gone one, and a Park queued
+		// behind this replay's lock updates the row it finds.
 		opts = append(opts, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
-	}
-	if !g.postgres {
+	} else {
 		release, ok := g.claimSQLiteReplay(subscriber, eventID)
 		if !ok {
 			return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, subscriber, ErrReplayInProgress)
