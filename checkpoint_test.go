@@ -7,24 +7,12 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
 
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
 	"github.com/eventfeed/subscriptions/subscriptionstest"
 )
-
-// coreSecondStore returns the checkpoint store a competing process would
-// use: on Postgres a GormCheckpointStore on a separate pool; elsewhere the
-// same store (SQLite and memory coordinate within one process).
-func coreSecondStore(t *testing.T, e *env) subscriptions.CheckpointStore {
-	t.Helper()
-	if !e.Postgres() {
-		return e.Checkpoints
-	}
-	other, err := subscriptions.NewGormCheckpointStore(e.PG.Open(t))
-	require.NoError(t, err)
-	return other
-}
 
 // coreAdvance sets a subscriber's checkpoint through a committed batch
 // (not through Reset, which has its own tests).
@@ -38,19 +26,39 @@ func coreAdvance(t *testing.T, cps subscriptions.CheckpointStore, name string, p
 
 // TestCheckpointStoreContract runs the exported CheckpointStore
 // conformance suite against MemoryCheckpointStore and GormCheckpointStore
-// on in-memory SQLite, file SQLite and Postgres.
+// on in-memory SQLite, file SQLite and Postgres (where the competing store
+// is on a second pool, as another process's would be).
 func TestCheckpointStoreContract(t *testing.T) {
-	for _, b := range envBackends() {
+	subscriptionstest.RunCheckpointStoreSuite(t, subscriptionstest.CheckpointStoreHarness{
+		Name: "memory",
+		New: func(*testing.T) (subscriptions.CheckpointStore, subscriptions.CheckpointStore) {
+			s := subscriptions.NewMemoryCheckpointStore()
+			return s, s
+		},
+	})
+	for _, b := range dbtest.GormBackends() {
 		subscriptionstest.RunCheckpointStoreSuite(t, subscriptionstest.CheckpointStoreHarness{
 			Name: b.Name,
 			New: func(t *testing.T) (subscriptions.CheckpointStore, subscriptions.CheckpointStore) {
-				e := b.New(t)
-				return e.Checkpoints, coreSecondStore(t, e)
+				if !b.Postgres {
+					s := coreCheckpointStore(t, b.Open(t))
+					return s, s
+				}
+				pg := dbtest.NewPostgres(t)
+				return coreCheckpointStore(t, pg.DB), coreCheckpointStore(t, pg.Open(t))
 			},
-			Transactional:     b.Name != "memory",
-			SerializesWriters: strings.HasPrefix(b.Name, "sqlite"),
+			Transactional:     true,
+			SerializesWriters: !b.Postgres,
 		})
 	}
+}
+
+// coreCheckpointStore is a GormCheckpointStore on db.
+func coreCheckpointStore(t *testing.T, db *gorm.DB) subscriptions.CheckpointStore {
+	t.Helper()
+	s, err := subscriptions.NewGormCheckpointStore(db)
+	require.NoError(t, err)
+	return s
 }
 
 // TestCheckpointStoreGormTransaction covers what the conformance suite
