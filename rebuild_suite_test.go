@@ -288,4 +288,3 @@ func TestWaitCaughtUpSuite(t *testing.T) {
 		})
 	}
 }
-
