@@ -27,8 +27,8 @@ import (
 // default its context has no deadline and is not cancelled when Run's
 // context is: an in-flight batch is drained on shutdown, so a handler that
 // blocks forever blocks shutdown. WithHandlerTimeout and WithShutdownGrace
-// bound both (see doc.go's Shutdown section); only a handler that honours
-// its context can be stopped.
+// bound both (see the package documentation, Shutdown); only a handler
+// that honours its context can be stopped.
 type Handler func(ctx context.Context, event domain.EventEnvelope[any]) error
 
 var (
