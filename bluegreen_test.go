@@ -15,10 +15,13 @@ import (
 	"github.com/eventfeed/subscriptions/domain"
 )
 
-const (
-	bgAccounts = 100
-	bgEvents   = 50_000
-)
+// bgAccounts is the number of accounts of the blue/green projection.
+const bgAccounts = 100
+
+// bgEvents is the history rebuilt: 50,000 events in the long form
+// (SUBSCRIPTIONS_LONG=1, about a minute per backend on a loaded 2-core
+// machine under -race), 10,000 in go test ./... .
+func bgEvents() int { return faultScale(10_000, 50_000) }
 
 // bgRow is one account of a balances projection.
 type bgRow struct {
@@ -74,7 +77,7 @@ func bgRead(t *testing.T, db *gorm.DB, relation string) map[string]bgRow {
 	return out
 }
 
-// TestBlueGreenRebuild rebuilds a projection of 50,000 events as a new
+// TestBlueGreenRebuild rebuilds a projection of 50,000 events (bgEvents) as a new
 // version while the old one keeps serving: readers query the live view
 // continuously and never see a partial or empty result; events keep being
 // appended through the rebuild and the switch; afterwards the new table
@@ -101,9 +104,9 @@ func TestBlueGreenRebuild(t *testing.T) {
 			}
 			require.NoError(t, e.DB.Exec(view("bg_v1")).Error)
 
-			// History: 50,000 deposits over 100 accounts.
-			const perAppend = 500
-			for i := 0; i < bgEvents; i += perAppend {
+			// History: bgEvents() deposits over 100 accounts, one append each.
+			perAppend := bgEvents() / bgAccounts
+			for i := 0; i < bgEvents(); i += perAppend {
 				batch := make([]domain.EventEnvelope[any], perAppend)
 				for j := range batch {
 					batch[j] = bgDeposit(i/perAppend, 1+(i+j)%7)
@@ -135,7 +138,7 @@ func TestBlueGreenRebuild(t *testing.T) {
 							return
 						}
 						after := switched.Load()
-						if err != nil || row.Accounts != bgAccounts || row.Events < bgEvents {
+						if err != nil || row.Accounts != bgAccounts || row.Events < int64(bgEvents()) {
 							partial.Add(1)
 							firstBad.CompareAndSwap(nil, fmt.Sprintf("accounts %d, events %d, error %v", row.Accounts, row.Events, err))
 							continue
@@ -143,6 +146,10 @@ func TestBlueGreenRebuild(t *testing.T) {
 						reads.Add(1)
 						if after {
 							readsAfterSwitch.Add(1)
+						}
+						select { // a short pause: readers must not starve the rebuild of the 2 cores
+						case <-readCtx.Done():
+						case <-time.After(2 * time.Millisecond):
 						}
 					}
 				})
@@ -164,7 +171,7 @@ func TestBlueGreenRebuild(t *testing.T) {
 					appended.Add(1)
 					select {
 					case <-writeCtx.Done():
-					case <-time.After(2 * time.Millisecond):
+					case <-time.After(5 * time.Millisecond):
 					}
 				}
 			})
@@ -176,7 +183,8 @@ func TestBlueGreenRebuild(t *testing.T) {
 			runV2 := coreStart(t, v2)
 			head, err := v2.WaitCaughtUp(wctx)
 			require.NoError(t, err)
-			require.GreaterOrEqual(t, head, int64(bgEvents))
+			require.GreaterOrEqual(t, head, int64(bgEvents()))
+
 			require.Eventually(t, func() bool { return reads.Load() > 0 }, time.Minute, time.Millisecond)
 
 			// The switch, in one transaction.
@@ -212,7 +220,7 @@ func TestBlueGreenRebuild(t *testing.T) {
 			require.Equal(t, scratch, bgRead(t, e.DB, "bg_v2"), "the new table equals a from-scratch projection")
 			require.Equal(t, scratch, bgRead(t, e.DB, "bg_live"))
 			t.Logf("%d events at the rebuild's start, %d appended during it; %d reads, %d after the switch, 0 partial",
-				bgEvents, appended.Load(), reads.Load(), readsAfterSwitch.Load())
+				bgEvents(), appended.Load(), reads.Load(), readsAfterSwitch.Load())
 		})
 	}
 }
