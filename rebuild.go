@@ -62,7 +62,7 @@ const caughtUpPoll = 20 * time.Millisecond
 func (s *Subscriber) WaitCaughtUp(ctx context.Context) (int64, error) {
 	head, err := s.events.HeadPosition(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("subscriptions: wait for %q to catch up: read the feed head: %w", s.name, err)
+		return 0, fmt.Errorf("subscriptions: wait for %q to catch up: %w", s.name, err)
 	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -74,7 +74,7 @@ func (s *Subscriber) WaitCaughtUp(ctx context.Context) (int64, error) {
 		}
 		position, err := s.checkpoints.Position(ctx, s.name)
 		if err != nil && ctx.Err() == nil {
-			return 0, fmt.Errorf("subscriptions: wait for %q to catch up to position %d: %w", s.name, head, err)
+			return 0, err // the store names the subscriber
 		}
 		if err == nil && position >= head {
 			return head, nil
