@@ -46,9 +46,9 @@ var wakeRechecks = []time.Duration{5 * time.Millisecond, 25 * time.Millisecond, 
 // the Subscriber can be run again.
 //
 // Transient errors (database hiccups, handler failures) are logged and
-// retried after the poll interval; they never stop the subscriber. The only
-// error Run returns is fatal misconfiguration: an event store without a
-// global ordered feed (an error wrapping
+// retried after the poll interval; they never stop the subscriber. Apart
+// from ErrRunning, the only error Run returns is fatal misconfiguration: an
+// event store without a global ordered feed (an error wrapping
 // domain.ErrGlobalOrderingNotSupported).
 //
 // A panicking handler rolls back its batch, releasing the checkpoint, and
