@@ -3,6 +3,7 @@ package subscriptions_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -263,7 +264,8 @@ func TestRunTwiceSuite(t *testing.T) {
 			defer cancel()
 			err = sub.Run(second) // returns at once, without cancellation
 			require.ErrorIs(t, err, subscriptions.ErrRunning)
-			require.Contains(t, err.Error(), `"twice"`)
+			require.Equal(t, 1, strings.Count(err.Error(), `"twice"`), err.Error())
+			require.Equal(t, 1, strings.Count(err.Error(), "subscriptions:"), err.Error())
 			run.stop(t)
 
 			ids = append(ids, appendN(t, e.Events, "twice.event", 5, 5)...)
