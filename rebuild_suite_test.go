@@ -307,3 +307,47 @@ func TestWaitCaughtUpSuite(t *testing.T) {
 		})
 	}
 }
+
+// failingPurger purges through its lot, then fails: the transaction the
+// purge joined must roll back.
+type failingPurger struct {
+	subscriptions.ParkingLotPurger
+}
+
+var errPurge = errors.New("purge failed after deleting")
+
+func (f failingPurger) Purge(ctx context.Context, subscriber string) error {
+	if err := f.ParkingLotPurger.Purge(ctx, subscriber); err != nil {
+		return err
+	}
+	return errPurge
+}
+
+// TestDeleteStateIsAtomic: on the database backends the checkpoint and the
+// parked events are deleted in one transaction: a failure leaves both.
+func TestDeleteStateIsAtomic(t *testing.T) {
+	ctx := context.Background()
+	for _, b := range gormEnvs() {
+		t.Run(b.Name, func(t *testing.T) {
+			e := b.New(t)
+			ids := appendN(t, e.Events, "dsa.event", 0, 4)
+			lot := failingPurger{e.Parking.(subscriptions.ParkingLotPurger)}
+			sub := coreNewSub(t, "dsa", e.Events, e.Checkpoints, func(ctx context.Context, ev coreEnvelope) error {
+				if ev.ID == ids[1] {
+					return errors.New("poison")
+				}
+				return nil
+			}, subscriptions.WithParkingLot(lot), subscriptions.WithMaxRetries(0))
+			run := coreStart(t, sub)
+			head, err := sub.WaitCaughtUp(ctx)
+			require.NoError(t, err)
+			run.stop(t)
+
+			require.ErrorIs(t, sub.DeleteState(ctx), errPurge)
+			parked, err := sub.ListParked(ctx)
+			require.NoError(t, err)
+			require.Len(t, parked, 1, "the purge rolled back")
+			require.Equal(t, head, faultCheckpoint(t, e.DB, "dsa"), "the checkpoint stays")
+		})
+	}
+}
