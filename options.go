@@ -106,7 +106,8 @@ func WithRetryBackoff(initial, maximum time.Duration) SubscriberOption {
 // ErrHandlerTimeout): the event is retried, and with WithParkingLot
 // eventually parked. It bounds how long one hung call (SMTP, HTTP) can
 // hold the batch, and with it the checkpoint and, on SQLite, the write
-// lock. d < 0 is rejected.
+// lock. d < 0 is rejected. ReplayParked, which an operator calls, runs
+// the handler on the caller's context instead.
 //
 // The batch transaction (TxFromContext) is not bound to this context:
 // pass ctx to its statements (tx.WithContext(ctx)) to bound them too, at
