@@ -20,6 +20,9 @@ type MemoryCheckpointStore struct {
 type memoryCheckpoint struct {
 	position int64
 	active   *memoryBatch
+	// fence is non-nil while a ResetWith or Delete runs: no batch starts,
+	// and the channel is closed when it ends.
+	fence chan struct{}
 }
 
 // NewMemoryCheckpointStore creates an empty in-memory checkpoint store.
@@ -50,10 +53,10 @@ func (m *MemoryCheckpointStore) Acquire(ctx context.Context, subscriber string) 
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e := m.entry(subscriber)
-	if e.active != nil {
+	if e.active != nil || e.fence != nil {
 		return nil, false, nil
 	}
-	b := &memoryBatch{store: m, subscriber: subscriber, entry: e, position: e.position}
+	b := &memoryBatch{store: m, subscriber: subscriber, entry: e, position: e.position, done: make(chan struct{})}
 	e.active = b
 	return b, true, nil
 }
@@ -88,11 +91,92 @@ func (m *MemoryCheckpointStore) Reset(ctx context.Context, subscriber string, po
 	return nil
 }
 
+// ResetWith runs apply and sets the committed checkpoint (see
+// CheckpointResetter). Unlike Reset it does not fail while a batch is in
+// flight: it keeps new batches of the subscriber out, waits for the batch
+// in flight to commit or roll back, then runs apply and moves the
+// checkpoint before letting batches in again. Nothing is transactional in
+// memory: apply's own writes are the application's to undo if it fails.
+func (m *MemoryCheckpointStore) ResetWith(ctx context.Context, subscriber string, position int64, apply func(ctx context.Context) error) error {
+	if err := validateName(subscriber); err != nil {
+		return fmt.Errorf("subscriptions: reset: %w", err)
+	}
+	if err := validatePosition(subscriber, position); err != nil {
+		return err
+	}
+	return m.fenced(ctx, subscriber, fmt.Sprintf("reset checkpoint of %q to %d", subscriber, position), apply, func(e *memoryCheckpoint) {
+		e.position = position
+	})
+}
+
+// Delete runs apply and forgets the subscriber's checkpoint, holding off
+// batches as ResetWith does.
+func (m *MemoryCheckpointStore) Delete(ctx context.Context, subscriber string, apply func(ctx context.Context) error) error {
+	if err := validateName(subscriber); err != nil {
+		return fmt.Errorf("subscriptions: delete checkpoint: %w", err)
+	}
+	return m.fenced(ctx, subscriber, fmt.Sprintf("delete checkpoint of %q", subscriber), apply, func(*memoryCheckpoint) {
+		delete(m.entries, subscriber)
+	})
+}
+
+// fenced holds off the subscriber's batches, waits for the one in flight,
+// runs apply without holding m.mu (apply may call the store), and applies
+// change under m.mu if apply succeeded.
+func (m *MemoryCheckpointStore) fenced(ctx context.Context, subscriber, what string, apply func(ctx context.Context) error, change func(e *memoryCheckpoint)) error {
+	fence := make(chan struct{})
+	var e *memoryCheckpoint
+	for {
+		m.mu.Lock()
+		e = m.entry(subscriber)
+		pending := e.fence
+		if pending == nil {
+			break
+		}
+		m.mu.Unlock()
+		select { // another reset or delete of the subscriber goes first
+		case <-pending:
+		case <-ctx.Done():
+			return fmt.Errorf("subscriptions: %s: waiting for another reset: %w", what, ctx.Err())
+		}
+	}
+	e.fence = fence
+	inFlight := e.active
+	m.mu.Unlock()
+	release := func() {
+		m.mu.Lock()
+		e.fence = nil
+		m.mu.Unlock()
+		close(fence)
+	}
+	if inFlight != nil {
+		select {
+		case <-inFlight.done:
+		case <-ctx.Done():
+			release()
+			return fmt.Errorf("subscriptions: %s: waiting for the batch in flight: %w", what, ctx.Err())
+		}
+	}
+	if apply != nil {
+		if err := apply(ctx); err != nil {
+			release()
+			return fmt.Errorf("subscriptions: %s: application's statements: %w", what, err)
+		}
+	}
+	m.mu.Lock()
+	change(e)
+	e.fence = nil
+	m.mu.Unlock()
+	close(fence)
+	return nil
+}
+
 type memoryBatch struct {
 	store      *MemoryCheckpointStore
 	subscriber string
 	entry      *memoryCheckpoint
 	position   int64
+	done       chan struct{} // closed when the batch ends
 }
 
 func (b *memoryBatch) Position() int64 { return b.position }
@@ -106,6 +190,7 @@ func (b *memoryBatch) Commit(ctx context.Context, position int64) error {
 		return fmt.Errorf("subscriptions: commit checkpoint of %q: %w", b.subscriber, ErrBatchFinished)
 	}
 	b.entry.active = nil
+	close(b.done)
 	if position < b.position {
 		return fmt.Errorf("subscriptions: commit checkpoint of %q: position %d is behind the batch's start %d", b.subscriber, position, b.position)
 	}
@@ -120,6 +205,7 @@ func (b *memoryBatch) Rollback() error {
 		return fmt.Errorf("subscriptions: roll back batch of %q: %w", b.subscriber, ErrBatchFinished)
 	}
 	b.entry.active = nil
+	close(b.done)
 	return nil
 }
 

@@ -51,12 +51,36 @@
 // on every commit, across processes. Signals are never load-bearing: a
 // missed one costs at most a poll interval.
 //
+// # Rebuilds
+//
+// ResetCheckpointWith empties a projection (or does any other cleanup the
+// application needs) and moves the checkpoint in one transaction that
+// holds off every replica's batches, so no batch lands between the two.
+// A blue/green rebuild runs the new version under a new name into its own
+// table while the old one serves, waits with WaitCaughtUp, lets the
+// application switch readers in a transaction of its own, and retires the
+// old name with DeleteState. docs/rebuilds.md has both procedures.
+//
+// # Shutdown
+//
+// When Run's context is cancelled, the batch in flight drains: its
+// handlers finish and it commits before Run returns. Handler contexts
+// are not cancelled by default, so a hung handler blocks shutdown.
+// WithShutdownGrace bounds the drain: once it runs out the handler's
+// context is cancelled (cause ErrShutdownGrace), the batch rolls back and
+// its events are delivered again after a restart. WithHandlerTimeout
+// gives every handler call a deadline (cause ErrHandlerTimeout); a call
+// that ends on it has failed and is retried or parked like any failure.
+// Both only stop handlers that honour their context.
+//
 // # Concurrency
 //
 // Subscribers, checkpoint stores, parking lots, notifiers and listeners are
 // safe for concurrent use. Run owns its goroutine: handlers run on it, one
 // event at a time, and it returns once its context is cancelled and the
-// batch in flight (if any) has committed.
+// batch in flight (if any) has drained (see Shutdown). One Subscriber runs
+// one Run at a time (a second concurrent Run returns ErrRunning) and can
+// be run again after Run returned.
 //
 // # Other backends
 //

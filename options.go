@@ -99,3 +99,30 @@ func WithRetryBackoff(initial, maximum time.Duration) SubscriberOption {
 		s.maxRetryBackoff = maximum
 	}
 }
+
+// WithHandlerTimeout gives each handler call a context with a deadline d
+// after the call starts (default 0: no deadline). A handler that returns
+// once its context is done has failed like any other error (wrapping
+// ErrHandlerTimeout): the event is retried, and with WithParkingLot
+// eventually parked. It bounds how long one hung call (SMTP, HTTP) can
+// hold the batch, and with it the checkpoint and, on SQLite, the write
+// lock. d < 0 is rejected. ReplayParked, which an operator calls, runs
+// the handler on the caller's context instead.
+//
+// The batch transaction (TxFromContext) is not bound to this context:
+// pass ctx to its statements (tx.WithContext(ctx)) to bound them too, at
+// the price of a connection that the driver may close when the deadline
+// interrupts a statement, which fails the batch.
+func WithHandlerTimeout(d time.Duration) SubscriberOption {
+	return func(s *Subscriber) { s.handlerTimeout = d }
+}
+
+// WithShutdownGrace bounds the drain on shutdown: d after Run's context is
+// cancelled, the context of the handler still running in the batch in
+// flight is cancelled (with cause ErrShutdownGrace), the batch rolls back
+// and Run returns; the batch's events are delivered again after a restart.
+// The default, 0, keeps the unbounded drain: the batch in flight finishes
+// and commits, however long its handlers take. d < 0 is rejected.
+func WithShutdownGrace(d time.Duration) SubscriberOption {
+	return func(s *Subscriber) { s.shutdownGrace = d }
+}

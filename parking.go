@@ -56,3 +56,22 @@ type ParkingLot interface {
 	// of the same entry is running.
 	Replay(ctx context.Context, subscriber, eventID string, event domain.EventEnvelope[any], handler Handler) error
 }
+
+// ParkingLotPurger is implemented by parking lots that can delete all of a
+// subscriber's parked events, which Subscriber.DeleteState needs to retire
+// a subscriber name. GormParkingLot and MemoryParkingLot implement it; the
+// ParkingLot interface itself is unchanged.
+type ParkingLotPurger interface {
+	ParkingLot
+
+	// Purge deletes every event parked for subscriber. When ctx carries a
+	// transaction of the lot's own database (TxFromContext), the delete is
+	// written through it, so it commits or rolls back with that
+	// transaction.
+	Purge(ctx context.Context, subscriber string) error
+}
+
+var (
+	_ ParkingLotPurger = (*GormParkingLot)(nil)
+	_ ParkingLotPurger = (*MemoryParkingLot)(nil)
+)

@@ -161,6 +161,15 @@ func (g *GormParkingLot) keyArgs(subscriber, eventID string) []any {
 	return []any{subscriber, eventID}
 }
 
+// subscriberWhere selects one subscriber's parked rows through the
+// table's subscriber index.
+func (g *GormParkingLot) subscriberWhere(subscriber string) (string, []any) {
+	if g.postgres {
+		return "subscriber_key = decode(?, 'hex') AND subscriber = ?", []any{subscriberKey(subscriber), subscriber}
+	}
+	return "subscriber = ?", []any{subscriber}
+}
+
 // parkedRowKey is the Postgres row key, hex-encoded (GORM would expand a
 // []byte argument into a list): SHA-256 of the subscriber name and the
 // event ID, separated by a NUL (which neither may contain).
@@ -216,10 +225,7 @@ func storableText(s string) string {
 // List returns the subscriber's parked events ordered by position.
 func (g *GormParkingLot) List(ctx context.Context, subscriber string) ([]ParkedEvent, error) {
 	var rows []GormParkedEventModel
-	where, args := "subscriber = ?", []any{subscriber}
-	if g.postgres {
-		where, args = "subscriber_key = decode(?, 'hex') AND subscriber = ?", []any{subscriberKey(subscriber), subscriber}
-	}
+	where, args := g.subscriberWhere(subscriber)
 	err := g.db.WithContext(ctx).Raw(`SELECT subscriber, event_id, event_type, position, error, attempts, parked_at
 		FROM parked_events WHERE `+where+` ORDER BY position, event_id`, args...).Scan(&rows).Error
 	if err != nil {
@@ -344,4 +350,18 @@ func (g *GormParkingLot) Replay(ctx context.Context, subscriber, eventID string,
 		}
 		return nil
 	}, opts...)
+}
+
+// Purge deletes every event parked for subscriber, through the batch
+// transaction in ctx when it belongs to this lot's database (as Park does).
+func (g *GormParkingLot) Purge(ctx context.Context, subscriber string) error {
+	db := g.batchTx(ctx)
+	if db == nil {
+		db = g.db
+	}
+	where, args := g.subscriberWhere(subscriber)
+	if err := db.WithContext(ctx).Exec("DELETE FROM parked_events WHERE "+where, args...).Error; err != nil {
+		return fmt.Errorf("subscriptions: delete parked events of %q: %w", subscriber, err)
+	}
+	return nil
 }

@@ -133,3 +133,15 @@ func (m *MemoryParkingLot) Replay(ctx context.Context, subscriber, eventID strin
 	succeeded = true
 	return nil
 }
+
+// Purge deletes every event parked for subscriber.
+func (m *MemoryParkingLot) Purge(ctx context.Context, subscriber string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for k := range m.entries {
+		if k.subscriber == subscriber {
+			delete(m.entries, k)
+		}
+	}
+	return nil
+}

@@ -37,18 +37,27 @@ var wakeRechecks = []time.Duration{5 * time.Millisecond, 25 * time.Millisecond, 
 
 // Run processes the feed until ctx is cancelled. A batch that is already in
 // flight when cancellation arrives is drained — handlers finish and the
-// checkpoint advances — before Run returns nil. A retry backoff in progress
-// is cut short instead: the failing event is redelivered on restart.
+// checkpoint advances — before Run returns nil; WithShutdownGrace bounds
+// that drain. A retry backoff in progress is cut short instead: the
+// failing event is redelivered on restart.
+//
+// One Run at a time: while Run runs, another Run of the same Subscriber
+// returns an error wrapping ErrRunning at once. After Run has returned,
+// the Subscriber can be run again.
 //
 // Transient errors (database hiccups, handler failures) are logged and
-// retried after the poll interval; they never stop the subscriber. The only
-// error Run returns is fatal misconfiguration: an event store without a
-// global ordered feed (an error wrapping
+// retried after the poll interval; they never stop the subscriber. Apart
+// from ErrRunning, the only error Run returns is fatal misconfiguration: an
+// event store without a global ordered feed (an error wrapping
 // domain.ErrGlobalOrderingNotSupported).
 //
 // A panicking handler rolls back its batch, releasing the checkpoint, and
 // the panic propagates out of Run.
 func (s *Subscriber) Run(ctx context.Context) error {
+	if !s.running.CompareAndSwap(false, true) {
+		return fmt.Errorf("subscriptions: run %q: %w", s.name, ErrRunning)
+	}
+	defer s.running.Store(false)
 	if _, err := s.events.HeadPosition(ctx); err != nil {
 		if errors.Is(err, domain.ErrGlobalOrderingNotSupported) {
 			return fmt.Errorf("subscriptions: subscriber %q cannot run: %w", s.name, err)
@@ -60,7 +69,9 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	s.logger.Info("subscriber started", "subscriber", s.name, "batch_size", s.batchSize, "poll_interval", s.pollInterval)
 	defer s.logger.Info("subscriber stopped", "subscriber", s.name)
 
-	r := &runner{s: s, wake: s.wake, timer: time.NewTimer(time.Hour), known: -1}
+	drain, stopDrain := s.drainContext(ctx)
+	defer stopDrain()
+	r := &runner{s: s, wake: s.wake, timer: time.NewTimer(time.Hour), known: -1, drain: drain}
 	r.timer.Stop()
 	defer r.timer.Stop()
 
@@ -121,6 +132,8 @@ type runner struct {
 	// known is the checkpoint as this runner last saw or committed it, the
 	// position the next batch reads after; -1 when it must be read again.
 	known int64
+	// drain is the context handlers run on (see drainContext).
+	drain context.Context
 	// fatal is the misconfiguration that ends Run (outcomeFatal).
 	fatal error
 	// pending is a first attempt that failed in the middle of a batch: once
@@ -275,11 +288,14 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 		return outcomeMore
 	}
 
-	hctx := batch.HandlerContext(bctx)
+	hctx := batch.HandlerContext(r.drain)
 	for i, ev := range events {
-		if err := s.handler(hctx, ev); err != nil {
+		if stopped, err := r.handle(hctx, ev); err != nil {
 			finished = true
 			r.rollback(batch)
+			if stopped {
+				return outcomeStopped
+			}
 			if i > 0 {
 				// Commit the events before the failing one in a batch of their
 				// own, right away; the failing event comes first in the next.
@@ -396,14 +412,19 @@ func (r *runner) retry(ctx context.Context, start int64, ev domain.EventEnvelope
 		r.rollback(batch)
 		return outcomeMore, true, nil
 	}
-	hctx := batch.HandlerContext(bctx)
+	hctx := batch.HandlerContext(r.drain)
 	if cause == nil {
 		if final {
 			if err := batch.Savepoint(bctx, attemptSavepoint); err != nil {
 				return abandon("subscriber: savepoint failed", err)
 			}
 		}
-		herr := s.handler(hctx, ev)
+		stopped, herr := r.handle(hctx, ev)
+		if stopped {
+			finished = true
+			r.rollback(batch)
+			return outcomeStopped, true, nil
+		}
 		if herr == nil {
 			finished = true
 			if err := batch.Commit(bctx, ev.Position); err != nil {

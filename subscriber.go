@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"sync/atomic"
 	"time"
 
 	"github.com/eventfeed/subscriptions/domain"
@@ -22,9 +23,12 @@ import (
 // handlers. Handlers with side effects outside that transaction must
 // tolerate at-least-once delivery.
 //
-// A handler runs on the subscriber's goroutine, one event at a time. Its
-// context is not cancelled when Run's context is: an in-flight batch is
-// drained on shutdown, so a handler that blocks forever blocks shutdown.
+// A handler runs on the subscriber's goroutine, one event at a time. By
+// default its context has no deadline and is not cancelled when Run's
+// context is: an in-flight batch is drained on shutdown, so a handler that
+// blocks forever blocks shutdown. WithHandlerTimeout and WithShutdownGrace
+// bound both (see the package documentation, Shutdown); only a handler
+// that honours its context can be stopped.
 type Handler func(ctx context.Context, event domain.EventEnvelope[any]) error
 
 var (
@@ -37,6 +41,10 @@ var (
 	// past the head, and the subscriber would silently skip every event
 	// until positions catch up.
 	ErrCheckpointAhead = errors.New("checkpoint is ahead of the feed head")
+
+	// ErrRunning is returned by Run when the same Subscriber's Run is
+	// already running, and by DeleteState while it runs.
+	ErrRunning = errors.New("subscriber is already running")
 )
 
 // Subscriber runs a Handler as a crash-safe background worker over the
@@ -55,8 +63,9 @@ var (
 // parked). Events are therefore delivered at-least-once; handlers writing
 // through TxFromContext get exactly-once.
 //
-// A Subscriber's methods are safe for concurrent use. Call Run once per
-// Subscriber; to run replicas, create one Subscriber per replica (in one
+// A Subscriber's methods are safe for concurrent use. Run runs one loop at
+// a time: a second Run while the first is running returns ErrRunning, and
+// a Subscriber can be run again once its Run has returned. To run replicas, create one Subscriber per replica (in one
 // process or several) with the same name, each with its own wake channel:
 // the checkpoint store lets one batch at a time proceed.
 type Subscriber struct {
@@ -73,6 +82,11 @@ type Subscriber struct {
 	maxRetries      int
 	retryBackoff    time.Duration
 	maxRetryBackoff time.Duration
+	handlerTimeout  time.Duration
+	shutdownGrace   time.Duration
+
+	// running is set while Run runs (one Run at a time per Subscriber).
+	running atomic.Bool
 
 	// pipelined is set when the checkpoint store can acquire and read the
 	// feed in one round trip for this event store (see pipelinedAcquirer).
@@ -135,6 +149,10 @@ func (s *Subscriber) validate() error {
 		return fmt.Errorf("poll interval %v must be positive (WithPollInterval)", s.pollInterval)
 	case s.maxRetries < 0:
 		return fmt.Errorf("max retries %d must not be negative (WithMaxRetries)", s.maxRetries)
+	case s.handlerTimeout < 0:
+		return fmt.Errorf("handler timeout %v must not be negative (WithHandlerTimeout)", s.handlerTimeout)
+	case s.shutdownGrace < 0:
+		return fmt.Errorf("shutdown grace %v must not be negative (WithShutdownGrace)", s.shutdownGrace)
 	case s.retryBackoff <= 0 || s.maxRetryBackoff < s.retryBackoff:
 		return fmt.Errorf("retry backoff initial %v, maximum %v: initial must be positive and maximum at least initial (WithRetryBackoff)", s.retryBackoff, s.maxRetryBackoff)
 	}

@@ -340,6 +340,8 @@ func RunCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
 				require.Contains(t, err.Error(), "name")
 			}
 		})
+
+		runCheckpointResetterCases(t, h)
 	})
 }
 

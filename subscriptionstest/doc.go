@@ -14,6 +14,10 @@
 //		})
 //	}
 //
+// The optional interfaces subscriptions.CheckpointResetter and
+// subscriptions.ParkingLotPurger are checked by the same suites when the
+// store implements them (their cases skip otherwise).
+//
 // The suites state in code what the interfaces' documentation says in
 // words (the model is in package subscriptions' documentation); a case
 // fails with testify's require, naming the case and the backend. Each

@@ -336,6 +336,27 @@ func RunParkingLotSuite(t *testing.T, h ParkingLotHarness) {
 				err = lot.Replay(ctx, "park-a", "ev-1", ev, func(context.Context, domain.EventEnvelope[any]) error { return nil })
 				require.ErrorIs(t, err, subscriptions.ErrEventNotParked)
 			})
+
+			t.Run("purge deletes one subscriber's entries", func(t *testing.T) {
+				lot := b.new(t)
+				purger, ok := lot.(subscriptions.ParkingLotPurger)
+				if !ok {
+					t.Skipf("%T does not implement subscriptions.ParkingLotPurger", lot)
+				}
+				for _, p := range []subscriptions.ParkedEvent{
+					parkEntry("park-a", "ev-1", 1), parkEntry("park-a", "ev-2", 2), parkEntry("park-b", "ev-1", 1),
+				} {
+					require.NoError(t, lot.Park(ctx, p))
+				}
+				require.NoError(t, purger.Purge(ctx, "park-a"))
+				got, err := lot.List(ctx, "park-a")
+				require.NoError(t, err)
+				require.Empty(t, got)
+				got, err = lot.List(ctx, "park-b")
+				require.NoError(t, err)
+				require.Len(t, got, 1, "another subscriber's entries stay")
+				require.NoError(t, purger.Purge(ctx, "park-nobody"), "purging nothing is not an error")
+			})
 		})
 	}
 }

@@ -24,8 +24,12 @@
 //  4. waits until the subscriber has caught up (lag 0), prints the parked
 //     event and the projection, "fixes" the handler, replays the parked
 //     event with Subscriber.ReplayParked and prints them again;
-//  5. checks that every event was handled exactly once, across replicas,
-//     and prints a summary.
+//  5. checks that every event was handled exactly once, across replicas;
+//  6. rebuilds the projection blue/green (bluegreen.go): a new version,
+//     "balances/v2", fills its own table while "balances" keeps serving
+//     the readers' view and events keep arriving; once it has caught up
+//     the view is switched in one transaction and the old name retired;
+//     then it prints a summary.
 //
 // Wake-ups: on SQLite the store is wrapped in a NotifyingEventStore that
 // signals an InProcessNotifier; on Postgres a PostgresListener LISTENs for
@@ -297,12 +301,7 @@ func openStores(db *gorm.DB) (*infrastructure.GormEventStore, *subscriptions.Gor
 		return nil, nil, nil, fmt.Errorf("create the parking lot: %w", err)
 	}
 	for _, ddl := range []string{
-		`CREATE TABLE IF NOT EXISTS balances (
-			account_id text PRIMARY KEY,
-			owner      text NOT NULL DEFAULT '',
-			balance    bigint NOT NULL DEFAULT 0,
-			events     integer NOT NULL DEFAULT 0
-		)`,
+		balancesDDL("balances"),
 		// One row per event that a handler committed, with the number of
 		// times it was committed: the example's proof of exactly-once.
 		`CREATE TABLE IF NOT EXISTS handled_events (
@@ -316,6 +315,16 @@ func openStores(db *gorm.DB) (*infrastructure.GormEventStore, *subscriptions.Gor
 		}
 	}
 	return store, checkpoints, parking, nil
+}
+
+// balancesDDL creates one version's balances table.
+func balancesDDL(table string) string {
+	return `CREATE TABLE IF NOT EXISTS ` + table + ` (
+		account_id text PRIMARY KEY,
+		owner      text NOT NULL DEFAULT '',
+		balance    bigint NOT NULL DEFAULT 0,
+		events     integer NOT NULL DEFAULT 0
+	)`
 }
 
 // openPostgres connects with a timeout, creates a fresh schema for the
@@ -436,12 +445,19 @@ type example struct {
 	// not (retries and batches re-run after a failure roll back).
 	mu          sync.Mutex
 	invocations map[string]int
+	// versions is each account's last appended version (one appender).
+	versions map[string]int
 }
 
 func (ex *example) run(ctx context.Context) error {
 	out := ex.stdout
 	ex.invocations = make(map[string]int)
 	fmt.Fprintf(out, "database: %s\n", ex.be.describe)
+	// Readers query the view, never a version's table: the blue/green
+	// rebuild at the end switches it.
+	if err := ex.be.replicas[0].db.WithContext(ctx).Exec(viewDDL("balances")).Error; err != nil {
+		return fmt.Errorf("create the %s view: %w", liveView, err)
+	}
 
 	subs := make([]*subscriptions.Subscriber, len(ex.be.replicas))
 	for i, r := range ex.be.replicas {
@@ -543,7 +559,7 @@ func (ex *example) run(ctx context.Context) error {
 	if lag != 0 {
 		return fmt.Errorf("lag is %d after catching up, want 0", lag)
 	}
-	return nil
+	return ex.blueGreen(ctx, first)
 }
 
 // dispatcher builds replica n's handler: a domain.EventDispatcher whose
@@ -595,29 +611,45 @@ func (ex *example) dispatcher(n int) *domain.EventDispatcher {
 // transaction. It commutes with the other events of the account, so a
 // parked event replayed later still yields the right balance.
 func upsertBalance(ctx context.Context, account, owner string, delta int64) error {
-	return subscriptions.TxFromContext(ctx).Exec(`INSERT INTO balances (account_id, owner, balance, events) VALUES (?, ?, ?, 1)
+	return upsertBalanceIn(ctx, "balances", account, owner, delta)
+}
+
+// upsertBalanceIn is upsertBalance on one version's table (a constant of
+// the program, never input).
+func upsertBalanceIn(ctx context.Context, table, account, owner string, delta int64) error {
+	return subscriptions.TxFromContext(ctx).Exec(`INSERT INTO `+table+` (account_id, owner, balance, events) VALUES (?, ?, ?, 1)
 		ON CONFLICT (account_id) DO UPDATE SET
-			owner = CASE WHEN excluded.owner <> '' THEN excluded.owner ELSE balances.owner END,
-			balance = balances.balance + excluded.balance,
-			events = balances.events + 1`, account, owner, delta).Error
+			owner = CASE WHEN excluded.owner <> '' THEN excluded.owner ELSE `+table+`.owner END,
+			balance = `+table+`.balance + excluded.balance,
+			events = `+table+`.events + 1`, account, owner, delta).Error
 }
 
 // appendScript appends the script's events, each after the account's
 // current version (optimistic concurrency), and returns their IDs.
 func (ex *example) appendScript(ctx context.Context) ([]string, error) {
-	store := ex.be.replicas[0].events
-	versions := map[string]int{}
 	ids := make([]string, 0, len(script))
 	for _, s := range script {
-		version := versions[s.account]
-		env := domain.NewEventEnvelope(s.payload, s.account, s.event, version+1)
-		if err := store.Append(ctx, s.account, version, env); err != nil {
-			return nil, fmt.Errorf("append %s to %s: %w", s.event, s.account, err)
+		id, err := ex.append(ctx, s.account, s.event, s.payload)
+		if err != nil {
+			return nil, err
 		}
-		versions[s.account] = version + 1
-		ids = append(ids, env.ID)
+		ids = append(ids, id)
 	}
 	return ids, nil
+}
+
+// append appends one event after the account's current version.
+func (ex *example) append(ctx context.Context, account, event string, payload any) (string, error) {
+	if ex.versions == nil {
+		ex.versions = map[string]int{}
+	}
+	version := ex.versions[account]
+	env := domain.NewEventEnvelope(payload, account, event, version+1)
+	if err := ex.be.replicas[0].events.Append(ctx, account, version, env); err != nil {
+		return "", fmt.Errorf("append %s to %s: %w", event, account, err)
+	}
+	ex.versions[account] = version + 1
+	return env.ID, nil
 }
 
 // waitCaughtUp prints a progress line whenever the subscriber's position
@@ -691,7 +723,7 @@ func (ex *example) printBalances(ctx context.Context, title string) error {
 		Balance   int64
 		Events    int
 	}
-	if err := ex.be.replicas[0].db.WithContext(ctx).Raw("SELECT account_id, owner, balance, events FROM balances ORDER BY account_id").Scan(&rows).Error; err != nil {
+	if err := ex.be.replicas[0].db.WithContext(ctx).Raw("SELECT account_id, owner, balance, events FROM " + liveView + " ORDER BY account_id").Scan(&rows).Error; err != nil {
 		return fmt.Errorf("read the projection: %w", err)
 	}
 	fmt.Fprintf(ex.stdout, "%s:\n", title)

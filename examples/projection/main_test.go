@@ -99,6 +99,18 @@ func requireScenario(t *testing.T, code int, out, errs string, replicas int) {
 	}
 	require.Equal(t, 11, total)
 
+	// The blue/green rebuild: the new version catches up, the view is
+	// switched, the old name retired, and the readers never saw a partial
+	// table; the 3 events appended meanwhile are in the new projection.
+	require.Contains(t, out, `"balances/v2" caught up to position 13 (WaitCaughtUp)`+"\n")
+	require.Contains(t, out, "switched: balances_live now reads balances_v2 (one transaction)\n")
+	require.Contains(t, out, `retired "balances": stopped, checkpoint and parked events deleted (DeleteState), table dropped`+"\n")
+	table = section(t, out, "balances (after the blue/green rebuild")
+	requireBalance(t, table, "acc-1", "Alice", 125, 5)
+	requireBalance(t, table, "acc-2", "Bob", 80, 4)
+	requireBalance(t, table, "acc-3", "Carol", 405, 5)
+	require.Regexp(t, `(?m)^readers: [1-9]\d* reads of balances_live during the rebuild and the switch, 0 saw a partial table$`, out)
+
 	// The library's logs of the failing event go to stderr.
 	require.Contains(t, errs, "event parked after exhausting its retries")
 }

@@ -1,0 +1,226 @@
+package subscriptions_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+
+	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/domain"
+)
+
+// bgAccounts is the number of accounts of the blue/green projection.
+const bgAccounts = 100
+
+// bgEvents is the history rebuilt: 50,000 events in the long form
+// (SUBSCRIPTIONS_LONG=1, about a minute per backend on a loaded 2-core
+// machine under -race), 10,000 in go test ./... .
+func bgEvents() int { return faultScale(10_000, 50_000) }
+
+// bgRow is one account of a balances projection.
+type bgRow struct {
+	Account string
+	Balance int64
+	Events  int64
+}
+
+// bgHandler projects deposits into table through the batch transaction.
+func bgHandler(table string) subscriptions.Handler {
+	return func(ctx context.Context, ev coreEnvelope) error {
+		payload, ok := ev.Payload.(map[string]any)
+		if !ok {
+			return fmt.Errorf("event %s: payload %T", ev.ID, ev.Payload)
+		}
+		amount, _ := payload["amount"].(float64)
+		return subscriptions.TxFromContext(ctx).Exec(`INSERT INTO `+table+` (account, balance, events) VALUES (?, ?, 1)
+			ON CONFLICT (account) DO UPDATE SET balance = `+table+`.balance + excluded.balance, events = `+table+`.events + 1`,
+			ev.AggregateID, int64(amount)).Error
+	}
+}
+
+// bgDeposit is one deposit event for account i.
+func bgDeposit(i, amount int) domain.EventEnvelope[any] {
+	return domain.NewEventEnvelope[any](map[string]any{"amount": amount}, fmt.Sprintf("acct-%03d", i%bgAccounts), "bg.deposited", 0)
+}
+
+// bgScratch is the projection computed from scratch from the whole feed.
+func bgScratch(t *testing.T, store domain.EventStore) map[string]bgRow {
+	t.Helper()
+	events, err := store.ReadAfter(context.Background(), 0, 0)
+	require.NoError(t, err)
+	out := map[string]bgRow{}
+	for _, ev := range events {
+		amount := ev.Payload.(map[string]any)["amount"].(float64)
+		r := out[ev.AggregateID]
+		r.Account = ev.AggregateID
+		r.Balance += int64(amount)
+		r.Events++
+		out[ev.AggregateID] = r
+	}
+	return out
+}
+
+func bgRead(t *testing.T, db *gorm.DB, relation string) map[string]bgRow {
+	t.Helper()
+	var rows []bgRow
+	require.NoError(t, db.Raw("SELECT account, balance, events FROM "+relation).Scan(&rows).Error)
+	out := make(map[string]bgRow, len(rows))
+	for _, r := range rows {
+		out[r.Account] = r
+	}
+	return out
+}
+
+// TestBlueGreenRebuild rebuilds a projection of 50,000 events (bgEvents) as a new
+// version while the old one keeps serving: readers query the live view
+// continuously and never see a partial or empty result; events keep being
+// appended through the rebuild and the switch; afterwards the new table
+// equals a projection computed from scratch, and the old name is retired.
+// On SQLite (file) and Postgres: the memory backend has no tables to
+// switch.
+func TestBlueGreenRebuild(t *testing.T) {
+	ctx := context.Background()
+	for _, eb := range gormEnvs() {
+		if eb.Name == "sqlite-memory" {
+			continue // one connection: readers could not read alongside the batches
+		}
+		t.Run(eb.Name, func(t *testing.T) {
+			e := eb.New(t)
+			readDB := e.DB
+			if e.Postgres() {
+				readDB = e.PG.Open(t) // the readers are another process
+			}
+			for _, table := range []string{"bg_v1", "bg_v2"} {
+				require.NoError(t, e.DB.Exec("CREATE TABLE "+table+" (account text PRIMARY KEY, balance bigint NOT NULL, events bigint NOT NULL)").Error)
+			}
+			view := func(table string) string {
+				return "CREATE VIEW bg_live AS SELECT account, balance, events FROM " + table
+			}
+			require.NoError(t, e.DB.Exec(view("bg_v1")).Error)
+
+			// History: bgEvents() deposits over 100 accounts, one append each.
+			perAppend := bgEvents() / bgAccounts
+			for i := 0; i < bgEvents(); i += perAppend {
+				batch := make([]domain.EventEnvelope[any], perAppend)
+				for j := range batch {
+					batch[j] = bgDeposit(i/perAppend, 1+(i+j)%7)
+				}
+				require.NoError(t, e.Events.Append(ctx, batch[0].AggregateID, -1, batch...))
+			}
+
+			// Version 1 is live.
+			v1 := coreNewSub(t, "bg/v1", e.Events, e.Checkpoints, bgHandler("bg_v1"),
+				subscriptions.WithBatchSize(1000), subscriptions.WithParkingLot(e.Parking))
+			runV1 := coreStart(t, v1)
+			wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+			defer cancel()
+			_, err := v1.WaitCaughtUp(wctx)
+			require.NoError(t, err)
+
+			// Readers query the live view throughout.
+			var reads, readsAfterSwitch, partial atomic.Int64
+			var switched atomic.Bool
+			var firstBad atomic.Value
+			readCtx, stopReaders := context.WithCancel(ctx)
+			var readers sync.WaitGroup
+			for range 2 {
+				readers.Go(func() {
+					for readCtx.Err() == nil {
+						var row struct{ Accounts, Events int64 }
+						err := readDB.WithContext(readCtx).Raw("SELECT count(*) AS accounts, coalesce(sum(events), 0) AS events FROM bg_live").Scan(&row).Error
+						if readCtx.Err() != nil {
+							return
+						}
+						after := switched.Load()
+						if err != nil || row.Accounts != bgAccounts || row.Events < int64(bgEvents()) {
+							partial.Add(1)
+							firstBad.CompareAndSwap(nil, fmt.Sprintf("accounts %d, events %d, error %v", row.Accounts, row.Events, err))
+							continue
+						}
+						reads.Add(1)
+						if after {
+							readsAfterSwitch.Add(1)
+						}
+						select { // a short pause: readers must not starve the rebuild of the 2 cores
+						case <-readCtx.Done():
+						case <-time.After(2 * time.Millisecond):
+						}
+					}
+				})
+			}
+			defer func() { stopReaders(); readers.Wait() }()
+
+			// Appends continue through the rebuild and the switch.
+			var appended atomic.Int64
+			var appendErr atomic.Value
+			writeCtx, stopWriter := context.WithCancel(ctx)
+			var writer sync.WaitGroup
+			writer.Go(func() {
+				for i := 0; writeCtx.Err() == nil && i < 20_000; i++ {
+					ev := bgDeposit(i, 3)
+					if err := e.Events.Append(context.WithoutCancel(writeCtx), ev.AggregateID, -1, ev); err != nil {
+						appendErr.CompareAndSwap(nil, err.Error())
+						return
+					}
+					appended.Add(1)
+					select {
+					case <-writeCtx.Done():
+					case <-time.After(5 * time.Millisecond):
+					}
+				}
+			})
+			defer func() { stopWriter(); writer.Wait() }()
+
+			// Version 2 replays everything into its own table.
+			v2 := coreNewSub(t, "bg/v2", e.Events, e.Checkpoints, bgHandler("bg_v2"),
+				subscriptions.WithBatchSize(1000), subscriptions.WithParkingLot(e.Parking))
+			runV2 := coreStart(t, v2)
+			head, err := v2.WaitCaughtUp(wctx)
+			require.NoError(t, err)
+			require.GreaterOrEqual(t, head, int64(bgEvents()))
+
+			require.Eventually(t, func() bool { return reads.Load() > 0 }, time.Minute, time.Millisecond)
+
+			// The switch, in one transaction.
+			require.NoError(t, e.DB.Transaction(func(tx *gorm.DB) error {
+				if err := tx.Exec("DROP VIEW bg_live").Error; err != nil {
+					return err
+				}
+				return tx.Exec(view("bg_v2")).Error
+			}))
+			switched.Store(true)
+			atSwitch := appended.Load()
+			require.Eventually(t, func() bool { return appended.Load() >= atSwitch+20 && readsAfterSwitch.Load() > 0 },
+				time.Minute, time.Millisecond, "appends and reads continue after the switch")
+			stopWriter()
+			writer.Wait()
+			require.Nil(t, appendErr.Load())
+
+			// Retire version 1.
+			runV1.stop(t)
+			require.NoError(t, v1.DeleteState(ctx))
+			require.Zero(t, faultCheckpoint(t, e.DB, "bg/v1"))
+			require.NoError(t, e.DB.Exec("DROP TABLE bg_v1").Error)
+
+			_, err = v2.WaitCaughtUp(wctx)
+			require.NoError(t, err)
+			stopReaders()
+			readers.Wait()
+			runV2.stop(t)
+
+			require.Zero(t, partial.Load(), "a reader saw a partial table: %v", firstBad.Load())
+			scratch := bgScratch(t, e.Events)
+			require.Len(t, scratch, bgAccounts)
+			require.Equal(t, scratch, bgRead(t, e.DB, "bg_v2"), "the new table equals a from-scratch projection")
+			require.Equal(t, scratch, bgRead(t, e.DB, "bg_live"))
+			t.Logf("%d events at the rebuild's start, %d appended during it; %d reads, %d after the switch, 0 partial",
+				bgEvents(), appended.Load(), reads.Load(), readsAfterSwitch.Load())
+		})
+	}
+}

@@ -1,0 +1,40 @@
+package subscriptions
+
+import (
+	"context"
+)
+
+// CheckpointResetter is implemented by checkpoint stores that can move or
+// delete a subscriber's checkpoint in one transaction with the
+// application's own statements: the store behind
+// Subscriber.ResetCheckpointWith and Subscriber.DeleteState.
+// GormCheckpointStore and MemoryCheckpointStore implement it; the
+// CheckpointStore interface itself is unchanged, so other stores keep
+// working and those two calls report errors.ErrUnsupported for them.
+//
+// Both methods hold off every batch of the subscriber, in this process and
+// (on Postgres) in every other, from before apply runs until the change is
+// committed, and wait for the batch in flight to end first; so no batch can
+// land between the application's cleanup and the checkpoint move. apply
+// receives a context carrying the transaction (TxFromContext; nil for the
+// memory store) and must write through it: on SQLite another connection
+// would wait for the write lock this transaction holds. If apply (or the
+// checkpoint write) fails, nothing is changed: the transaction rolls back
+// and the error is returned. A nil apply only moves the checkpoint.
+// Implementations are safe for concurrent use.
+type CheckpointResetter interface {
+	CheckpointStore
+
+	// ResetWith runs apply and sets the subscriber's checkpoint to position
+	// (creating it if needed), atomically.
+	ResetWith(ctx context.Context, subscriber string, position int64, apply func(ctx context.Context) error) error
+
+	// Delete runs apply and deletes the subscriber's checkpoint,
+	// atomically. A subscriber that runs again afterwards starts from 0.
+	Delete(ctx context.Context, subscriber string, apply func(ctx context.Context) error) error
+}
+
+var (
+	_ CheckpointResetter = (*GormCheckpointStore)(nil)
+	_ CheckpointResetter = (*MemoryCheckpointStore)(nil)
+)

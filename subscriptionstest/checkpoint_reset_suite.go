@@ -1,0 +1,135 @@
+package subscriptionstest
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/eventfeed/subscriptions"
+)
+
+// runCheckpointResetterCases is the contract of the optional
+// subscriptions.CheckpointResetter, run by RunCheckpointStoreSuite for
+// stores that implement it (skipped for the others).
+func runCheckpointResetterCases(t *testing.T, h CheckpointStoreHarness) {
+	ctx := context.Background()
+	resetter := func(t *testing.T) (subscriptions.CheckpointResetter, subscriptions.CheckpointStore) {
+		t.Helper()
+		cps, other := h.New(t)
+		r, ok := cps.(subscriptions.CheckpointResetter)
+		if !ok {
+			t.Skipf("%T does not implement subscriptions.CheckpointResetter", cps)
+		}
+		return r, other
+	}
+	boom := errors.New("boom")
+
+	t.Run("ResetWithRunsApplyInTheTransaction", func(t *testing.T) {
+		r, _ := resetter(t)
+		const name = "reset-with"
+		advance(t, r, name, 5)
+		calls := 0
+		require.NoError(t, r.ResetWith(ctx, name, 2, func(ctx context.Context) error {
+			calls++
+			require.Equal(t, h.Transactional, subscriptions.TxFromContext(ctx) != nil, "the transaction is in apply's context")
+			return nil
+		}))
+		require.Equal(t, 1, calls)
+		pos, err := r.Position(ctx, name)
+		require.NoError(t, err)
+		require.EqualValues(t, 2, pos)
+		// A nil apply only moves the checkpoint, and creates it if needed.
+		require.NoError(t, r.ResetWith(ctx, "reset-with-new", 9, nil))
+		pos, err = r.Position(ctx, "reset-with-new")
+		require.NoError(t, err)
+		require.EqualValues(t, 9, pos)
+		require.Error(t, r.ResetWith(ctx, name, -1, nil), "a negative position is refused")
+	})
+
+	t.Run("ResetWithFailingApplyChangesNothing", func(t *testing.T) {
+		r, _ := resetter(t)
+		const name = "reset-with-fails"
+		advance(t, r, name, 5)
+		err := r.ResetWith(ctx, name, 0, func(context.Context) error { return boom })
+		require.ErrorIs(t, err, boom)
+		pos, err := r.Position(ctx, name)
+		require.NoError(t, err)
+		require.EqualValues(t, 5, pos)
+	})
+
+	t.Run("ResetWithHoldsOffBatches", func(t *testing.T) {
+		r, other := resetter(t)
+		const name = "reset-with-fence"
+		advance(t, r, name, 5)
+		require.NoError(t, r.ResetWith(ctx, name, 0, func(context.Context) error {
+			for _, s := range []subscriptions.CheckpointStore{r, other} {
+				batch, acquired, err := s.Acquire(ctx, name)
+				require.NoError(t, err)
+				if acquired {
+					_ = batch.Rollback()
+				}
+				require.False(t, acquired, "a batch started while the reset ran")
+			}
+			return nil
+		}))
+		batch, acquired, err := other.Acquire(ctx, name)
+		require.NoError(t, err)
+		require.True(t, acquired, "batches resume after the reset")
+		require.Zero(t, batch.Position())
+		require.NoError(t, batch.Rollback())
+	})
+
+	t.Run("ResetWithIsNeverOverwrittenByABatchInFlight", func(t *testing.T) {
+		r, other := resetter(t)
+		const name = "reset-with-in-flight"
+		advance(t, r, name, 5)
+		batch, acquired, err := other.Acquire(ctx, name)
+		require.NoError(t, err)
+		require.True(t, acquired)
+		done := make(chan error, 1)
+		go func() { done <- r.ResetWith(ctx, name, 0, nil) }()
+		// The batch either commits before the reset applies (which waited
+		// for it) or is aborted by it; either way the reset stands.
+		if err := batch.Commit(ctx, 8); err != nil {
+			require.ErrorIs(t, err, subscriptions.ErrCheckpointMoved)
+		}
+		require.NoError(t, <-done)
+		pos, err := r.Position(ctx, name)
+		require.NoError(t, err)
+		require.Zero(t, pos)
+	})
+
+	t.Run("DeleteForgetsTheCheckpoint", func(t *testing.T) {
+		r, other := resetter(t)
+		const name = "deleted"
+		advance(t, r, name, 5)
+		advance(t, r, "kept", 4)
+		calls := 0
+		require.NoError(t, r.Delete(ctx, name, func(context.Context) error { calls++; return nil }))
+		require.Equal(t, 1, calls)
+		pos, err := r.Position(ctx, name)
+		require.NoError(t, err)
+		require.Zero(t, pos)
+		pos, err = r.Position(ctx, "kept")
+		require.NoError(t, err)
+		require.EqualValues(t, 4, pos, "other names are untouched")
+		batch, acquired, err := other.Acquire(ctx, name)
+		require.NoError(t, err)
+		require.True(t, acquired)
+		require.Zero(t, batch.Position(), "a deleted name starts again at 0")
+		require.NoError(t, batch.Rollback())
+		require.NoError(t, r.Delete(ctx, "never-seen", nil), "deleting an unknown name is not an error")
+	})
+
+	t.Run("DeleteFailingApplyChangesNothing", func(t *testing.T) {
+		r, _ := resetter(t)
+		const name = "delete-fails"
+		advance(t, r, name, 5)
+		require.ErrorIs(t, r.Delete(ctx, name, func(context.Context) error { return boom }), boom)
+		pos, err := r.Position(ctx, name)
+		require.NoError(t, err)
+		require.EqualValues(t, 5, pos)
+	})
+}
