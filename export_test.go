@@ -19,3 +19,9 @@ func PipelinesForTest(g *GormCheckpointStore, events domain.EventStore) bool {
 
 // IsNoPipeline reports the "take the ordinary path" answer.
 func IsNoPipeline(err error) bool { return errors.Is(err, errNoPipeline) }
+
+// WithoutTelemetryForTest removes the subscriber's instrumentation
+// entirely: the baseline of the telemetry benchmarks.
+func WithoutTelemetryForTest() SubscriberOption {
+	return func(s *Subscriber) { s.noTelemetry = true }
+}

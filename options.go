@@ -3,6 +3,9 @@ package subscriptions
 import (
 	"log/slog"
 	"time"
+
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 )
 
 const (
@@ -24,6 +27,10 @@ const (
 
 	// DefaultMaxRetryBackoff caps the doubling retry delay.
 	DefaultMaxRetryBackoff = 5 * time.Second
+
+	// DefaultStuckThreshold is how long Healthy lets the checkpoint stand
+	// still while events wait, when WithStuckThreshold is not supplied.
+	DefaultStuckThreshold = time.Minute
 )
 
 // SubscriberOption configures a Subscriber. Options are applied in order by
@@ -125,4 +132,35 @@ func WithHandlerTimeout(d time.Duration) SubscriberOption {
 // and commits, however long its handlers take. d < 0 is rejected.
 func WithShutdownGrace(d time.Duration) SubscriberOption {
 	return func(s *Subscriber) { s.shutdownGrace = d }
+}
+
+// WithMeterProvider sets where the subscriber's metrics go (default: the
+// global provider, otel.GetMeterProvider(), which does nothing until the
+// application installs an SDK). docs/observability.md lists the metrics.
+// nil means the default.
+func WithMeterProvider(mp metric.MeterProvider) SubscriberOption {
+	return func(s *Subscriber) { s.meterProvider = mp }
+}
+
+// WithTracerProvider sets where the subscriber's spans go (default: the
+// global provider, otel.GetTracerProvider(), which does nothing until the
+// application installs an SDK). nil means the default.
+func WithTracerProvider(tp trace.TracerProvider) SubscriberOption {
+	return func(s *Subscriber) { s.tracerProvider = tp }
+}
+
+// WithStuckThreshold sets how long the checkpoint may stand still while
+// events wait before Healthy reports ErrSubscriberStuck (default
+// DefaultStuckThreshold). Make it longer than the slowest batch and than a
+// poison event's whole retry schedule. d <= 0 is rejected.
+func WithStuckThreshold(d time.Duration) SubscriberOption {
+	return func(s *Subscriber) { s.stuckThreshold = d }
+}
+
+// WithMaxLagTime makes Healthy report ErrLagTooOld when the oldest event
+// not yet handled is older than d (see Status.LagSeconds). The default, 0,
+// checks no age: a subscriber catching up on a long history is healthy as
+// long as it moves. d < 0 is rejected.
+func WithMaxLagTime(d time.Duration) SubscriberOption {
+	return func(s *Subscriber) { s.maxLagTime = d }
 }

@@ -280,6 +280,17 @@ func (g *GormParkingLot) claimSQLiteReplay(subscriber, eventID string) (release 
 	}, true
 }
 
+// count returns how many events the subscriber has parked (see Status),
+// through the index List uses.
+func (g *GormParkingLot) count(ctx context.Context, subscriber string) (int, error) {
+	where, args := g.subscriberWhere(subscriber)
+	var n int64
+	if err := g.db.WithContext(ctx).Raw(`SELECT COUNT(*) FROM parked_events WHERE `+where, args...).Scan(&n).Error; err != nil {
+		return 0, fmt.Errorf("subscriptions: count parked events of %q: %w", subscriber, err)
+	}
+	return int(n), nil
+}
+
 // Replay re-runs the handler and clears the parked row in one transaction.
 // The handler receives the transaction via TxFromContext, so a failed
 // replay rolls back both the handler's writes and the row deletion.

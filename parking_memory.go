@@ -85,6 +85,19 @@ func (m *MemoryParkingLot) List(ctx context.Context, subscriber string) ([]Parke
 	return out, nil
 }
 
+// count returns how many events the subscriber has parked (see Status).
+func (m *MemoryParkingLot) count(_ context.Context, subscriber string) (int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for k := range m.entries {
+		if k.subscriber == subscriber {
+			n++
+		}
+	}
+	return n, nil
+}
+
 func sortParked(p []ParkedEvent) {
 	sort.Slice(p, func(i, j int) bool {
 		if p[i].Position != p[j].Position {

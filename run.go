@@ -68,6 +68,9 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	}
 	s.logger.Info("subscriber started", "subscriber", s.name, "batch_size", s.batchSize, "poll_interval", s.pollInterval)
 	defer s.logger.Info("subscriber stopped", "subscriber", s.name)
+	s.tel.started()
+	defer s.tel.setState(StateStopped)
+	defer s.tel.observe(s)()
 
 	drain, stopDrain := s.drainContext(ctx)
 	defer stopDrain()
@@ -95,6 +98,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			continue
 		case outcomeIdle:
 			check = true
+			s.tel.setState(StateIdle)
 			if rechecks >= 0 && rechecks < len(wakeRechecks) {
 				wait = wakeRechecks[rechecks]
 				rechecks++
@@ -103,6 +107,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			}
 		case outcomeSkipped:
 			check, rechecks = true, -1
+			s.tel.setState(StateIdle)
 		case outcomeFailed:
 			check, allowWake, rechecks = false, false, -1
 		}
@@ -117,6 +122,9 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			// Only timed polls read the checkpoint first, so that a reset is
 			// noticed even when no event arrives.
 			rechecks, check = 0, false
+			r.wokenAt = time.Now()
+		} else if rechecks < 0 {
+			r.wokenAt = time.Time{}
 		}
 	}
 }
@@ -136,6 +144,12 @@ type runner struct {
 	drain context.Context
 	// fatal is the misconfiguration that ends Run (outcomeFatal).
 	fatal error
+	// wokenAt is when the wake signal being followed up arrived, for the
+	// wake latency metric; zero when the cycle was not started by a wake.
+	wokenAt time.Time
+	// stopped is the last callHandler's answer from handle: the shutdown
+	// grace period cut the handler short.
+	stopped bool
 	// pending is a first attempt that failed in the middle of a batch: once
 	// the events before it have committed, the event goes straight to
 	// failure handling instead of being attempted again without backoff.
@@ -232,6 +246,7 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 			}
 		case !errors.Is(err, errNoPipeline):
 			s.logger.Error("subscriber: acquiring the checkpoint failed; will retry", "subscriber", s.name, "error", err)
+			s.tel.fail("", nil, 0, err)
 			return outcomeFailed
 		}
 	}
@@ -263,6 +278,7 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 		b, acquired, err := s.checkpoints.Acquire(bctx, s.name)
 		if err != nil {
 			s.logger.Error("subscriber: acquiring the checkpoint failed; will retry", "subscriber", s.name, "error", err)
+			s.tel.fail("", nil, 0, err)
 			return outcomeFailed
 		}
 		if !acquired {
@@ -288,9 +304,19 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 		return outcomeMore
 	}
 
-	hctx := batch.HandlerContext(r.drain)
+	tctx, span := s.tel.startBatch(r.drain, events, 0)
+	var batchErr error
+	defer func() { span.end(tctx, batchErr) }()
+	hctx := batch.HandlerContext(tctx)
+	wokenAt := r.wokenAt
+	r.wokenAt = time.Time{}
 	for i, ev := range events {
-		if stopped, err := r.handle(hctx, ev); err != nil {
+		if i > 0 {
+			wokenAt = time.Time{}
+		}
+		if err := span.handle(hctx, r.callHandler, ev, 1, wokenAt); err != nil {
+			stopped := r.stopped
+			batchErr = err
 			finished = true
 			r.rollback(batch)
 			if stopped {
@@ -311,13 +337,17 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 	last := events[len(events)-1].Position
 	if err := batch.Commit(bctx, last); err != nil {
 		r.known = -1
+		batchErr = err
 		if errors.Is(err, ErrCheckpointMoved) {
 			s.logger.Info("subscriber: checkpoint was reset during the batch; batch discarded", "subscriber", s.name, "error", err)
 			return outcomeMore
 		}
 		s.logger.Error("subscriber: committing the batch failed; will retry", "subscriber", s.name, "position", last, "error", err)
+		s.tel.fail("", nil, 0, err)
 		return outcomeFailed
 	}
+	s.tel.committed(last)
+	s.tel.count(tctx, OutcomeHandled, len(events))
 	r.known = last
 	if len(events) == limit {
 		return outcomeMore
@@ -336,6 +366,7 @@ func (r *runner) transient(ctx context.Context, what string, err error) outcome 
 		return outcomeFatal
 	}
 	r.s.logger.Error("subscriber: "+what+"; will retry", "subscriber", r.s.name, "error", err)
+	r.s.tel.fail("", nil, 0, err)
 	r.known = -1
 	return outcomeFailed
 }
@@ -358,10 +389,16 @@ func (r *runner) failed(ctx context.Context, start int64, ev domain.EventEnvelop
 	if s.parking == nil {
 		s.logger.Error("subscriber: handler failed; the event will be retried after the poll interval",
 			append(s.eventAttrs(ev), "error", err)...)
+		s.tel.fail(StateHalted, &ev, 0, err)
+		s.tel.count(ctx, OutcomeFailed, 1)
 		return outcomeFailed
 	}
 	attempts := 1 + s.maxRetries
-	s.logger.Warn("subscriber: handler failed; retrying", append(s.eventAttrs(ev), "attempt", 1, "of", attempts, "error", err)...)
+	if attempts > 1 {
+		s.logger.Warn("subscriber: handler failed; retrying", append(s.eventAttrs(ev), "attempt", 1, "of", attempts, "error", err)...)
+		s.tel.fail(StateRetrying, &ev, 1, err)
+		s.tel.count(ctx, OutcomeRetried, 1)
+	}
 	for attempt := 2; attempt <= attempts; attempt++ {
 		if !r.sleep(ctx, s.backoff(attempt-1)) {
 			return outcomeStopped
@@ -372,6 +409,8 @@ func (r *runner) failed(ctx context.Context, start int64, ev domain.EventEnvelop
 		}
 		err = aerr
 		s.logger.Warn("subscriber: handler failed; retrying", append(s.eventAttrs(ev), "attempt", attempt, "of", attempts, "error", err)...)
+		s.tel.fail(StateRetrying, &ev, attempt, err)
+		s.tel.count(ctx, OutcomeRetried, 1)
 	}
 	// Only reached with WithMaxRetries(0): park after the first failure.
 	out, _, _ := r.retry(ctx, start, ev, 1, true, err)
@@ -389,6 +428,7 @@ func (r *runner) retry(ctx context.Context, start int64, ev domain.EventEnvelope
 	batch, acquired, aerr := s.checkpoints.Acquire(bctx, s.name)
 	if aerr != nil {
 		s.logger.Error("subscriber: acquiring the checkpoint for a retry failed", append(s.eventAttrs(ev), "error", aerr)...)
+		s.tel.fail("", &ev, 0, aerr)
 		return outcomeFailed, true, nil
 	}
 	if !acquired {
@@ -404,6 +444,7 @@ func (r *runner) retry(ctx context.Context, start int64, ev domain.EventEnvelope
 		finished = true
 		r.rollback(batch)
 		s.logger.Error(msg, append(s.eventAttrs(ev), "error", err)...)
+		s.tel.fail("", &ev, 0, err)
 		return outcomeFailed, true, nil
 	}
 	if batch.Position() != start {
@@ -412,15 +453,19 @@ func (r *runner) retry(ctx context.Context, start int64, ev domain.EventEnvelope
 		r.rollback(batch)
 		return outcomeMore, true, nil
 	}
-	hctx := batch.HandlerContext(r.drain)
+	tctx, span := s.tel.startBatch(r.drain, []domain.EventEnvelope[any]{ev}, attempt)
+	var batchErr error
+	defer func() { span.end(tctx, batchErr) }()
+	hctx := batch.HandlerContext(tctx)
 	if cause == nil {
 		if final {
 			if err := batch.Savepoint(bctx, attemptSavepoint); err != nil {
 				return abandon("subscriber: savepoint failed", err)
 			}
 		}
-		stopped, herr := r.handle(hctx, ev)
-		if stopped {
+		herr := span.handle(hctx, r.callHandler, ev, attempt, time.Time{})
+		batchErr = herr
+		if r.stopped {
 			finished = true
 			r.rollback(batch)
 			return outcomeStopped, true, nil
@@ -428,10 +473,14 @@ func (r *runner) retry(ctx context.Context, start int64, ev domain.EventEnvelope
 		if herr == nil {
 			finished = true
 			if err := batch.Commit(bctx, ev.Position); err != nil {
+				batchErr = err
 				s.logger.Error("subscriber: committing a retried event failed", append(s.eventAttrs(ev), "error", err)...)
+				s.tel.fail("", &ev, 0, err)
 				return outcomeFailed, true, nil
 			}
 			s.logger.Info("subscriber: event succeeded on retry", append(s.eventAttrs(ev), "attempt", attempt)...)
+			s.tel.committed(ev.Position)
+			s.tel.count(tctx, OutcomeHandled, 1)
 			return outcomeMore, true, nil
 		}
 		if !final {
@@ -458,11 +507,16 @@ func (r *runner) retry(ctx context.Context, start int64, ev domain.EventEnvelope
 	}
 	finished = true
 	if err := batch.Commit(bctx, ev.Position); err != nil {
+		batchErr = err
 		s.logger.Error("subscriber: committing a parked event failed; it will be retried", append(s.eventAttrs(ev), "error", err)...)
+		s.tel.fail("", &ev, 0, err)
 		return outcomeFailed, true, nil
 	}
 	s.logger.Error("subscriber: event parked after exhausting its retries",
 		append(s.eventAttrs(ev), "attempts", attempt, "error", cause)...)
+	s.tel.fail("", &ev, 0, cause)
+	s.tel.committed(ev.Position)
+	s.tel.count(tctx, OutcomeParked, 1)
 	return outcomeMore, true, nil
 }
 

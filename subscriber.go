@@ -9,6 +9,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/eventfeed/subscriptions/domain"
 )
 
@@ -88,6 +91,17 @@ type Subscriber struct {
 	// running is set while Run runs (one Run at a time per Subscriber).
 	running atomic.Bool
 
+	stuckThreshold time.Duration
+	maxLagTime     time.Duration
+	meterProvider  metric.MeterProvider
+	tracerProvider trace.TracerProvider
+
+	// tel is the subscriber's instrumentation and live state (telemetry.go).
+	tel *telemetry
+	// noTelemetry (tests only) turns the instruments off: the baseline the
+	// telemetry benchmarks compare with.
+	noTelemetry bool
+
 	// pipelined is set when the checkpoint store can acquire and read the
 	// feed in one round trip for this event store (see pipelinedAcquirer).
 	pipelined pipelinedAcquirer
@@ -111,6 +125,7 @@ func NewSubscriber(name string, events domain.EventStore, checkpoints Checkpoint
 		maxRetries:      DefaultMaxRetries,
 		retryBackoff:    DefaultRetryBackoff,
 		maxRetryBackoff: DefaultMaxRetryBackoff,
+		stuckThreshold:  DefaultStuckThreshold,
 	}
 	for _, opt := range opts {
 		if opt != nil {
@@ -126,6 +141,18 @@ func NewSubscriber(name string, events domain.EventStore, checkpoints Checkpoint
 	if isNil(s.parking) {
 		s.parking = nil
 	}
+	if isNil(s.meterProvider) {
+		s.meterProvider = nil
+	}
+	if isNil(s.tracerProvider) {
+		s.tracerProvider = nil
+	}
+	tel, err := newTelemetry(name, s.meterProvider, s.tracerProvider)
+	if err != nil {
+		return nil, fmt.Errorf("subscriptions: NewSubscriber(%q): %w", name, err)
+	}
+	s.tel = tel
+	s.tel.off = s.noTelemetry
 	if p, ok := s.checkpoints.(pipelinedAcquirer); ok && p.pipelines(s.events) {
 		s.pipelined = p
 	}
@@ -155,6 +182,10 @@ func (s *Subscriber) validate() error {
 		return fmt.Errorf("shutdown grace %v must not be negative (WithShutdownGrace)", s.shutdownGrace)
 	case s.retryBackoff <= 0 || s.maxRetryBackoff < s.retryBackoff:
 		return fmt.Errorf("retry backoff initial %v, maximum %v: initial must be positive and maximum at least initial (WithRetryBackoff)", s.retryBackoff, s.maxRetryBackoff)
+	case s.stuckThreshold <= 0:
+		return fmt.Errorf("stuck threshold %v must be positive (WithStuckThreshold)", s.stuckThreshold)
+	case s.maxLagTime < 0:
+		return fmt.Errorf("max lag time %v must not be negative (WithMaxLagTime)", s.maxLagTime)
 	}
 	return nil
 }
@@ -177,8 +208,8 @@ func isNil(v any) bool {
 func (s *Subscriber) Name() string { return s.name }
 
 // Lag returns how far the subscriber's committed checkpoint trails the feed
-// head (0 when caught up). Consumers log or meter it; this package does
-// not.
+// head (0 when caught up). Status reports it with its age in time, and the
+// subscriptions.lag gauge exports it (see WithMeterProvider).
 //
 // A checkpoint ahead of the head is reported as an error wrapping
 // ErrCheckpointAhead rather than clamped to 0: it means the events table
@@ -260,9 +291,10 @@ func (s *Subscriber) ReplayParked(ctx context.Context, eventID string) error {
 		}
 		return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, s.name, ErrEventNotParked)
 	}
-	if err := s.parking.Replay(ctx, s.name, eventID, event, s.handler); err != nil {
+	if err := s.parking.Replay(ctx, s.name, eventID, event, s.tel.replayHandler(s.handler)); err != nil {
 		return err // the lot names the event and the subscriber
 	}
+	s.tel.count(ctx, OutcomeReplayed, 1)
 	s.logger.Info("parked event replayed", "subscriber", s.name, "event_id", eventID, "event_type", event.EventType, "position", event.Position)
 	return nil
 }

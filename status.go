@@ -1,0 +1,203 @@
+package subscriptions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// State is what a subscriber's Run is doing, as seen by the process that
+// calls Status.
+type State string
+
+const (
+	// StateStopped: Run is not running in this process (not started yet,
+	// or returned).
+	StateStopped State = "stopped"
+	// StateRunning: Run is processing batches, or about to.
+	StateRunning State = "running"
+	// StateIdle: Run found nothing past the checkpoint (or another replica
+	// holds it) and waits for a wake signal or the poll interval.
+	StateIdle State = "idle"
+	// StateRetrying: a handler failed and the event is being retried with
+	// backoff before it is parked (with WithParkingLot).
+	StateRetrying State = "retrying"
+	// StateHalted: a handler failed and, without a parking lot, the
+	// subscriber stays on that event, retrying it every poll interval.
+	StateHalted State = "halted"
+)
+
+// EventRef names one event of the feed.
+type EventRef struct {
+	ID       string `json:"id"`
+	Type     string `json:"type"`
+	Position int64  `json:"position"`
+}
+
+// Status is a snapshot of one subscriber: what the database says (its
+// checkpoint, the feed head, the lag) and what this process's Run knows
+// (its state, the last error, the last commit). It is a plain value, safe
+// to copy and to serve as JSON.
+//
+// The database figures are shared by every replica of the subscriber's
+// name; State, the failure and LastCommitAt are this process's only: a
+// standby replica (another one holds the checkpoint) reports idle, and a
+// subscriber whose Run runs in another process reports stopped.
+type Status struct {
+	Subscriber string `json:"subscriber"`
+	State      State  `json:"state"`
+	// Position is the committed checkpoint; Head the feed head; Lag their
+	// difference in positions (one per event on this module's stores).
+	Position int64 `json:"position"`
+	Head     int64 `json:"head"`
+	Lag      int64 `json:"lag"`
+	// LagSeconds is the age of the oldest event not yet handled: now minus
+	// its Created time (set by domain.NewEventEnvelope, normally just
+	// before Append); 0 when caught up.
+	LagSeconds float64 `json:"lag_seconds"`
+	// Parked counts the subscriber's parked events; -1 without a parking
+	// lot.
+	Parked int `json:"parked"`
+	// Failing is the event being retried (StateRetrying) or halted on
+	// (StateHalted), with the number of attempts made so far.
+	Failing  *EventRef `json:"failing,omitempty"`
+	Attempts int       `json:"attempts,omitempty"`
+	// LastError is the last failure this process's Run met (a handler
+	// error, a database error), when, and on which event if any. It stays
+	// after recovery: State tells whether the failure is over.
+	LastError      string    `json:"last_error,omitempty"`
+	LastErrorAt    time.Time `json:"last_error_at,omitzero"`
+	LastErrorEvent *EventRef `json:"last_error_event,omitempty"`
+	// LastCommitAt is when this process last committed a batch that moved
+	// the checkpoint.
+	LastCommitAt time.Time `json:"last_commit_at,omitzero"`
+	// ProgressAt is when the checkpoint was last seen to move, by a commit
+	// of this process or by a Status call that read a new position. It is
+	// what Healthy's stuck check measures from.
+	ProgressAt time.Time `json:"progress_at"`
+	// CheckedAt is when the snapshot was taken.
+	CheckedAt time.Time `json:"checked_at"`
+}
+
+// Status reports the subscriber's state. It reads the checkpoint, the feed
+// head, the oldest unhandled event (only when the lag is positive) and the
+// parked count: three or four indexed statements, no transaction and no
+// lock, so it is cheap enough for a metrics scrape or a readiness probe.
+// Safe for concurrent use, including while Run runs.
+//
+// A database error is returned as is (wrapped with the subscriber's name),
+// with a zero Status. A checkpoint ahead of the head returns the Status
+// (lag 0) with an error wrapping ErrCheckpointAhead, as Lag does.
+func (s *Subscriber) Status(ctx context.Context) (Status, error) {
+	position, err := s.checkpoints.Position(ctx, s.name)
+	if err != nil {
+		return Status{}, fmt.Errorf("subscriptions: status of %q: %w", s.name, err)
+	}
+	head, err := s.events.HeadPosition(ctx)
+	if err != nil {
+		return Status{}, fmt.Errorf("subscriptions: status of %q: %w", s.name, err)
+	}
+	now := time.Now()
+	st := Status{Subscriber: s.name, Position: position, Head: head, Parked: -1, CheckedAt: now.UTC()}
+	if head > position {
+		st.Lag = head - position
+		oldest, err := s.events.ReadAfter(ctx, position, 1)
+		if err != nil {
+			return Status{}, fmt.Errorf("subscriptions: status of %q: oldest unhandled event: %w", s.name, err)
+		}
+		if len(oldest) > 0 && !oldest[0].Created.IsZero() {
+			st.LagSeconds = max(0, now.Sub(oldest[0].Created).Seconds())
+		}
+	}
+	if s.parking != nil {
+		n, err := countParked(ctx, s.parking, s.name)
+		if err != nil {
+			return Status{}, fmt.Errorf("subscriptions: status of %q: %w", s.name, err)
+		}
+		st.Parked = n
+	}
+	live := s.tel.seen(position)
+	st.State = live.state
+	st.Failing, st.Attempts = live.failing, live.attempt
+	st.LastError, st.LastErrorAt, st.LastErrorEvent = live.lastError, live.lastErrorAt, live.errorEvent
+	st.LastCommitAt = live.lastCommit
+	st.ProgressAt = live.progressAt.UTC()
+	if position > head {
+		return st, fmt.Errorf("subscriptions: status of %q: checkpoint %d, feed head %d: %w", s.name, position, head, ErrCheckpointAhead)
+	}
+	return st, nil
+}
+
+// parkedCounter is implemented by the parking lots of this package: a
+// COUNT instead of reading every row.
+type parkedCounter interface {
+	count(ctx context.Context, subscriber string) (int, error)
+}
+
+func countParked(ctx context.Context, lot ParkingLot, subscriber string) (int, error) {
+	if c, ok := lot.(parkedCounter); ok {
+		return c.count(ctx, subscriber)
+	}
+	parked, err := lot.List(ctx, subscriber)
+	if err != nil {
+		return 0, err
+	}
+	return len(parked), nil
+}
+
+var (
+	// ErrSubscriberStopped is reported by Healthy when Run is not running
+	// in this process.
+	ErrSubscriberStopped = errors.New("subscriber is not running")
+	// ErrSubscriberHalted is reported by Healthy when the subscriber stays
+	// on a failing event (no parking lot).
+	ErrSubscriberHalted = errors.New("subscriber is halted on a failing event")
+	// ErrSubscriberStuck is reported by Healthy when events wait and the
+	// checkpoint has not moved for longer than WithStuckThreshold.
+	ErrSubscriberStuck = errors.New("subscriber is stuck: events wait and the checkpoint does not move")
+	// ErrLagTooOld is reported by Healthy when the oldest unhandled event
+	// is older than WithMaxLagTime.
+	ErrLagTooOld = errors.New("subscriber lags too far behind in time")
+)
+
+// Healthy reports whether the subscriber is fit to serve, for a readiness
+// probe: nil, or an error saying why not. It wraps ErrSubscriberStopped
+// when Run is not running in this process, ErrSubscriberHalted when it
+// stays on a failing event, ErrSubscriberStuck when events wait and the
+// checkpoint has not moved for longer than WithStuckThreshold (a handler
+// that hangs, a retry that takes too long, a lock held elsewhere),
+// ErrLagTooOld when WithMaxLagTime is set and exceeded, and the database
+// error when Status cannot read the database. It costs one Status call.
+//
+// "Not moved" is measured from the last movement this process saw (see
+// Status.ProgressAt), so a stuck subscriber is reported at most the
+// threshold after Run started or after the checkpoint last moved.
+func (s *Subscriber) Healthy(ctx context.Context) error {
+	st, err := s.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("subscriptions: health of %q: %w", s.name, err)
+	}
+	switch st.State {
+	case StateStopped:
+		return fmt.Errorf("subscriptions: health of %q: %w", s.name, ErrSubscriberStopped)
+	case StateHalted:
+		var on EventRef
+		if st.Failing != nil {
+			on = *st.Failing
+		}
+		return fmt.Errorf("subscriptions: health of %q: event %q (type %q, position %d), %d attempts, last error %q: %w",
+			s.name, on.ID, on.Type, on.Position, st.Attempts, st.LastError, ErrSubscriberHalted)
+	}
+	if st.Lag > 0 {
+		if still := st.CheckedAt.Sub(st.ProgressAt); still > s.stuckThreshold {
+			return fmt.Errorf("subscriptions: health of %q: lag %d, checkpoint %d unchanged for %v (threshold %v): %w",
+				s.name, st.Lag, st.Position, still.Round(time.Millisecond), s.stuckThreshold, ErrSubscriberStuck)
+		}
+		if s.maxLagTime > 0 && st.LagSeconds > s.maxLagTime.Seconds() {
+			return fmt.Errorf("subscriptions: health of %q: oldest unhandled event is %.3fs old (limit %v): %w",
+				s.name, st.LagSeconds, s.maxLagTime, ErrLagTooOld)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,429 @@
+package subscriptions
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/eventfeed/subscriptions/domain"
+)
+
+// InstrumentationName is the OpenTelemetry instrumentation scope of the
+// meters and tracers this package obtains from its providers.
+const InstrumentationName = "github.com/eventfeed/subscriptions"
+
+// Metric names; docs/observability.md describes each with its unit and
+// attributes.
+const (
+	MetricEvents          = "subscriptions.events"
+	MetricBatchDuration   = "subscriptions.batch.duration"
+	MetricHandlerDuration = "subscriptions.handler.duration"
+	MetricWakeLatency     = "subscriptions.wake.latency"
+	MetricLag             = "subscriptions.lag"
+	MetricLagTime         = "subscriptions.lag.time"
+	MetricParked          = "subscriptions.parked"
+)
+
+// Attribute keys on the metrics and spans.
+const (
+	AttrSubscriber    = attribute.Key("subscriptions.subscriber")
+	AttrOutcome       = attribute.Key("subscriptions.outcome")
+	AttrEventID       = attribute.Key("subscriptions.event.id")
+	AttrEventType     = attribute.Key("subscriptions.event.type")
+	AttrEventPosition = attribute.Key("subscriptions.event.position")
+	AttrAttempt       = attribute.Key("subscriptions.attempt")
+	AttrBatchSize     = attribute.Key("subscriptions.batch.size")
+)
+
+// Values of AttrOutcome on MetricEvents.
+const (
+	OutcomeHandled  = "handled"  // committed with the checkpoint advance
+	OutcomeRetried  = "retried"  // an attempt failed and the event will be tried again
+	OutcomeFailed   = "failed"   // an attempt failed without a parking lot: the subscriber halts on it
+	OutcomeParked   = "parked"   // parked after its last attempt failed
+	OutcomeReplayed = "replayed" // a parked event handled successfully by ReplayParked
+)
+
+// Span names.
+const (
+	SpanBatch  = "subscriptions.batch"
+	SpanHandle = "subscriptions.handle"
+	SpanReplay = "subscriptions.replay"
+)
+
+// durationBuckets are the histogram boundaries, in seconds, from half a
+// millisecond (an in-memory handler) to ten seconds (a stalled batch): the
+// SDK's default boundaries are meant for milliseconds.
+var durationBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+
+// telemetry is one Subscriber's instrumentation: its OpenTelemetry
+// instruments and tracer, and the live state that Status reports. Run's
+// goroutine feeds it at a few points of the batch cycle; Status, Healthy
+// and metric collection read it from any goroutine, so the live state sits
+// behind a mutex. With the default (global, no-op until an SDK is
+// installed) providers, every hook costs a few nanoseconds: instruments
+// report themselves disabled, and handler spans are started only when the
+// batch span records.
+type telemetry struct {
+	name   string
+	tracer trace.Tracer
+	meter  metric.Meter
+	off    bool // tests: no instrumentation at all, the benchmark baseline
+
+	events          metric.Int64Counter
+	batchDuration   metric.Float64Histogram
+	handlerDuration metric.Float64Histogram
+	wakeLatency     metric.Float64Histogram
+	lag             metric.Int64ObservableGauge
+	lagTime         metric.Float64ObservableGauge
+	parked          metric.Int64ObservableGauge
+
+	attrs    metric.MeasurementOption // subscriber only
+	outcomes map[string]metric.AddOption
+
+	mu   sync.Mutex
+	live liveStatus
+}
+
+// liveStatus is what only the running process knows about a subscriber.
+type liveStatus struct {
+	state       State
+	failing     *EventRef
+	attempt     int
+	lastError   string
+	lastErrorAt time.Time
+	errorEvent  *EventRef
+	lastCommit  time.Time
+	// progressPos and progressAt are the checkpoint as last seen to move
+	// and when: by a commit of this process, or by Status reading a new
+	// position. Healthy's stuck check measures from progressAt.
+	progressPos int64
+	progressAt  time.Time
+}
+
+// newTelemetry creates the instruments. A provider that fails to create
+// one (it never happens with the API's own no-op or the SDK) yields an
+// error naming the instrument, returned by NewSubscriber.
+func newTelemetry(name string, mp metric.MeterProvider, tp trace.TracerProvider) (*telemetry, error) {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	t := &telemetry{
+		name:   name,
+		tracer: tp.Tracer(InstrumentationName),
+		meter:  mp.Meter(InstrumentationName),
+		live:   liveStatus{state: StateStopped, progressPos: -1, progressAt: time.Now()},
+	}
+	sub := attribute.String(string(AttrSubscriber), name)
+	t.attrs = metric.WithAttributeSet(attribute.NewSet(sub))
+	t.outcomes = make(map[string]metric.AddOption, 5)
+	for _, o := range []string{OutcomeHandled, OutcomeRetried, OutcomeFailed, OutcomeParked, OutcomeReplayed} {
+		t.outcomes[o] = metric.WithAttributeSet(attribute.NewSet(sub, AttrOutcome.String(o)))
+	}
+	var err error
+	m := t.meter
+	if t.events, err = m.Int64Counter(MetricEvents, metric.WithUnit("{event}"),
+		metric.WithDescription("Events by what became of them: handled, retried, failed, parked, replayed.")); err != nil {
+		return nil, fmt.Errorf("metric %s: %w", MetricEvents, err)
+	}
+	hist := func(name, desc string) (metric.Float64Histogram, error) {
+		h, err := m.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc),
+			metric.WithExplicitBucketBoundaries(durationBuckets...))
+		if err != nil {
+			return nil, fmt.Errorf("metric %s: %w", name, err)
+		}
+		return h, nil
+	}
+	if t.batchDuration, err = hist(MetricBatchDuration, "Duration of a batch, from acquiring the checkpoint to commit or rollback."); err != nil {
+		return nil, err
+	}
+	if t.handlerDuration, err = hist(MetricHandlerDuration, "Duration of one handler call."); err != nil {
+		return nil, err
+	}
+	if t.wakeLatency, err = hist(MetricWakeLatency, "From a wake signal's arrival to the start of the first handler call it led to."); err != nil {
+		return nil, err
+	}
+	if t.lag, err = m.Int64ObservableGauge(MetricLag, metric.WithUnit("{event}"),
+		metric.WithDescription("Feed head minus the committed checkpoint.")); err != nil {
+		return nil, fmt.Errorf("metric %s: %w", MetricLag, err)
+	}
+	if t.lagTime, err = m.Float64ObservableGauge(MetricLagTime, metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest event not yet handled; 0 when caught up.")); err != nil {
+		return nil, fmt.Errorf("metric %s: %w", MetricLagTime, err)
+	}
+	if t.parked, err = m.Int64ObservableGauge(MetricParked, metric.WithUnit("{event}"),
+		metric.WithDescription("Events parked for the subscriber.")); err != nil {
+		return nil, fmt.Errorf("metric %s: %w", MetricParked, err)
+	}
+	return t, nil
+}
+
+// observe registers the gauges' callback for the duration of a Run: each
+// collection runs Status (a few indexed reads, see Status), so a process
+// that is not running the subscriber does not report it. The returned
+// function unregisters it.
+func (t *telemetry) observe(s *Subscriber) func() {
+	if t.off {
+		return func() {}
+	}
+	reg, err := t.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		st, err := s.Status(ctx)
+		if err != nil {
+			return err
+		}
+		o.ObserveInt64(t.lag, st.Lag, t.attrs)
+		o.ObserveFloat64(t.lagTime, st.LagSeconds, t.attrs)
+		if st.Parked >= 0 {
+			o.ObserveInt64(t.parked, int64(st.Parked), t.attrs)
+		}
+		return nil
+	}, t.lag, t.lagTime, t.parked)
+	if err != nil {
+		s.logger.Warn("subscriber: registering the lag gauges failed; they will not be reported", "subscriber", s.name, "error", err)
+		return func() {}
+	}
+	return func() {
+		if err := reg.Unregister(); err != nil {
+			s.logger.Warn("subscriber: unregistering the lag gauges failed", "subscriber", s.name, "error", err)
+		}
+	}
+}
+
+// count adds n events with an outcome.
+func (t *telemetry) count(ctx context.Context, outcome string, n int) {
+	if t.off || n <= 0 {
+		return
+	}
+	t.events.Add(ctx, int64(n), t.outcomes[outcome])
+}
+
+// setState records the run state; running and idle clear a failure that
+// is over.
+func (t *telemetry) setState(state State) {
+	t.mu.Lock()
+	t.live.state = state
+	if state != StateRetrying && state != StateHalted {
+		t.live.failing, t.live.attempt = nil, 0
+	}
+	t.mu.Unlock()
+}
+
+// started and stopped bracket Run.
+func (t *telemetry) started() {
+	t.mu.Lock()
+	t.live.state = StateRunning
+	t.live.progressAt = time.Now()
+	t.mu.Unlock()
+}
+
+// fail records a failed handler attempt or a failure outside a handler
+// (ev nil). state is the resulting state, "" to keep the current one;
+// attempt 0 counts the attempts at the same failing event.
+func (t *telemetry) fail(state State, ev *domain.EventEnvelope[any], attempt int, err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.live.lastError, t.live.lastErrorAt, t.live.errorEvent = err.Error(), time.Now().UTC(), nil
+	if ev != nil {
+		ref := &EventRef{ID: ev.ID, Type: ev.EventType, Position: ev.Position}
+		t.live.errorEvent = ref
+		if state != "" {
+			if attempt == 0 { // count: the same event failing again
+				attempt = 1
+				if f := t.live.failing; f != nil && f.ID == ref.ID && f.Position == ref.Position {
+					attempt = t.live.attempt + 1
+				}
+			}
+			t.live.failing, t.live.attempt = ref, attempt
+		}
+	}
+	if state != "" {
+		t.live.state = state
+	}
+}
+
+// committed records a batch commit that moved the checkpoint to position.
+func (t *telemetry) committed(position int64) {
+	now := time.Now()
+	t.mu.Lock()
+	t.live.lastCommit = now.UTC()
+	t.live.progressPos, t.live.progressAt = position, now
+	t.live.state = StateRunning
+	t.live.failing, t.live.attempt = nil, 0
+	t.mu.Unlock()
+}
+
+// seen records a checkpoint position read by Status and returns the
+// live state with the time the checkpoint was last seen to move.
+func (t *telemetry) seen(position int64) liveStatus {
+	now := time.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if position != t.live.progressPos {
+		t.live.progressPos, t.live.progressAt = position, now
+	}
+	return t.live
+}
+
+// batchSpan is one batch's instrumentation, started once its events are
+// known.
+type batchSpan struct {
+	t     *telemetry
+	span  trace.Span
+	start time.Time
+	// recording: handler spans are started only under a recording batch
+	// span, so that an application without a tracing SDK pays nothing per
+	// event.
+	recording bool
+}
+
+// startBatch starts a batch's span and clock. attempt is 0 for an
+// ordinary batch and the attempt number for a retry of one event.
+func (t *telemetry) startBatch(ctx context.Context, events []domain.EventEnvelope[any], attempt int) (context.Context, *batchSpan) {
+	b := &batchSpan{t: t}
+	if t.off {
+		return ctx, b
+	}
+	if t.batchDuration.Enabled(ctx) {
+		b.start = time.Now()
+	}
+	ctx, b.span = t.tracer.Start(ctx, SpanBatch, trace.WithSpanKind(trace.SpanKindInternal))
+	if b.recording = b.span.IsRecording(); b.recording {
+		attrs := []attribute.KeyValue{AttrSubscriber.String(t.name), AttrBatchSize.Int(len(events))}
+		if len(events) > 0 {
+			attrs = append(attrs, AttrEventPosition.Int64(events[0].Position))
+		}
+		if attempt > 0 {
+			attrs = append(attrs, AttrAttempt.Int(attempt))
+		}
+		b.span.SetAttributes(attrs...)
+	}
+	return ctx, b
+}
+
+// end ends the batch span (recording err, if any) and its duration.
+func (b *batchSpan) end(ctx context.Context, err error) {
+	if b.t.off {
+		return
+	}
+	if !b.start.IsZero() {
+		b.t.batchDuration.Record(ctx, time.Since(b.start).Seconds(), b.t.attrs)
+	}
+	if b.recording && err != nil {
+		b.span.RecordError(err)
+		b.span.SetStatus(codes.Error, err.Error())
+	}
+	b.span.End()
+}
+
+// handle runs the handler for one attempt at ev, under a span that links
+// to the trace the event was appended in (see TracingEventStore), and
+// records its duration. wokenAt, when set, is the wake signal that led to
+// this call.
+func (b *batchSpan) handle(ctx context.Context, h Handler, ev domain.EventEnvelope[any], attempt int, wokenAt time.Time) error {
+	t := b.t
+	if t.off {
+		return h(ctx, ev)
+	}
+	return t.handle(ctx, b.recording, SpanHandle, h, ev, attempt, wokenAt)
+}
+
+func (t *telemetry) handle(ctx context.Context, recording bool, name string, h Handler, ev domain.EventEnvelope[any], attempt int, wokenAt time.Time) error {
+	var start time.Time
+	if t.handlerDuration.Enabled(ctx) || (!wokenAt.IsZero() && t.wakeLatency.Enabled(ctx)) {
+		start = time.Now()
+		if !wokenAt.IsZero() {
+			t.wakeLatency.Record(ctx, start.Sub(wokenAt).Seconds(), t.attrs)
+		}
+	}
+	var span trace.Span
+	if recording {
+		opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
+			AttrSubscriber.String(t.name), AttrEventID.String(ev.ID), AttrEventType.String(ev.EventType),
+			AttrEventPosition.Int64(ev.Position), AttrAttempt.Int(attempt))}
+		if sc := appendSpanContext(ev); sc.IsValid() {
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
+		}
+		ctx, span = t.tracer.Start(ctx, name, opts...)
+	}
+	err := h(ctx, ev)
+	if !start.IsZero() {
+		t.handlerDuration.Record(ctx, time.Since(start).Seconds(), t.attrs)
+	}
+	if span != nil {
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}
+	return err
+}
+
+// callHandler runs one handler call through r.handle (timeout, shutdown
+// grace) in the Handler shape the batch span wraps; r.stopped keeps
+// handle's stopped answer for the caller.
+func (r *runner) callHandler(ctx context.Context, ev domain.EventEnvelope[any]) error {
+	var err error
+	r.stopped, err = r.handle(ctx, ev)
+	return err
+}
+
+// replayHandler wraps h for ReplayParked: a span of its own (a replay is
+// not part of a batch) linked to the event's append.
+func (t *telemetry) replayHandler(h Handler) Handler {
+	if t.off {
+		return h
+	}
+	return func(ctx context.Context, ev domain.EventEnvelope[any]) error {
+		return t.handle(ctx, true, SpanReplay, h, ev, 0, time.Time{})
+	}
+}
+
+// traceContext is the W3C Trace Context propagator: TracingEventStore
+// writes with it and handler spans read with it, whatever the
+// application's global propagator is (the default global one does
+// nothing).
+var traceContext propagation.TraceContext
+
+// appendSpanContext reads the span context TracingEventStore stored in the
+// event's metadata; invalid when there is none.
+func appendSpanContext(ev domain.EventEnvelope[any]) trace.SpanContext {
+	if len(ev.Metadata) == 0 {
+		return trace.SpanContext{}
+	}
+	if _, ok := ev.Metadata[MetadataTraceParent].(string); !ok {
+		return trace.SpanContext{}
+	}
+	ctx := traceContext.Extract(context.Background(), metadataCarrier(ev.Metadata))
+	return trace.SpanContextFromContext(ctx)
+}
+
+// metadataCarrier adapts event metadata to the propagation API; only
+// string values are read.
+type metadataCarrier map[string]any
+
+func (c metadataCarrier) Get(key string) string {
+	v, _ := c[key].(string)
+	return v
+}
+
+func (c metadataCarrier) Set(key, value string) { c[key] = value }
+
+func (c metadataCarrier) Keys() []string {
+	keys := make([]string, 0, len(c))
+	for k := range c {
+		keys = append(keys, k)
+	}
+	return keys
+}
