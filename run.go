@@ -506,6 +506,7 @@ func (r *runner) retry(ctx context.Context, start int64, ev domain.EventEnvelope
 		return abandon("subscriber: parking the event failed; it will be retried", err)
 	}
 	finished = true
+	s.tel.fail("", &ev, 0, cause)
 	if err := batch.Commit(bctx, ev.Position); err != nil {
 		batchErr = err
 		s.logger.Error("subscriber: committing a parked event failed; it will be retried", append(s.eventAttrs(ev), "error", err)...)
@@ -514,7 +515,6 @@ func (r *runner) retry(ctx context.Context, start int64, ev domain.EventEnvelope
 	}
 	s.logger.Error("subscriber: event parked after exhausting its retries",
 		append(s.eventAttrs(ev), "attempts", attempt, "error", cause)...)
-	s.tel.fail("", &ev, 0, cause)
 	s.tel.committed(ev.Position)
 	s.tel.count(tctx, OutcomeParked, 1)
 	return outcomeMore, true, nil
