@@ -181,13 +181,15 @@ func runUntil(ctx context.Context, sub *subscriptions.Subscriber, done <-chan st
 // variants race through the same history at the same time, each with a
 // projection table (on SQLite, a database file) of its own.
 type dbContestant struct {
-	kind    string // "baseline", "library", "library+parking"
-	app     string // Postgres: the pool's application_name suffix
-	db      *gorm.DB
-	store   domain.EventStore
-	cps     *subscriptions.GormCheckpointStore
-	lot     *subscriptions.GormParkingLot
-	table   string
+	kind  string // "baseline", "library", "library+parking"
+	app   string // Postgres: the pool's application_name suffix
+	db    *gorm.DB
+	store domain.EventStore
+	cps   *subscriptions.GormCheckpointStore
+	lot   *subscriptions.GormParkingLot
+	table string
+	// opts are extra subscriber options of a library variant.
+	opts    []subscriptions.SubscriberOption
 	handled atomic.Int64  // events upserted in this race
 	elapsed time.Duration // from the start to the last commit
 }
@@ -243,7 +245,17 @@ func (c *dbContestant) check(want int64) error {
 }
 
 func runCatchupPostgres(ctx context.Context, b *bench) ([]Row, error) {
-	dsn, err := b.newSchema(ctx, "catchup")
+	cs, err := postgresContestants(ctx, b, "catchup", contestantKinds)
+	if err != nil {
+		return nil, err
+	}
+	return catchupDB(ctx, b, cs, "each on a pool and a projection table of its own in the same database", parkingRows)
+}
+
+// postgresContestants opens one pool, event store and projection table per
+// variant on a schema filled with the scenario's history.
+func postgresContestants(ctx context.Context, b *bench, schema string, kinds []string) ([]*dbContestant, error) {
+	dsn, err := b.newSchema(ctx, schema)
 	if err != nil {
 		return nil, err
 	}
@@ -259,11 +271,11 @@ func runCatchupPostgres(ctx context.Context, b *bench) ([]Row, error) {
 		return nil, err
 	}
 	var cs []*dbContestant
-	for i, kind := range contestantKinds {
+	for i, kind := range kinds {
 		// A pool of its own each, as separate processes would have: with a
 		// shared pool the variants trade connections, and an A/A run
 		// (the same variant twice) showed a steady ~10% bias by position.
-		app := fmt.Sprintf("catchup%d", i)
+		app := fmt.Sprintf("%s%d", schema, i)
 		own, err := b.openPGAs(dsn, app, 4, nil)
 		if err != nil {
 			return nil, err
@@ -274,7 +286,22 @@ func runCatchupPostgres(ctx context.Context, b *bench) ([]Row, error) {
 		}
 		cs = append(cs, &dbContestant{kind: kind, app: app, db: own, store: ownStore, table: fmt.Sprintf("bench_projection_%d", i)})
 	}
-	return catchupDB(ctx, b, cs, "each on a pool and a projection table of its own in the same database")
+	return cs, nil
+}
+
+// parkingRows are scenarios 2 and 3's rows: each library variant against
+// the plain baseline (contestant 0).
+func parkingRows(cs []*dbContestant, batch int, rate func(int) float64, bname, note string) []Row {
+	var rows []Row
+	for i, c := range cs[1:] {
+		label := "no parking lot"
+		if c.kind == "library+parking" {
+			label = "parking lot"
+		}
+		r := newRow(fmt.Sprintf("batch %d, %s", batch, label), rate(i+1), rate(0), "ev/s", bname).note(note)
+		rows = append(rows, r.goal(">= 0.85", r.Ratio != nil && *r.Ratio >= 0.85))
+	}
+	return rows
 }
 
 func runCatchupSQLite(ctx context.Context, b *bench) ([]Row, error) {
@@ -293,7 +320,7 @@ func runCatchupSQLite(ctx context.Context, b *bench) ([]Row, error) {
 		}
 		cs = append(cs, &dbContestant{kind: kind, db: db, store: store, table: "bench_projection"})
 	}
-	return catchupDB(ctx, b, cs, "each on a database file of its own (SQLite has one writer per database), filled alike")
+	return catchupDB(ctx, b, cs, "each on a database file of its own (SQLite has one writer per database), filled alike", parkingRows)
 }
 
 func fillDB(ctx context.Context, b *bench, db *gorm.DB, store domain.EventStore) error {
@@ -314,7 +341,8 @@ func fillDB(ctx context.Context, b *bench, db *gorm.DB, store domain.EventStore)
 // that the machine's load (other processes on a shared machine) weighs on
 // every variant alike; each rate is taken over the time until the first
 // variant finished.
-func catchupDB(ctx context.Context, b *bench, cs []*dbContestant, where string) ([]Row, error) {
+func catchupDB(ctx context.Context, b *bench, cs []*dbContestant, where string,
+	rowsFor func(cs []*dbContestant, batch int, rate func(int) float64, bname, note string) []Row) ([]Row, error) {
 	n := int64(b.sizes().dbEvents)
 	for _, c := range cs {
 		if err := c.prepare(); err != nil {
@@ -354,6 +382,7 @@ func catchupDB(ctx context.Context, b *bench, cs []*dbContestant, where string) 
 				if c.kind == "library+parking" {
 					opts = append(opts, subscriptions.WithParkingLot(c.lot))
 				}
+				opts = append(opts, c.opts...)
 				errs[i] = libraryCatchup(ctx, c, name, n, opts, start)
 			})
 		}
@@ -417,14 +446,7 @@ func catchupDB(ctx context.Context, b *bench, cs []*dbContestant, where string) 
 		if serverCPU[0] != "" {
 			note += "; Postgres backend CPU per event over the race (from /proc): " + strings.Join(serverCPU, ", ")
 		}
-		for i, c := range cs[1:] {
-			label := "no parking lot"
-			if c.kind == "library+parking" {
-				label = "parking lot"
-			}
-			r := newRow(fmt.Sprintf("batch %d, %s", batch, label), rate(i+1), rate(0), "ev/s", bname).note(note)
-			rows = append(rows, r.goal(">= 0.85", r.Ratio != nil && *r.Ratio >= 0.85))
-		}
+		rows = append(rows, rowsFor(cs, batch, rate, bname, note)...)
 	}
 	return rows, nil
 }

@@ -14,7 +14,8 @@
 //	go run ./cmd/subbench -json -cpuprofile cpu.out
 //
 // Scenarios: memory (1), postgres (2), sqlite (3), latency (4),
-// replicas (5), idle (6), appends (7); "catchup" selects 1-3.
+// replicas (5), idle (6), appends (7), telemetry (8); "catchup" selects
+// 1-3.
 package main
 
 import (
@@ -93,6 +94,7 @@ var scenarios = []scenario{
 	{"replicas", "5", "replicas, Postgres", runReplicas},
 	{"idle", "6", "idle cost, Postgres", runIdle},
 	{"appends", "7", "appends, Postgres", runAppends},
+	{"telemetry", "8", "OpenTelemetry SDK installed vs not", runTelemetry},
 }
 
 func main() {

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/infrastructure"
+)
+
+// discardSpans is a span exporter that drops what it is given.
+type discardSpans struct{}
+
+func (discardSpans) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (discardSpans) Shutdown(context.Context) error                             { return nil }
+
+// discardMetrics is a metric exporter that drops what it is given.
+type discardMetrics struct{}
+
+func (discardMetrics) Temporality(k sdkmetric.InstrumentKind) metricdata.Temporality {
+	return sdkmetric.DefaultTemporalitySelector(k)
+}
+
+func (discardMetrics) Aggregation(k sdkmetric.InstrumentKind) sdkmetric.Aggregation {
+	return sdkmetric.DefaultAggregationSelector(k)
+}
+func (discardMetrics) Export(context.Context, *metricdata.ResourceMetrics) error { return nil }
+func (discardMetrics) ForceFlush(context.Context) error                          { return nil }
+func (discardMetrics) Shutdown(context.Context) error                            { return nil }
+
+// telemetrySDK is an OpenTelemetry SDK as an application would install
+// it, exporting to exporters that drop everything: every span sampled and
+// batched, metrics collected every second (which runs the lag gauges'
+// Status queries).
+func telemetrySDK() (opts []subscriptions.SubscriberOption, shutdown func(context.Context) error) {
+	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(
+		sdkmetric.NewPeriodicReader(discardMetrics{}, sdkmetric.WithInterval(time.Second))))
+	traces := sdktrace.NewTracerProvider(sdktrace.WithBatcher(discardSpans{}))
+	return []subscriptions.SubscriberOption{subscriptions.WithMeterProvider(meters), subscriptions.WithTracerProvider(traces)},
+		func(ctx context.Context) error {
+			return errors.Join(meters.Shutdown(ctx), traces.Shutdown(ctx))
+		}
+}
+
+// runTelemetry: scenario 8. The Postgres projection catch-up of scenario 2
+// raced by three contestants at once: the plain baseline, the library
+// with no SDK installed (the global no-op providers), and the library
+// with an SDK installed; then the memory catch-up with a no-op handler,
+// where nothing hides the instrumentation's own cost.
+func runTelemetry(ctx context.Context, b *bench) ([]Row, error) {
+	opts, shutdown := telemetrySDK()
+	defer func() {
+		if err := shutdown(context.Background()); err != nil {
+			b.logf("telemetry SDK shutdown: %v", err)
+		}
+	}()
+	cs, err := postgresContestants(ctx, b, "telemetry", []string{"baseline", "library", "library+sdk"})
+	if err != nil {
+		return nil, err
+	}
+	cs[2].opts = opts
+	rowsFor := func(cs []*dbContestant, batch int, rate func(int) float64, bname, note string) []Row {
+		noSDK := newRow(fmt.Sprintf("batch %d, no SDK installed", batch), rate(1), rate(0), "ev/s", bname).note(note)
+		withSDK := newRow(fmt.Sprintf("batch %d, SDK installed vs no SDK", batch), rate(2), rate(1), "ev/s",
+			"the library with no SDK installed, in the same race").note(note)
+		return []Row{noSDK, withSDK.goal(">= 0.95", withSDK.Ratio != nil && *withSDK.Ratio >= 0.95)}
+	}
+	rows, err := catchupDB(ctx, b, cs, "each on a pool and a projection table of its own in the same database; the SDK samples every span into a batcher that drops them and collects metrics every second", rowsFor)
+	if err != nil {
+		return rows, err
+	}
+	mem, err := telemetryMemory(ctx, b, opts)
+	return append(rows, mem...), err
+}
+
+// telemetryMemory times memory catch-ups with a no-op handler, with and
+// without the SDK, alternating, and reports the medians.
+func telemetryMemory(ctx context.Context, b *bench, opts []subscriptions.SubscriberOption) ([]Row, error) {
+	n := b.sizes().memWindow
+	store := infrastructure.NewMemoryStore()
+	if err := fillStore(ctx, store, n, 1000); err != nil {
+		return nil, err
+	}
+	reps := max(3, b.sizes().memReps)
+	var plain, sdk []float64
+	for rep := range reps {
+		for _, withSDK := range []bool{rep%2 == 0, rep%2 != 0} {
+			var seen atomic.Int64
+			done := make(chan struct{})
+			h := func(context.Context, domain.EventEnvelope[any]) error {
+				if seen.Add(1) == int64(n) {
+					close(done)
+				}
+				return nil
+			}
+			all := []subscriptions.SubscriberOption{subscriptions.WithBatchSize(100), subscriptions.WithLogger(b.libLogger())}
+			if withSDK {
+				all = append(all, opts...)
+			}
+			sub, err := subscriptions.NewSubscriber(fmt.Sprintf("tel-mem-%d-%t", rep, withSDK), store, subscriptions.NewMemoryCheckpointStore(), h, all...)
+			if err != nil {
+				return nil, err
+			}
+			var start time.Time
+			if err := runUntil(ctx, sub, done, func() { start = time.Now() }); err != nil {
+				return nil, err
+			}
+			rate := float64(n) / time.Since(start).Seconds()
+			if withSDK {
+				sdk = append(sdk, rate)
+			} else {
+				plain = append(plain, rate)
+			}
+		}
+	}
+	note := fmt.Sprintf("median of %d catch-ups of %d events each way, alternating; a no-op handler, so this is the SDK's whole cost per event (a span per handler call, a batch span per 100 events, two histogram records)", reps, n)
+	return []Row{newRow("memory, no-op handler: SDK installed vs no SDK", median(sdk), median(plain), "ev/s",
+		"the library with no SDK installed").note(note)}, nil
+}
