@@ -249,7 +249,7 @@ func runCatchupPostgres(ctx context.Context, b *bench) ([]Row, error) {
 	if err != nil {
 		return nil, err
 	}
-	return catchupDB(ctx, b, cs, "each on a pool and a projection table of its own in the same database", parkingRows)
+	return catchupDB(ctx, b, cs, "each on a pool and a projection table of its own in the same database")
 }
 
 // postgresContestants opens one pool, event store and projection table per
@@ -289,21 +289,6 @@ func postgresContestants(ctx context.Context, b *bench, schema string, kinds []s
 	return cs, nil
 }
 
-// parkingRows are scenarios 2 and 3's rows: each library variant against
-// the plain baseline (contestant 0).
-func parkingRows(cs []*dbContestant, batch int, rate func(int) float64, bname, note string) []Row {
-	var rows []Row
-	for i, c := range cs[1:] {
-		label := "no parking lot"
-		if c.kind == "library+parking" {
-			label = "parking lot"
-		}
-		r := newRow(fmt.Sprintf("batch %d, %s", batch, label), rate(i+1), rate(0), "ev/s", bname).note(note)
-		rows = append(rows, r.goal(">= 0.85", r.Ratio != nil && *r.Ratio >= 0.85))
-	}
-	return rows
-}
-
 func runCatchupSQLite(ctx context.Context, b *bench) ([]Row, error) {
 	var cs []*dbContestant
 	for i, kind := range contestantKinds {
@@ -320,7 +305,7 @@ func runCatchupSQLite(ctx context.Context, b *bench) ([]Row, error) {
 		}
 		cs = append(cs, &dbContestant{kind: kind, db: db, store: store, table: "bench_projection"})
 	}
-	return catchupDB(ctx, b, cs, "each on a database file of its own (SQLite has one writer per database), filled alike", parkingRows)
+	return catchupDB(ctx, b, cs, "each on a database file of its own (SQLite has one writer per database), filled alike")
 }
 
 func fillDB(ctx context.Context, b *bench, db *gorm.DB, store domain.EventStore) error {
@@ -341,8 +326,7 @@ func fillDB(ctx context.Context, b *bench, db *gorm.DB, store domain.EventStore)
 // that the machine's load (other processes on a shared machine) weighs on
 // every variant alike; each rate is taken over the time until the first
 // variant finished.
-func catchupDB(ctx context.Context, b *bench, cs []*dbContestant, where string,
-	rowsFor func(cs []*dbContestant, batch int, rate func(int) float64, bname, note string) []Row) ([]Row, error) {
+func catchupDB(ctx context.Context, b *bench, cs []*dbContestant, where string) ([]Row, error) {
 	n := int64(b.sizes().dbEvents)
 	for _, c := range cs {
 		if err := c.prepare(); err != nil {
@@ -382,7 +366,6 @@ func catchupDB(ctx context.Context, b *bench, cs []*dbContestant, where string,
 				if c.kind == "library+parking" {
 					opts = append(opts, subscriptions.WithParkingLot(c.lot))
 				}
-				opts = append(opts, c.opts...)
 				errs[i] = libraryCatchup(ctx, c, name, n, opts, start)
 			})
 		}
@@ -446,7 +429,14 @@ func catchupDB(ctx context.Context, b *bench, cs []*dbContestant, where string,
 		if serverCPU[0] != "" {
 			note += "; Postgres backend CPU per event over the race (from /proc): " + strings.Join(serverCPU, ", ")
 		}
-		rows = append(rows, rowsFor(cs, batch, rate, bname, note)...)
+		for i, c := range cs[1:] {
+			label := "no parking lot"
+			if c.kind == "library+parking" {
+				label = "parking lot"
+			}
+			r := newRow(fmt.Sprintf("batch %d, %s", batch, label), rate(i+1), rate(0), "ev/s", bname).note(note)
+			rows = append(rows, r.goal(">= 0.85", r.Ratio != nil && *r.Ratio >= 0.85))
+		}
 	}
 	return rows, nil
 }
