@@ -86,13 +86,12 @@ type Status struct {
 // lock, so it is cheap enough for a metrics scrape or a readiness probe.
 // Safe for concurrent use, including while Run runs.
 //
-// A database error is returned as is (wrapped with the subscriber's name),
-// with a zero Status. A checkpoint ahead of the head returns the Status
+// A database error is returned with a zero Status. A checkpoint ahead of the head returns the Status
 // (lag 0) with an error wrapping ErrCheckpointAhead, as Lag does.
 func (s *Subscriber) Status(ctx context.Context) (Status, error) {
 	position, err := s.checkpoints.Position(ctx, s.name)
 	if err != nil {
-		return Status{}, fmt.Errorf("subscriptions: status of %q: %w", s.name, err)
+		return Status{}, err // the store names the subscriber
 	}
 	head, err := s.events.HeadPosition(ctx)
 	if err != nil {
@@ -113,7 +112,7 @@ func (s *Subscriber) Status(ctx context.Context) (Status, error) {
 	if s.parking != nil {
 		n, err := countParked(ctx, s.parking, s.name)
 		if err != nil {
-			return Status{}, fmt.Errorf("subscriptions: status of %q: %w", s.name, err)
+			return Status{}, err // the lot names the subscriber
 		}
 		st.Parked = n
 	}
@@ -141,7 +140,7 @@ func countParked(ctx context.Context, lot ParkingLot, subscriber string) (int, e
 	}
 	parked, err := lot.List(ctx, subscriber)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("subscriptions: count parked events of %q: %w", subscriber, err)
 	}
 	return len(parked), nil
 }
@@ -176,7 +175,7 @@ var (
 func (s *Subscriber) Healthy(ctx context.Context) error {
 	st, err := s.Status(ctx)
 	if err != nil {
-		return fmt.Errorf("subscriptions: health of %q: %w", s.name, err)
+		return err // Status names the subscriber
 	}
 	switch st.State {
 	case StateStopped:
