@@ -73,6 +73,17 @@
 // that ends on it has failed and is retried or parked like any failure.
 // Both only stop handlers that honour their context.
 //
+// # Observability
+//
+// Status reports a subscriber's state, its lag in events and in time, its
+// parked events and its last failure; Healthy turns them into a readiness
+// check. Metrics and spans go through the OpenTelemetry API to the
+// providers of WithMeterProvider and WithTracerProvider (the globals by
+// default, which do nothing until the application installs an SDK).
+// TracingEventStore records the appending request's trace context in each
+// event's metadata, and the handler spans link to it. docs/observability.md
+// names every metric and span.
+//
 // # Concurrency
 //
 // Subscribers, checkpoint stores, parking lots, notifiers and listeners are
