@@ -98,7 +98,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			continue
 		case outcomeIdle:
 			check = true
-			s.tel.setState(StateIdle)
+			s.tel.caughtUp()
 			if rechecks >= 0 && rechecks < len(wakeRechecks) {
 				wait = wakeRechecks[rechecks]
 				rechecks++

@@ -72,9 +72,9 @@ type Status struct {
 	// LastCommitAt is when this process last committed a batch that moved
 	// the checkpoint.
 	LastCommitAt time.Time `json:"last_commit_at,omitzero"`
-	// ProgressAt is when the checkpoint was last seen to move, by a commit
-	// of this process or by a Status call that read a new position. It is
-	// what Healthy's stuck check measures from.
+	// ProgressAt is when the checkpoint was last seen to move or to be
+	// caught up: by a commit or an idle cycle of this process's Run, or by a
+	// Status call. It is what Healthy's stuck check measures from.
 	ProgressAt time.Time `json:"progress_at"`
 	// CheckedAt is when the snapshot was taken.
 	CheckedAt time.Time `json:"checked_at"`
@@ -116,7 +116,7 @@ func (s *Subscriber) Status(ctx context.Context) (Status, error) {
 		}
 		st.Parked = n
 	}
-	live := s.tel.seen(position)
+	live := s.tel.seen(position, head)
 	st.State = live.state
 	st.Failing, st.Attempts = live.failing, live.attempt
 	st.LastError, st.LastErrorAt, st.LastErrorEvent = live.lastError, live.lastErrorAt, live.errorEvent
@@ -169,9 +169,10 @@ var (
 // ErrLagTooOld when WithMaxLagTime is set and exceeded, and the database
 // error when Status cannot read the database. It costs one Status call.
 //
-// "Not moved" is measured from the last movement this process saw (see
-// Status.ProgressAt), so a stuck subscriber is reported at most the
-// threshold after Run started or after the checkpoint last moved.
+// "Not moved" is measured from the last time this process saw the
+// checkpoint move or catch up with the head (see Status.ProgressAt), so a
+// stuck subscriber is reported at most the threshold after Run started,
+// the checkpoint last moved or the subscriber was last caught up.
 func (s *Subscriber) Healthy(ctx context.Context) error {
 	st, err := s.Status(ctx)
 	if err != nil {

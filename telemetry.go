@@ -103,8 +103,9 @@ type liveStatus struct {
 	errorEvent  *EventRef
 	lastCommit  time.Time
 	// progressPos and progressAt are the checkpoint as last seen to move
-	// and when: by a commit of this process, or by Status reading a new
-	// position. Healthy's stuck check measures from progressAt.
+	// or to be caught up, and when: by a commit or an idle cycle of this
+	// process, or by Status reading a new position or no lag. Healthy's
+	// stuck check measures from progressAt.
 	progressPos int64
 	progressAt  time.Time
 }
@@ -263,16 +264,28 @@ func (t *telemetry) committed(position int64) {
 	t.mu.Unlock()
 }
 
-// seen records a checkpoint position read by Status and returns the
-// live state with the time the checkpoint was last seen to move.
-func (t *telemetry) seen(position int64) liveStatus {
+// seen records a checkpoint position and feed head read by Status and
+// returns the live state with the time the checkpoint was last seen to
+// move or to be caught up.
+func (t *telemetry) seen(position, head int64) liveStatus {
 	now := time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if position != t.live.progressPos {
+	if position != t.live.progressPos || position >= head {
 		t.live.progressPos, t.live.progressAt = position, now
 	}
 	return t.live
+}
+
+// caughtUp records that Run found nothing past the checkpoint: the stuck
+// clock starts again, so an event appended to a long-idle subscriber is
+// not taken for one that waited all that time.
+func (t *telemetry) caughtUp() {
+	t.mu.Lock()
+	t.live.state = StateIdle
+	t.live.failing, t.live.attempt = nil, 0
+	t.live.progressAt = time.Now()
+	t.mu.Unlock()
 }
 
 // batchSpan is one batch's instrumentation, started once its events are

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -109,7 +110,16 @@ func runTelemetry(ctx context.Context, b *bench) ([]Row, error) {
 				rates[i] = append(rates[i], float64(n)/c.elapsed.Seconds())
 			}
 		}
-		note := fmt.Sprintf("%d events, one upsert per event through TxFromContext; each contestant alone, %d rounds in rotating order, medians; the SDK samples every span into a batcher that drops them and collects metrics every second", n, reps)
+		each := make([]string, len(cs))
+		for i, c := range cs {
+			var rs []string
+			for _, r := range rates[i] {
+				rs = append(rs, groupThousands(r))
+			}
+			each[i] = c.kind + " " + strings.Join(rs, "/")
+		}
+		note := fmt.Sprintf("%d events, one upsert per event through TxFromContext; each contestant alone, %d rounds in rotating order, medians (each round, ev/s: %s); the SDK samples every span into a batcher that drops them and collects metrics every second",
+			n, reps, strings.Join(each, ", "))
 		bname := fmt.Sprintf("the same reads and upserts in plain transactions of %d events with a checkpoint UPDATE, no library", batch)
 		noSDK := newRow(fmt.Sprintf("batch %d, no SDK installed", batch), median(rates[1]), median(rates[0]), "ev/s", bname).note(note)
 		withSDK := newRow(fmt.Sprintf("batch %d, SDK installed vs no SDK", batch), median(rates[2]), median(rates[1]), "ev/s",
