@@ -25,3 +25,7 @@ func IsNoPipeline(err error) bool { return errors.Is(err, errNoPipeline) }
 func WithoutTelemetryForTest() SubscriberOption {
 	return func(s *Subscriber) { s.noTelemetry = true }
 }
+
+// SubscriberPipelinesForTest reports whether sub acquires and reads in one
+// round trip.
+func SubscriberPipelinesForTest(sub *Subscriber) bool { return sub.pipelined != nil }

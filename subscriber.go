@@ -153,7 +153,7 @@ func NewSubscriber(name string, events domain.EventStore, checkpoints Checkpoint
 	}
 	s.tel = tel
 	s.tel.off = s.noTelemetry
-	if p, ok := s.checkpoints.(pipelinedAcquirer); ok && p.pipelines(s.events) {
+	if p, ok := s.checkpoints.(pipelinedAcquirer); ok && p.pipelines(undecorated(s.events)) {
 		s.pipelined = p
 	}
 	return s, nil
@@ -188,6 +188,22 @@ func (s *Subscriber) validate() error {
 		return fmt.Errorf("max lag time %v must not be negative (WithMaxLagTime)", s.maxLagTime)
 	}
 	return nil
+}
+
+// undecorated returns the store under this package's decorators
+// (NotifyingEventStore, TracingEventStore), whose reads are the wrapped
+// store's own: the checkpoint store may then read the feed directly.
+func undecorated(store domain.EventStore) domain.EventStore {
+	for {
+		switch d := store.(type) {
+		case *NotifyingEventStore:
+			store = d.EventStore
+		case *TracingEventStore:
+			store = d.EventStore
+		default:
+			return store
+		}
+	}
 }
 
 // isNil reports a nil interface or an interface holding a nil pointer, so

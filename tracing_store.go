@@ -32,9 +32,8 @@ const (
 // Every method other than Append is the wrapped store's own. A
 // TracingEventStore is as safe for concurrent use as the store it wraps,
 // and Close closes the wrapped store. Compose it with NotifyingEventStore
-// in either order. Give subscribers the undecorated store: they only read,
-// and the GORM checkpoint store recognizes a plain GormEventStore to save a
-// round trip per batch on Postgres.
+// in either order. Subscribers may be given the decorated store or the
+// plain one alike: they only read.
 type TracingEventStore struct {
 	domain.EventStore
 }
