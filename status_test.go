@@ -168,7 +168,9 @@ func TestStatusAndHealthyStates(t *testing.T) {
 				failing := func(ctx context.Context, ev domain.EventEnvelope[any]) error {
 					return errors.New("refused")
 				}
-				sub := coreNewSub(t, "status-halt", e.Events, e.Checkpoints, failing, subscriptions.WithPollInterval(5*time.Millisecond))
+				kit := newTelemetryKit(t)
+				sub := coreNewSub(t, "status-halt", e.Events, e.Checkpoints, failing,
+					append(kit.options(), subscriptions.WithPollInterval(5*time.Millisecond))...)
 				start(t, sub)
 				st := statusWait(t, sub, "halted, attempted twice", func(st subscriptions.Status) bool {
 					return st.State == subscriptions.StateHalted && st.Attempts >= 2
@@ -178,6 +180,29 @@ func TestStatusAndHealthyStates(t *testing.T) {
 				err := sub.Healthy(ctx)
 				require.ErrorIs(t, err, subscriptions.ErrSubscriberHalted)
 				require.ErrorContains(t, err, bad.ID)
+				ms := kit.collect(t)
+				require.GreaterOrEqual(t, telemetryCount(t, ms, "status-halt", subscriptions.OutcomeFailed), int64(2))
+				require.Zero(t, telemetryCount(t, ms, "status-halt", subscriptions.OutcomeHandled))
+			})
+
+			t.Run("an event appended to an idle subscriber starts the stuck clock", func(t *testing.T) {
+				e := b.New(t)
+				const threshold = 2 * time.Second
+				// Polls once an hour and has no wake signal: the event stays
+				// waiting.
+				sub := coreNewSub(t, "status-clock", e.Events, e.Checkpoints, coreNoop,
+					subscriptions.WithPollInterval(time.Hour), subscriptions.WithStuckThreshold(threshold))
+				start(t, sub)
+				statusWait(t, sub, "idle", func(st subscriptions.Status) bool { return st.State == subscriptions.StateIdle })
+				before := time.Now()
+				statusAppendAged(t, e.Events, "status.late", time.Hour)
+				err := sub.Healthy(ctx)
+				if time.Since(before) < threshold {
+					require.NoError(t, err, "the subscriber was caught up a moment ago")
+				}
+				require.Eventually(t, func() bool {
+					return errors.Is(sub.Healthy(ctx), subscriptions.ErrSubscriberStuck)
+				}, 30*time.Second, 20*time.Millisecond)
 			})
 
 			t.Run("database unreachable", func(t *testing.T) {
