@@ -52,10 +52,17 @@ import (
 func main() {
 	addr := flag.String("addr", "127.0.0.1:9464", "listen address of the HTTP server")
 	once := flag.Bool("once", false, "append a batch of events, wait for the catch-up, print the subscriptions_* series and exit")
+	plot := flag.String("plot", "", "instead: catch up on a ten-minute backlog, sampling Status, and draw the lag as an SVG into this file")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *addr, *once, os.Stdout); err != nil {
+	var err error
+	if *plot != "" {
+		err = plotCatchUp(ctx, *plot)
+	} else {
+		err = run(ctx, *addr, *once, os.Stdout)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "prometheus example:", err)
 		os.Exit(1)
 	}
@@ -73,43 +80,14 @@ func run(ctx context.Context, addr string, once bool, out io.Writer) (err error)
 	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
 	defer func() { err = errors.Join(err, meters.Shutdown(context.Background())) }()
 
-	dir, err := os.MkdirTemp("", "prometheus-example-")
+	db, cleanup, err := openDatabase()
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	dsn := "file:" + filepath.Join(dir, "app.db") + "?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate"
-	db, err := gorm.Open(sqlite.Open(dsn), &gorm.Config{Logger: logger.Discard})
+	defer cleanup()
+	store, checkpoints, lot, err := openStores(db)
 	if err != nil {
 		return err
-	}
-	sqlDB, err := db.DB()
-	if err != nil {
-		return err
-	}
-	defer sqlDB.Close()
-	store, err := infrastructure.NewGormEventStore(db)
-	if err != nil {
-		return err
-	}
-	checkpoints, err := subscriptions.NewGormCheckpointStore(db)
-	if err != nil {
-		return err
-	}
-	lot, err := subscriptions.NewGormParkingLot(db)
-	if err != nil {
-		return err
-	}
-	if err := db.Exec("CREATE TABLE counts (event_type TEXT PRIMARY KEY, n INTEGER NOT NULL)").Error; err != nil {
-		return err
-	}
-
-	handler := func(ctx context.Context, ev domain.EventEnvelope[any]) error {
-		if ev.EventType == "order.refused" {
-			return fmt.Errorf("order %s: refused by the handler", ev.AggregateID)
-		}
-		return subscriptions.TxFromContext(ctx).Exec(`INSERT INTO counts (event_type, n) VALUES (?, 1)
-			ON CONFLICT (event_type) DO UPDATE SET n = counts.n + 1`, ev.EventType).Error
 	}
 	notifier := subscriptions.NewInProcessNotifier()
 	events := subscriptions.NewNotifyingEventStore(store, notifier.Notify)
@@ -189,6 +167,61 @@ func run(ctx context.Context, addr string, once bool, out io.Writer) (err error)
 			return err
 		}
 	}
+}
+
+// openDatabase opens a SQLite file in a new temporary directory; cleanup
+// closes it and removes the directory.
+func openDatabase() (db *gorm.DB, cleanup func(), err error) {
+	dir, err := os.MkdirTemp("", "prometheus-example-")
+	if err != nil {
+		return nil, nil, err
+	}
+	dsn := "file:" + filepath.Join(dir, "app.db") + "?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate"
+	db, err = gorm.Open(sqlite.Open(dsn), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	return db, func() {
+		_ = sqlDB.Close()
+		_ = os.RemoveAll(dir)
+	}, nil
+}
+
+// openStores creates the event store, the checkpoint store, the parking
+// lot and the projection table.
+func openStores(db *gorm.DB) (*infrastructure.GormEventStore, *subscriptions.GormCheckpointStore, *subscriptions.GormParkingLot, error) {
+	store, err := infrastructure.NewGormEventStore(db)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	checkpoints, err := subscriptions.NewGormCheckpointStore(db)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	lot, err := subscriptions.NewGormParkingLot(db)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := db.Exec("CREATE TABLE counts (event_type TEXT PRIMARY KEY, n INTEGER NOT NULL)").Error; err != nil {
+		return nil, nil, nil, err
+	}
+	return store, checkpoints, lot, nil
+}
+
+// handler counts orders by type through the batch transaction and refuses
+// the order.refused ones.
+func handler(ctx context.Context, ev domain.EventEnvelope[any]) error {
+	if ev.EventType == "order.refused" {
+		return fmt.Errorf("order %s: refused by the handler", ev.AggregateID)
+	}
+	return subscriptions.TxFromContext(ctx).Exec(`INSERT INTO counts (event_type, n) VALUES (?, 1)
+		ON CONFLICT (event_type) DO UPDATE SET n = counts.n + 1`, ev.EventType).Error
 }
 
 // appendOrder appends the i-th order event; every twentieth is one the

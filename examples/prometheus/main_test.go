@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/xml"
+	"strings"
 	"testing"
 	"time"
 
@@ -30,4 +32,11 @@ func TestOnce(t *testing.T) {
 	} {
 		require.Contains(t, got, want)
 	}
+}
+
+// TestLagSVG: the plot is well-formed XML with one line per panel.
+func TestLagSVG(t *testing.T) {
+	svg := lagSVG([]sample{{0, 100, 60}, {time.Second, 50, 30}, {2 * time.Second, 0, 0}})
+	require.NoError(t, xml.Unmarshal([]byte(svg), new(struct{})))
+	require.Equal(t, 2, strings.Count(svg, "<polyline"))
 }
