@@ -55,7 +55,7 @@ func telemetrySDK() (opts []subscriptions.SubscriberOption, shutdown func(contex
 // by three contestants: the plain baseline, the library with no SDK
 // installed (the global no-op providers), and the library with an SDK
 // installed. Unlike scenario 2 they run one at a time, in rotating order,
-// several times, and each figure is the median: in a race, whichever
+// five times, and each figure is the median: in a race, whichever
 // contestant gets ahead is favoured (it reads pages the others then find
 // cached, and wins the CPU), which on this shared machine showed up as
 // differences of ±50% between identical contestants. Then the memory
@@ -79,7 +79,7 @@ func runTelemetry(ctx context.Context, b *bench) ([]Row, error) {
 		}
 	}
 	n := int64(b.sizes().dbEvents)
-	reps := 3
+	reps := 5
 	if b.cfg.Quick {
 		reps = 1
 	}
