@@ -86,6 +86,7 @@ func runTelemetry(ctx context.Context, b *bench) ([]Row, error) {
 	var rows []Row
 	for _, batch := range []int{100, 1000} {
 		rates := make([][]float64, len(cs))
+		cpu := make([][]float64, len(cs)) // process CPU µs per event
 		for rep := range reps {
 			for k := range cs {
 				i := (rep + k) % len(cs)
@@ -94,6 +95,7 @@ func runTelemetry(ctx context.Context, b *bench) ([]Row, error) {
 					return rows, err
 				}
 				name := fmt.Sprintf("%s-b%d-%d", c.kind, batch, rep)
+				cpu0 := processCPU()
 				start := time.Now()
 				if c.kind == "baseline" {
 					err = baselineCatchup(ctx, c, batch, n, name, start)
@@ -108,6 +110,7 @@ func runTelemetry(ctx context.Context, b *bench) ([]Row, error) {
 					return rows, err
 				}
 				rates[i] = append(rates[i], float64(n)/c.elapsed.Seconds())
+				cpu[i] = append(cpu[i], (processCPU()-cpu0).Seconds()*1e6/float64(n))
 			}
 		}
 		each := make([]string, len(cs))
@@ -124,7 +127,10 @@ func runTelemetry(ctx context.Context, b *bench) ([]Row, error) {
 		noSDK := newRow(fmt.Sprintf("batch %d, no SDK installed", batch), median(rates[1]), median(rates[0]), "ev/s", bname).note(note)
 		withSDK := newRow(fmt.Sprintf("batch %d, SDK installed vs no SDK", batch), median(rates[2]), median(rates[1]), "ev/s",
 			"the library with no SDK installed").note(note)
-		rows = append(rows, noSDK, withSDK.goal(">= 0.95", withSDK.Ratio != nil && *withSDK.Ratio >= 0.95))
+		cpuNote := fmt.Sprintf("this process's CPU time (getrusage) over each catch-up divided by the events: client-side work only, hardly moved by other processes' load, unlike the rates; medians of %d rounds", reps)
+		cpuSDK := newRow(fmt.Sprintf("batch %d, process CPU per event: SDK vs no SDK", batch), median(cpu[2]), median(cpu[1]), "µs",
+			"the library with no SDK installed").note(cpuNote)
+		rows = append(rows, noSDK, withSDK.goal(">= 0.95", withSDK.Ratio != nil && *withSDK.Ratio >= 0.95), cpuSDK)
 	}
 	mem, err := telemetryMemory(ctx, b, opts)
 	return append(rows, mem...), err
