@@ -394,8 +394,8 @@ func (r *runner) failed(ctx context.Context, start int64, ev domain.EventEnvelop
 		return outcomeFailed
 	}
 	attempts := 1 + s.maxRetries
+	s.logger.Warn("subscriber: handler failed; retrying", append(s.eventAttrs(ev), "attempt", 1, "of", attempts, "error", err)...)
 	if attempts > 1 {
-		s.logger.Warn("subscriber: handler failed; retrying", append(s.eventAttrs(ev), "attempt", 1, "of", attempts, "error", err)...)
 		s.tel.fail(StateRetrying, &ev, 1, err)
 		s.tel.count(ctx, OutcomeRetried, 1)
 	}
