@@ -295,9 +295,10 @@ type batchSpan struct {
 	span  trace.Span
 	start time.Time
 	// recording: handler spans are started only under a recording batch
-	// span, so that an application without a tracing SDK pays nothing per
-	// event.
-	recording bool
+	// span, and timed: handler calls are timed only when a histogram takes
+	// the figures; both are decided once per batch, so that an application
+	// without an SDK pays nothing per event but a function call.
+	recording, timed bool
 }
 
 // startBatch starts a batch's span and clock. attempt is 0 for an
@@ -310,6 +311,7 @@ func (t *telemetry) startBatch(ctx context.Context, events []domain.EventEnvelop
 	if t.batchDuration.Enabled(ctx) {
 		b.start = time.Now()
 	}
+	b.timed = t.handlerDuration.Enabled(ctx) || t.wakeLatency.Enabled(ctx)
 	ctx, b.span = t.tracer.Start(ctx, SpanBatch, trace.WithSpanKind(trace.SpanKindInternal))
 	if b.recording = b.span.IsRecording(); b.recording {
 		attrs := []attribute.KeyValue{AttrSubscriber.String(t.name), AttrBatchSize.Int(len(events))}
@@ -344,11 +346,10 @@ func (b *batchSpan) end(ctx context.Context, err error) {
 // records its duration. wokenAt, when set, is the wake signal that led to
 // this call.
 func (b *batchSpan) handle(ctx context.Context, h Handler, ev domain.EventEnvelope[any], attempt int, wokenAt time.Time) error {
-	t := b.t
-	if t.off {
+	if b.t.off || !b.recording && !b.timed {
 		return h(ctx, ev)
 	}
-	return t.handle(ctx, b.recording, SpanHandle, h, ev, attempt, wokenAt)
+	return b.t.handle(ctx, b.recording, SpanHandle, h, ev, attempt, wokenAt)
 }
 
 func (t *telemetry) handle(ctx context.Context, recording bool, name string, h Handler, ev domain.EventEnvelope[any], attempt int, wokenAt time.Time) error {
