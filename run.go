@@ -334,6 +334,10 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 		}
 	}
 	finished = true
+	if r.graceExpired() {
+		r.rollback(batch)
+		return outcomeStopped
+	}
 	last := events[len(events)-1].Position
 	if err := batch.Commit(bctx, last); err != nil {
 		r.known = -1
@@ -472,6 +476,10 @@ func (r *runner) retry(ctx context.Context, start int64, ev domain.EventEnvelope
 		}
 		if herr == nil {
 			finished = true
+			if r.graceExpired() {
+				r.rollback(batch)
+				return outcomeStopped, true, nil
+			}
 			if err := batch.Commit(bctx, ev.Position); err != nil {
 				batchErr = err
 				s.logger.Error("subscriber: committing a retried event failed", append(s.eventAttrs(ev), "error", err)...)
@@ -503,9 +511,18 @@ func (r *runner) retry(ctx context.Context, start int64, ev domain.EventEnvelope
 		ParkedAt:   time.Now().UTC(),
 	}
 	if err := s.parking.Park(hctx, parked); err != nil {
+		if r.graceExpired() {
+			finished = true
+			r.rollback(batch)
+			return outcomeStopped, true, nil
+		}
 		return abandon("subscriber: parking the event failed; it will be retried", err)
 	}
 	finished = true
+	if r.graceExpired() {
+		r.rollback(batch)
+		return outcomeStopped, true, nil
+	}
 	s.tel.fail("", &ev, 0, cause)
 	if err := batch.Commit(bctx, ev.Position); err != nil {
 		batchErr = err

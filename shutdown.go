@@ -57,11 +57,17 @@ func (s *Subscriber) drainContext(ctx context.Context) (drain context.Context, s
 }
 
 // handle runs the handler for one event with the per-event timeout.
-// stopped reports a failure caused by the shutdown grace running out: the
+// stopped reports that the shutdown grace ran out during the call: the
 // caller rolls the batch back and stops, instead of retrying or parking
-// an event that did not fail on its own.
+// an event that did not fail on its own. That holds whatever the handler
+// returned: a handler that returns nil after its context was cancelled may
+// have skipped its work, and the handlers after it would run on a
+// cancelled context, so the batch must not commit.
 func (r *runner) handle(hctx context.Context, ev domain.EventEnvelope[any]) (stopped bool, err error) {
 	s := r.s
+	if r.graceExpired() { // expired during an earlier handler: do not start this one
+		return true, ErrShutdownGrace
+	}
 	ctx := hctx
 	if s.handlerTimeout > 0 {
 		var cancel context.CancelFunc
@@ -69,16 +75,26 @@ func (r *runner) handle(hctx context.Context, ev domain.EventEnvelope[any]) (sto
 		defer cancel()
 	}
 	err = s.handler(ctx, ev)
-	if err == nil {
-		return false, nil
-	}
-	if context.Cause(hctx) == ErrShutdownGrace {
+	if r.graceExpired() {
 		s.logger.Warn("subscriber: shutdown grace period expired; the batch is rolled back and delivered again after a restart",
 			append(s.eventAttrs(ev), "grace", s.shutdownGrace, "error", err)...)
+		if err == nil {
+			err = ErrShutdownGrace
+		}
 		return true, err
+	}
+	if err == nil {
+		return false, nil
 	}
 	if context.Cause(ctx) == ErrHandlerTimeout && !errors.Is(err, ErrHandlerTimeout) {
 		err = fmt.Errorf("%w after %v: %w", ErrHandlerTimeout, s.handlerTimeout, err)
 	}
 	return false, err
+}
+
+// graceExpired reports whether the shutdown grace ran out: the batch in
+// flight must roll back, whatever its handlers returned. The run loop
+// checks it after every handler call and again before every commit.
+func (r *runner) graceExpired() bool {
+	return context.Cause(r.drain) == ErrShutdownGrace
 }

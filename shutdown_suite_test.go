@@ -79,61 +79,107 @@ func TestShutdownGraceSuite(t *testing.T) {
 	ctx := context.Background()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
-			t.Run("grace expires: the batch rolls back and is redelivered", func(t *testing.T) {
+			// The hung handler either honours its context (returns its
+			// error) or swallows the cancellation and returns nil; either
+			// way the batch must roll back. The nil case hangs on the
+			// batch's last event, so that no later handler can fail on the
+			// cancelled context and hide a commit.
+			for _, tc := range []struct {
+				name    string
+				hung    int // index of the event whose handler hangs (batch 5..9)
+				returns func(ctx context.Context) error
+			}{
+				{"handler returns its context's error", 6, func(ctx context.Context) error { return ctx.Err() }},
+				{"handler returns nil after the cancellation", 9, func(context.Context) error { return nil }},
+			} {
+				t.Run("grace expires, "+tc.name+": the batch rolls back and is redelivered", func(t *testing.T) {
+					e := b.New(t)
+					ids := appendN(t, e.Events, "grace.event", 0, 10)
+					proj := newCountProjection(t, e)
+					gate := newCoreGate()
+					var hang atomic.Bool
+					hang.Store(true)
+					cause := make(chan error, 1)
+					handler := func(ctx context.Context, ev coreEnvelope) error {
+						if err := proj.apply(ctx, ev); err != nil {
+							return err
+						}
+						if ev.ID == ids[tc.hung] && hang.Load() {
+							select {
+							case gate.entered <- struct{}{}:
+							default:
+							}
+							<-ctx.Done() // a hung call that notices its context
+							cause <- context.Cause(ctx)
+							return tc.returns(ctx)
+						}
+						return nil
+					}
+					logger, logs := newLogger()
+					sub := coreNewSub(t, "grace", e.Events, e.Checkpoints, handler, subscriptions.WithBatchSize(5),
+						subscriptions.WithShutdownGrace(20*time.Millisecond), subscriptions.WithLogger(logger),
+						subscriptions.WithParkingLot(e.Parking), subscriptions.WithMaxRetries(0))
+					run := coreStart(t, sub)
+					gate.waitEntered(t) // the batch of events 5..9 is in flight
+					run.stop(t)         // returns although the handler never would
+					require.ErrorIs(t, <-cause, subscriptions.ErrShutdownGrace)
+					require.Contains(t, logs.String(), "shutdown grace period expired")
+
+					p, err := e.Checkpoints.Position(ctx, sub.Name())
+					require.NoError(t, err)
+					feed := coreFeed(t, e.Events)
+					require.Equal(t, feed[4].Position, p, "the batch in flight rolled back")
+					parked, err := sub.ListParked(ctx)
+					require.NoError(t, err)
+					require.Empty(t, parked, "an event cut off by shutdown is not parked")
+
+					hang.Store(false)
+					run = coreStart(t, sub)
+					_, err = sub.WaitCaughtUp(ctx)
+					require.NoError(t, err)
+					run.stop(t)
+					counts := proj.counts(t)
+					if e.DB == nil {
+						// Memory has no transaction: the rolled-back batch's
+						// events up to the hung one were applied before the cut.
+						for _, id := range ids[5 : tc.hung+1] {
+							require.Equal(t, 2, counts[id])
+							counts[id] = 1
+						}
+					}
+					require.Equal(t, onceEach(ids), counts, "redelivered after the restart")
+				})
+			}
+
+			t.Run("a handler finishing within the grace commits its batch", func(t *testing.T) {
 				e := b.New(t)
-				ids := appendN(t, e.Events, "grace.event", 0, 10)
+				ids := appendN(t, e.Events, "within.event", 0, 10)
 				proj := newCountProjection(t, e)
 				gate := newCoreGate()
-				var hang atomic.Bool
-				hang.Store(true)
-				cause := make(chan error, 1)
+				defer gate.open()
+				ctxErr := make(chan error, 1)
 				handler := func(ctx context.Context, ev coreEnvelope) error {
-					if err := proj.apply(ctx, ev); err != nil {
-						return err
+					if ev.ID == ids[6] {
+						gate.pass()
+						ctxErr <- ctx.Err()
 					}
-					if ev.ID == ids[6] && hang.Load() {
-						select {
-						case gate.entered <- struct{}{}:
-						default:
-						}
-						<-ctx.Done() // a hung call that honours its context
-						cause <- context.Cause(ctx)
-						return ctx.Err()
-					}
-					return nil
+					return proj.apply(ctx, ev)
 				}
-				logger, logs := newLogger()
-				sub := coreNewSub(t, "grace", e.Events, e.Checkpoints, handler, subscriptions.WithBatchSize(5),
-					subscriptions.WithShutdownGrace(20*time.Millisecond), subscriptions.WithLogger(logger),
-					subscriptions.WithParkingLot(e.Parking), subscriptions.WithMaxRetries(0))
+				// A grace no test machine exhausts: the handler is released
+				// right after the cancellation.
+				sub := coreNewSub(t, "within", e.Events, e.Checkpoints, handler, subscriptions.WithBatchSize(5),
+					subscriptions.WithShutdownGrace(time.Hour))
 				run := coreStart(t, sub)
-				gate.waitEntered(t) // the batch of events 5..9 is in flight
-				run.stop(t)         // returns although the handler never would
-				require.ErrorIs(t, <-cause, subscriptions.ErrShutdownGrace)
-				require.Contains(t, logs.String(), "shutdown grace period expired")
-
+				gate.waitEntered(t)
+				run.cancel()
+				gate.open()
+				require.NoError(t, <-ctxErr, "the handler's context is not cancelled within the grace")
+				run.stop(t)
 				p, err := e.Checkpoints.Position(ctx, sub.Name())
 				require.NoError(t, err)
 				feed := coreFeed(t, e.Events)
-				require.Equal(t, feed[4].Position, p, "the batch in flight rolled back")
-				parked, err := sub.ListParked(ctx)
-				require.NoError(t, err)
-				require.Empty(t, parked, "an event cut off by shutdown is not parked")
-
-				hang.Store(false)
-				run = coreStart(t, sub)
-				_, err = sub.WaitCaughtUp(ctx)
-				require.NoError(t, err)
-				run.stop(t)
-				counts := proj.counts(t)
-				if e.DB == nil {
-					// Memory has no transaction: the rolled-back batch's
-					// events 5 and 6 were applied before the cut.
-					require.Equal(t, 2, counts[ids[5]])
-					require.Equal(t, 2, counts[ids[6]])
-					counts[ids[5]], counts[ids[6]] = 1, 1
-				}
-				require.Equal(t, onceEach(ids), counts, "redelivered after the restart")
+				require.Equal(t, feed[9].Position, p, "the batch in flight committed")
+				require.Equal(t, onceEach(ids), proj.counts(t))
 			})
 
 			t.Run("no grace: the batch in flight drains", func(t *testing.T) {

@@ -546,6 +546,12 @@ func TestNewSubscriberValidation(t *testing.T) {
 		{"maximum below initial", func(a *args) {
 			a.opts = append(a.opts, subscriptions.WithRetryBackoff(2*time.Second, time.Second))
 		}, "WithRetryBackoff"},
+		{"negative handler timeout", func(a *args) {
+			a.opts = append(a.opts, subscriptions.WithHandlerTimeout(-time.Second))
+		}, "WithHandlerTimeout"},
+		{"negative shutdown grace", func(a *args) {
+			a.opts = append(a.opts, subscriptions.WithShutdownGrace(-time.Second))
+		}, "WithShutdownGrace"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
