@@ -255,36 +255,19 @@ func (g *GormCheckpointStore) Position(ctx context.Context, subscriber string) (
 // (the batch transaction holds the row). On SQLite a concurrent in-flight
 // batch is not blocked; instead its Commit detects that the checkpoint
 // moved and aborts, so the reset always wins and processing resumes from
-// the reset position. Reset returns once the reset is committed.
+// the reset position. Reset returns once the reset is committed. It is
+// ResetWith without the application's statements.
 func (g *GormCheckpointStore) Reset(ctx context.Context, subscriber string, position int64) error {
-	if err := validateName(subscriber); err != nil {
-		return fmt.Errorf("subscriptions: reset: %w", err)
-	}
-	if err := validatePosition(subscriber, position); err != nil {
-		return err
-	}
-	if !g.postgres {
-		release, err := g.fenceSQLite(ctx, subscriber)
-		if err != nil {
-			return err
-		}
-		defer release()
-	}
-	err := g.db.WithContext(ctx).Exec(`INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, ?, ?)
-		ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at`,
-		subscriber, position, time.Now().UTC()).Error
-	if err != nil {
-		return fmt.Errorf("subscriptions: reset checkpoint of %q to %d: %w", subscriber, position, err)
-	}
-	return nil
+	return g.ResetWith(ctx, subscriber, position, nil)
 }
 
 // fenceSQLite keeps new batches of subscriber out of every store on this
 // pool, marks the batch in flight (if any) as moved so that its Commit
 // aborts, and waits for it to end. The fence stands until release is
 // called, so that a busy subscriber cannot slip a batch in between the
-// aborted one and the reset (and starve the Reset).
-func (g *GormCheckpointStore) fenceSQLite(ctx context.Context, subscriber string) (release func(), err error) {
+// aborted one and the reset (and starve the Reset). what names the
+// operation (a reset or a delete) in errors.
+func (g *GormCheckpointStore) fenceSQLite(ctx context.Context, subscriber, what string) (release func(), err error) {
 	fence := make(chan struct{})
 	for {
 		g.reg.mu.Lock()
@@ -296,7 +279,7 @@ func (g *GormCheckpointStore) fenceSQLite(ctx context.Context, subscriber string
 		select { // another Reset of the same subscriber goes first
 		case <-pending:
 		case <-ctx.Done():
-			return nil, fmt.Errorf("subscriptions: reset checkpoint of %q: waiting for another reset: %w", subscriber, ctx.Err())
+			return nil, fmt.Errorf("subscriptions: %s: waiting for another reset or delete: %w", what, ctx.Err())
 		}
 	}
 	g.reg.resets[subscriber] = fence
@@ -318,7 +301,7 @@ func (g *GormCheckpointStore) fenceSQLite(ctx context.Context, subscriber string
 			// The reset is abandoned: the batch may commit after all.
 			inFlight.moved.Store(false)
 			release()
-			return nil, fmt.Errorf("subscriptions: reset checkpoint of %q: waiting for the batch in flight: %w", subscriber, ctx.Err())
+			return nil, fmt.Errorf("subscriptions: %s: waiting for the batch in flight: %w", what, ctx.Err())
 		}
 	}
 	return release, nil

@@ -48,7 +48,7 @@ func (g *GormCheckpointStore) Delete(ctx context.Context, subscriber string, app
 // with the subscriber's batches held off.
 func (g *GormCheckpointStore) fenced(ctx context.Context, subscriber, what string, write func(tx *gorm.DB) error, apply func(ctx context.Context) error) error {
 	if !g.postgres {
-		release, err := g.fenceSQLite(ctx, subscriber)
+		release, err := g.fenceSQLite(ctx, subscriber, what)
 		if err != nil {
 			return err
 		}
@@ -62,7 +62,7 @@ func (g *GormCheckpointStore) fenced(ctx context.Context, subscriber, what strin
 			return nil
 		}
 		if err := apply(withTx(ctx, tx, g.pool)); err != nil {
-			return fmt.Errorf("application's statements: %w", err)
+			return applyError(err)
 		}
 		return nil
 	}, g.txOptions())

@@ -72,8 +72,9 @@ func (m *MemoryCheckpointStore) Position(ctx context.Context, subscriber string)
 }
 
 // Reset sets the committed checkpoint. It fails with ErrBatchInFlight while
-// a batch is in flight (an in-memory caller can simply stop the subscriber
-// first, or retry).
+// a batch is in flight, or a ResetWith or Delete of the subscriber runs
+// (which would otherwise overwrite it); an in-memory caller can simply
+// stop the subscriber first, or retry.
 func (m *MemoryCheckpointStore) Reset(ctx context.Context, subscriber string, position int64) error {
 	if err := validateName(subscriber); err != nil {
 		return fmt.Errorf("subscriptions: reset: %w", err)
@@ -84,7 +85,7 @@ func (m *MemoryCheckpointStore) Reset(ctx context.Context, subscriber string, po
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e := m.entry(subscriber)
-	if e.active != nil {
+	if e.active != nil || e.fence != nil {
 		return fmt.Errorf("subscriptions: reset checkpoint of %q to %d: %w", subscriber, position, ErrBatchInFlight)
 	}
 	e.position = position
@@ -122,7 +123,9 @@ func (m *MemoryCheckpointStore) Delete(ctx context.Context, subscriber string, a
 
 // fenced holds off the subscriber's batches, waits for the one in flight,
 // runs apply without holding m.mu (apply may call the store), and applies
-// change under m.mu if apply succeeded.
+// change under m.mu if apply succeeded. The fence is lifted by a deferred
+// call, so that a panicking apply cannot leave the subscriber fenced
+// forever.
 func (m *MemoryCheckpointStore) fenced(ctx context.Context, subscriber, what string, apply func(ctx context.Context) error, change func(e *memoryCheckpoint)) error {
 	fence := make(chan struct{})
 	var e *memoryCheckpoint
@@ -137,37 +140,35 @@ func (m *MemoryCheckpointStore) fenced(ctx context.Context, subscriber, what str
 		select { // another reset or delete of the subscriber goes first
 		case <-pending:
 		case <-ctx.Done():
-			return fmt.Errorf("subscriptions: %s: waiting for another reset: %w", what, ctx.Err())
+			return fmt.Errorf("subscriptions: %s: waiting for another reset or delete: %w", what, ctx.Err())
 		}
 	}
 	e.fence = fence
 	inFlight := e.active
 	m.mu.Unlock()
-	release := func() {
+	changed := false
+	defer func() {
 		m.mu.Lock()
+		if changed {
+			change(e)
+		}
 		e.fence = nil
 		m.mu.Unlock()
 		close(fence)
-	}
+	}()
 	if inFlight != nil {
 		select {
 		case <-inFlight.done:
 		case <-ctx.Done():
-			release()
 			return fmt.Errorf("subscriptions: %s: waiting for the batch in flight: %w", what, ctx.Err())
 		}
 	}
 	if apply != nil {
 		if err := apply(ctx); err != nil {
-			release()
-			return fmt.Errorf("subscriptions: %s: application's statements: %w", what, err)
+			return fmt.Errorf("subscriptions: %s: %w", what, applyError(err))
 		}
 	}
-	m.mu.Lock()
-	change(e)
-	e.fence = nil
-	m.mu.Unlock()
-	close(fence)
+	changed = true
 	return nil
 }
 

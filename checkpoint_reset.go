@@ -2,6 +2,8 @@ package subscriptions
 
 import (
 	"context"
+	"errors"
+	"fmt"
 )
 
 // CheckpointResetter is implemented by checkpoint stores that can move or
@@ -38,3 +40,25 @@ var (
 	_ CheckpointResetter = (*GormCheckpointStore)(nil)
 	_ CheckpointResetter = (*MemoryCheckpointStore)(nil)
 )
+
+// stepError is an error of an apply function this package passes to a
+// CheckpointResetter itself (DeleteState's purge of parked events): it
+// names its step, so the store does not call it the application's
+// statements.
+type stepError struct {
+	step string
+	err  error
+}
+
+func (e *stepError) Error() string { return e.step + ": " + e.err.Error() }
+func (e *stepError) Unwrap() error { return e.err }
+
+// applyError is the context a CheckpointResetter adds to an error of
+// apply.
+func applyError(err error) error {
+	var step *stepError
+	if errors.As(err, &step) {
+		return err
+	}
+	return fmt.Errorf("application's statements: %w", err)
+}

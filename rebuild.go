@@ -96,9 +96,12 @@ func (s *Subscriber) WaitCaughtUp(ctx context.Context) (int64, error) {
 // ParkingLotPurger (every store in this package does); otherwise the error
 // wraps errors.ErrUnsupported.
 func (s *Subscriber) DeleteState(ctx context.Context) error {
-	if s.running.Load() {
+	// Hold running for the whole call: a Run starting in between the check
+	// and the delete would re-create the checkpoint at 0.
+	if !s.running.CompareAndSwap(false, true) {
 		return fmt.Errorf("subscriptions: delete the state of %q: %w", s.name, ErrRunning)
 	}
+	defer s.running.Store(false)
 	r, ok := s.checkpoints.(CheckpointResetter)
 	if !ok {
 		return fmt.Errorf("subscriptions: delete the state of %q: checkpoint store %T does not implement CheckpointResetter: %w", s.name, s.checkpoints, errors.ErrUnsupported)
@@ -109,7 +112,18 @@ func (s *Subscriber) DeleteState(ctx context.Context) error {
 		if !ok {
 			return fmt.Errorf("subscriptions: delete the state of %q: parking lot %T does not implement ParkingLotPurger: %w", s.name, s.parking, errors.ErrUnsupported)
 		}
-		purge = func(ctx context.Context) error { return p.Purge(ctx, s.name) }
+		purge = func(ctx context.Context) error {
+			var err error
+			if own, ok := p.(rawPurger); ok {
+				err = own.purge(ctx, s.name) // the store's error already names the subscriber
+			} else {
+				err = p.Purge(ctx, s.name)
+			}
+			if err != nil {
+				return &stepError{step: "purge parked events", err: err}
+			}
+			return nil
+		}
 	}
 	if err := r.Delete(ctx, s.name, purge); err != nil {
 		return err // the store names the subscriber
@@ -117,3 +131,12 @@ func (s *Subscriber) DeleteState(ctx context.Context) error {
 	s.logger.Info("subscriber state deleted", "subscriber", s.name)
 	return nil
 }
+
+// rawPurger is a ParkingLotPurger of this package: purge is Purge without
+// the context Purge adds to its errors, which DeleteState's store error
+// already carries.
+type rawPurger interface {
+	purge(ctx context.Context, subscriber string) error
+}
+
+var _ rawPurger = (*GormParkingLot)(nil)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -59,27 +60,106 @@ func runCheckpointResetterCases(t *testing.T, h CheckpointStoreHarness) {
 		require.EqualValues(t, 5, pos)
 	})
 
-	t.Run("ResetWithHoldsOffBatches", func(t *testing.T) {
-		r, other := resetter(t)
-		const name = "reset-with-fence"
-		advance(t, r, name, 5)
-		require.NoError(t, r.ResetWith(ctx, name, 0, func(context.Context) error {
-			for _, s := range []subscriptions.CheckpointStore{r, other} {
-				batch, acquired, err := s.Acquire(ctx, name)
-				require.NoError(t, err)
-				if acquired {
-					_ = batch.Rollback()
+	// The fenced operations: ResetWith to 0 and Delete (after which the
+	// position reads 0 too).
+	fencedOps := []struct {
+		name string
+		what string // how the store's errors name the operation
+		run  func(ctx context.Context, r subscriptions.CheckpointResetter, name string, apply func(context.Context) error) error
+	}{
+		{"ResetWith", "reset checkpoint of", func(ctx context.Context, r subscriptions.CheckpointResetter, name string, apply func(context.Context) error) error {
+			return r.ResetWith(ctx, name, 0, apply)
+		}},
+		{"Delete", "delete checkpoint of", func(ctx context.Context, r subscriptions.CheckpointResetter, name string, apply func(context.Context) error) error {
+			return r.Delete(ctx, name, apply)
+		}},
+	}
+	for _, op := range fencedOps {
+		t.Run(op.name+"HoldsOffBatches", func(t *testing.T) {
+			r, other := resetter(t)
+			const name = "fence"
+			advance(t, r, name, 5)
+			require.NoError(t, op.run(ctx, r, name, func(context.Context) error {
+				for _, s := range []subscriptions.CheckpointStore{r, other} {
+					batch, acquired, err := s.Acquire(ctx, name)
+					require.NoError(t, err)
+					if acquired {
+						_ = batch.Rollback()
+					}
+					require.False(t, acquired, "a batch started while the %s ran", op.name)
 				}
-				require.False(t, acquired, "a batch started while the reset ran")
+				return nil
+			}))
+			batch, acquired, err := other.Acquire(ctx, name)
+			require.NoError(t, err)
+			require.True(t, acquired, "batches resume after the %s", op.name)
+			require.Zero(t, batch.Position())
+			require.NoError(t, batch.Rollback())
+		})
+
+		t.Run(op.name+"PanickingApplyReleasesTheFence", func(t *testing.T) {
+			r, other := resetter(t)
+			const name = "fence-panic"
+			advance(t, r, name, 5)
+			func() {
+				defer func() { require.Equal(t, "apply panicked", recover()) }()
+				_ = op.run(ctx, r, name, func(context.Context) error { panic("apply panicked") })
+			}()
+			pos, err := r.Position(ctx, name)
+			require.NoError(t, err)
+			require.EqualValues(t, 5, pos, "a panicking apply changes nothing")
+			batch, acquired, err := other.Acquire(ctx, name)
+			require.NoError(t, err)
+			require.True(t, acquired, "batches resume after a panicking apply")
+			require.NoError(t, batch.Rollback())
+			require.NoError(t, op.run(ctx, r, name, nil), "another %s runs after a panicking apply", op.name)
+		})
+
+		t.Run("ResetDuring"+op.name+"IsNotLost", func(t *testing.T) {
+			r, _ := resetter(t)
+			const name = "fence-reset"
+			advance(t, r, name, 5)
+			// A plain Reset while the fence stands either fails or waits for
+			// it (here until its deadline): it must not succeed and then be
+			// overwritten.
+			var resetErr error
+			require.NoError(t, op.run(ctx, r, name, func(context.Context) error {
+				short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+				defer cancel()
+				resetErr = r.Reset(short, name, 7)
+				return nil
+			}))
+			pos, err := r.Position(ctx, name)
+			require.NoError(t, err)
+			if resetErr == nil {
+				require.EqualValues(t, 7, pos, "Reset reported success during the %s, then was overwritten", op.name)
+			} else {
+				require.Zero(t, pos, "the %s stands", op.name)
 			}
-			return nil
-		}))
-		batch, acquired, err := other.Acquire(ctx, name)
-		require.NoError(t, err)
-		require.True(t, acquired, "batches resume after the reset")
-		require.Zero(t, batch.Position())
-		require.NoError(t, batch.Rollback())
-	})
+		})
+
+		t.Run(op.name+"WaitingForABatchHonoursCtx", func(t *testing.T) {
+			r, other := resetter(t)
+			const name = "fence-wait"
+			advance(t, r, name, 5)
+			batch, acquired, err := other.Acquire(ctx, name)
+			require.NoError(t, err)
+			require.True(t, acquired)
+			short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+			defer cancel()
+			err = op.run(short, r, name, nil)
+			require.Error(t, err, "the %s waits for the batch in flight until ctx ends", op.name)
+			require.Contains(t, err.Error(), op.what+` "`+name+`"`, "the error names the operation")
+			require.NoError(t, batch.Rollback())
+			pos, err := r.Position(ctx, name)
+			require.NoError(t, err)
+			require.EqualValues(t, 5, pos, "an abandoned %s changes nothing", op.name)
+			batch, acquired, err = other.Acquire(ctx, name)
+			require.NoError(t, err)
+			require.True(t, acquired, "batches resume after an abandoned %s", op.name)
+			require.NoError(t, batch.Rollback())
+		})
+	}
 
 	t.Run("ResetWithIsNeverOverwrittenByABatchInFlight", func(t *testing.T) {
 		r, other := resetter(t)
