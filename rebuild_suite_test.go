@@ -351,3 +351,67 @@ func TestDeleteStateIsAtomic(t *testing.T) {
 		})
 	}
 }
+
+// hookPurger calls during, then purges through its lot.
+type hookPurger struct {
+	subscriptions.ParkingLotPurger
+	during func()
+}
+
+func (h hookPurger) Purge(ctx context.Context, subscriber string) error {
+	h.during()
+	return h.ParkingLotPurger.Purge(ctx, subscriber)
+}
+
+// TestDeleteStateRefusesRun: while DeleteState runs, a Run of the same
+// Subscriber is refused with ErrRunning (it would re-create the checkpoint
+// at 0), and the Subscriber runs again afterwards, on every backend.
+func TestDeleteStateRefusesRun(t *testing.T) {
+	ctx := context.Background()
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			e := b.New(t)
+			var sub *subscriptions.Subscriber
+			var runErr error
+			lot := hookPurger{ParkingLotPurger: e.Parking.(subscriptions.ParkingLotPurger), during: func() {
+				cancelled, cancel := context.WithCancel(ctx)
+				cancel() // a Run that would return at once if it started
+				runErr = sub.Run(cancelled)
+			}}
+			sub = coreNewSub(t, "ds-run", e.Events, e.Checkpoints, func(context.Context, coreEnvelope) error { return nil },
+				subscriptions.WithParkingLot(lot))
+			require.NoError(t, sub.DeleteState(ctx))
+			require.ErrorIs(t, runErr, subscriptions.ErrRunning, "a Run during DeleteState is refused")
+
+			appendN(t, e.Events, "ds.run", 0, 3)
+			run := coreStart(t, sub)
+			_, err := sub.WaitCaughtUp(ctx)
+			require.NoError(t, err, "the Subscriber runs after DeleteState")
+			run.stop(t)
+		})
+	}
+}
+
+// TestDeleteStatePurgeError: a purge that fails inside DeleteState is
+// reported once, with the subscriber and the step named once each, on the
+// database backends (the memory lot cannot fail).
+func TestDeleteStatePurgeError(t *testing.T) {
+	ctx := context.Background()
+	for _, b := range gormEnvs() {
+		t.Run(b.Name, func(t *testing.T) {
+			e := b.New(t)
+			sub := coreNewSub(t, "dspe", e.Events, e.Checkpoints, func(context.Context, coreEnvelope) error { return nil },
+				subscriptions.WithParkingLot(e.Parking))
+			coreAdvance(t, e.Checkpoints, "dspe", 3)
+			require.NoError(t, e.DB.Exec("DROP TABLE parked_events").Error) // the purge's statement fails
+			err := sub.DeleteState(ctx)
+			require.Error(t, err)
+			msg := err.Error()
+			require.Equal(t, 1, strings.Count(msg, "subscriptions:"), msg)
+			require.Equal(t, 1, strings.Count(msg, `"dspe"`), msg)
+			require.Contains(t, msg, `delete checkpoint of "dspe": purge parked events: `)
+			require.NotContains(t, msg, "application's statements", msg)
+			require.EqualValues(t, 3, faultCheckpoint(t, e.DB, "dspe"), "the checkpoint stays")
+		})
+	}
+}
