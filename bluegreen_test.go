@@ -77,13 +77,14 @@ func bgRead(t *testing.T, db *gorm.DB, relation string) map[string]bgRow {
 	return out
 }
 
-// TestBlueGreenRebuild rebuilds a projection of 50,000 events (bgEvents) as a new
-// version while the old one keeps serving: readers query the live view
-// continuously and never see a partial or empty result; events keep being
-// appended through the rebuild and the switch; afterwards the new table
-// equals a projection computed from scratch, and the old name is retired.
-// On SQLite (file) and Postgres: the memory backend has no tables to
-// switch.
+// TestBlueGreenRebuild rebuilds a projection of bgEvents events (10,000;
+// 50,000 with SUBSCRIPTIONS_LONG=1) as a new version while the old one
+// keeps serving: readers query the live view continuously and never see a
+// partial or empty result; events keep being appended through the rebuild
+// and the switch; afterwards the new table equals a projection computed
+// from scratch, and the old name is retired. On SQLite (file) and
+// Postgres: the memory backend has no tables to switch, and in-memory
+// SQLite's one connection leaves readers no room beside the batches.
 func TestBlueGreenRebuild(t *testing.T) {
 	ctx := context.Background()
 	for _, eb := range gormEnvs() {

@@ -75,7 +75,8 @@ var (
 	ErrCheckpointMoved = errors.New("checkpoint moved while the batch was in flight")
 
 	// ErrBatchInFlight is returned by MemoryCheckpointStore.Reset while a
-	// batch for the subscriber is active.
+	// batch for the subscriber is active, or a ResetWith or Delete of it
+	// runs.
 	ErrBatchInFlight = errors.New("a batch is in flight for the subscriber")
 
 	// ErrBatchFinished is returned when Commit or Rollback is called on a

@@ -22,8 +22,21 @@ import (
 // memory store) and must write through it: on SQLite another connection
 // would wait for the write lock this transaction holds. If apply (or the
 // checkpoint write) fails, nothing is changed: the transaction rolls back
-// and the error is returned. A nil apply only moves the checkpoint.
+// and the error is returned; a panic in apply rolls back too, lifts the
+// hold-off and propagates. A nil apply only moves the checkpoint.
 // Implementations are safe for concurrent use.
+//
+// What apply must not do, because the hold-off lasts until it returns:
+//   - commit, roll back or keep the transaction (use it after returning);
+//   - call ResetCheckpoint, ResetCheckpointWith or DeleteState (or the
+//     store's Reset, ResetWith or Delete) for the same subscriber name:
+//     they wait for this hold-off, which waits for apply, so the call
+//     deadlocks until ctx ends (the memory store's plain Reset fails with
+//     ErrBatchInFlight instead).
+//
+// Nor may either method be called from a handler of the same name: the
+// handler's batch is the one in flight they wait for, so they deadlock
+// until ctx ends.
 type CheckpointResetter interface {
 	CheckpointStore
 

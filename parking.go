@@ -61,6 +61,11 @@ type ParkingLot interface {
 // subscriber's parked events, which Subscriber.DeleteState needs to retire
 // a subscriber name. GormParkingLot and MemoryParkingLot implement it; the
 // ParkingLot interface itself is unchanged.
+//
+// Implementations are safe for concurrent use. Purge is not ordered with
+// a Park of the same subscriber running at the same time (the new entry
+// may survive it); DeleteState rules that out by holding off the name's
+// batches, in which parking happens, while it purges.
 type ParkingLotPurger interface {
 	ParkingLot
 

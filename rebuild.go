@@ -23,6 +23,12 @@ import (
 // projection meanwhile, build the new one under a new name instead (a
 // blue/green rebuild, see WaitCaughtUp and DeleteState).
 //
+// apply must not end or keep the transaction, call ResetCheckpoint,
+// ResetCheckpointWith or DeleteState for the same name, and
+// ResetCheckpointWith must not be called from a handler of the same name:
+// see CheckpointResetter. Parked events of the name are left as they are
+// (docs/rebuilds.md says what to do with them).
+//
 // It needs a checkpoint store implementing CheckpointResetter (both stores
 // in this package do); otherwise the error wraps errors.ErrUnsupported.
 // A negative position is an error.
@@ -84,8 +90,12 @@ func (s *Subscriber) WaitCaughtUp(ctx context.Context) (int64, error) {
 }
 
 // DeleteState retires the subscriber's name: it deletes its checkpoint and
-// every event parked for it (with WithParkingLot), in one transaction when
-// both live in one database. A subscriber of the name that runs again
+// every event parked for it (with WithParkingLot). Both go in one
+// transaction only when the parking lot is built on the same *gorm.DB as
+// the checkpoint store (on SQLite, at least on the same database file);
+// otherwise the parked events are purged first, and a checkpoint delete
+// that then fails leaves them purged. While it runs, a Run of this
+// Subscriber is refused with ErrRunning. A subscriber of the name that runs again
 // afterwards starts from position 0, so stop every replica of the name
 // first (in every process); this Subscriber refuses with an error wrapping
 // ErrRunning while its own Run is running.

@@ -415,3 +415,51 @@ func TestDeleteStatePurgeError(t *testing.T) {
 		})
 	}
 }
+
+// TestRebuildPurgesParkedEvents: the in-place rebuild docs/rebuilds.md
+// describes purges the name's parked events in the reset's function; the
+// fixed handler then applies every event once and nothing stays parked to
+// be replayed a second time, on every backend.
+func TestRebuildPurgesParkedEvents(t *testing.T) {
+	ctx := context.Background()
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			e := b.New(t)
+			ids := appendN(t, e.Events, "rp.event", 0, 8)
+			proj := newCountProjection(t, e)
+			var fixed atomic.Bool
+			handler := func(ctx context.Context, ev coreEnvelope) error {
+				if ev.ID == ids[3] && !fixed.Load() {
+					return errors.New("bug")
+				}
+				return proj.apply(ctx, ev)
+			}
+			lot := e.Parking.(subscriptions.ParkingLotPurger)
+			sub := coreNewSub(t, "rp", e.Events, e.Checkpoints, handler,
+				subscriptions.WithParkingLot(lot), subscriptions.WithMaxRetries(0))
+			run := coreStart(t, sub)
+			_, err := sub.WaitCaughtUp(ctx)
+			require.NoError(t, err)
+			run.stop(t)
+			parked, err := sub.ListParked(ctx)
+			require.NoError(t, err)
+			require.Len(t, parked, 1)
+
+			fixed.Store(true) // the handler is fixed; rebuild
+			require.NoError(t, sub.ResetCheckpointWith(ctx, 0, func(ctx context.Context) error {
+				if err := proj.clear(ctx); err != nil {
+					return err
+				}
+				return lot.Purge(ctx, sub.Name())
+			}))
+			run = coreStart(t, sub)
+			_, err = sub.WaitCaughtUp(ctx)
+			require.NoError(t, err)
+			run.stop(t)
+			parked, err = sub.ListParked(ctx)
+			require.NoError(t, err)
+			require.Empty(t, parked, "nothing left to replay a second time")
+			proj.requireOnce(t, onceEach(ids))
+		})
+	}
+}
