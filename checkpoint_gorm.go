@@ -72,16 +72,16 @@ type GormCheckpointStore struct {
 type batchRegistry struct {
 	mu     sync.Mutex
 	active map[string]*gormBatch
-	// resets holds, per subscriber, a channel closed when the Reset in
-	// progress has committed; no batch starts while one is pending.
-	resets map[string]chan struct{}
+	// resets holds the fences of the resets and deletes in progress; no
+	// batch of the subscriber starts while one stands.
+	resets nameFences
 }
 
 // sqliteRegistries maps each SQLite *sql.DB to its batchRegistry.
 var sqliteRegistries sync.Map
 
 func registryFor(pool *sql.DB) *batchRegistry {
-	reg, _ := sqliteRegistries.LoadOrStore(pool, &batchRegistry{active: make(map[string]*gormBatch), resets: make(map[string]chan struct{})})
+	reg, _ := sqliteRegistries.LoadOrStore(pool, &batchRegistry{active: make(map[string]*gormBatch), resets: make(nameFences)})
 	return reg.(*batchRegistry)
 }
 
@@ -268,21 +268,10 @@ func (g *GormCheckpointStore) Reset(ctx context.Context, subscriber string, posi
 // aborted one and the reset (and starve the Reset). what names the
 // operation (a reset or a delete) in errors.
 func (g *GormCheckpointStore) fenceSQLite(ctx context.Context, subscriber, what string) (release func(), err error) {
-	fence := make(chan struct{})
-	for {
-		g.reg.mu.Lock()
-		pending := g.reg.resets[subscriber]
-		if pending == nil {
-			break
-		}
-		g.reg.mu.Unlock()
-		select { // another Reset of the same subscriber goes first
-		case <-pending:
-		case <-ctx.Done():
-			return nil, fmt.Errorf("subscriptions: %s: waiting for another reset or delete: %w", what, ctx.Err())
-		}
+	// Another reset or delete of the subscriber goes first.
+	if err := g.reg.resets.raise(ctx, &g.reg.mu, subscriber); err != nil {
+		return nil, fmt.Errorf("subscriptions: %s: waiting for another reset or delete: %w", what, err)
 	}
-	g.reg.resets[subscriber] = fence
 	inFlight := g.reg.active[subscriber]
 	if inFlight != nil {
 		inFlight.moved.Store(true)
@@ -290,9 +279,8 @@ func (g *GormCheckpointStore) fenceSQLite(ctx context.Context, subscriber, what 
 	g.reg.mu.Unlock()
 	release = func() {
 		g.reg.mu.Lock()
-		delete(g.reg.resets, subscriber)
+		g.reg.resets.lower(subscriber)
 		g.reg.mu.Unlock()
-		close(fence)
 	}
 	if inFlight != nil {
 		select {

@@ -15,19 +15,19 @@ import (
 type MemoryCheckpointStore struct {
 	mu      sync.Mutex
 	entries map[string]*memoryCheckpoint
+	// fences stand while a ResetWith or Delete runs: no batch of the name
+	// starts.
+	fences nameFences
 }
 
 type memoryCheckpoint struct {
 	position int64
 	active   *memoryBatch
-	// fence is non-nil while a ResetWith or Delete runs: no batch starts,
-	// and the channel is closed when it ends.
-	fence chan struct{}
 }
 
 // NewMemoryCheckpointStore creates an empty in-memory checkpoint store.
 func NewMemoryCheckpointStore() *MemoryCheckpointStore {
-	return &MemoryCheckpointStore{entries: make(map[string]*memoryCheckpoint)}
+	return &MemoryCheckpointStore{entries: make(map[string]*memoryCheckpoint), fences: make(nameFences)}
 }
 
 var _ CheckpointStore = (*MemoryCheckpointStore)(nil)
@@ -53,7 +53,7 @@ func (m *MemoryCheckpointStore) Acquire(ctx context.Context, subscriber string) 
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e := m.entry(subscriber)
-	if e.active != nil || e.fence != nil {
+	if e.active != nil || m.fences[subscriber] != nil {
 		return nil, false, nil
 	}
 	b := &memoryBatch{store: m, subscriber: subscriber, entry: e, position: e.position, done: make(chan struct{})}
@@ -85,7 +85,7 @@ func (m *MemoryCheckpointStore) Reset(ctx context.Context, subscriber string, po
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e := m.entry(subscriber)
-	if e.active != nil || e.fence != nil {
+	if e.active != nil || m.fences[subscriber] != nil {
 		return fmt.Errorf("subscriptions: reset checkpoint of %q to %d: %w", subscriber, position, ErrBatchInFlight)
 	}
 	e.position = position
@@ -127,34 +127,21 @@ func (m *MemoryCheckpointStore) Delete(ctx context.Context, subscriber string, a
 // call, so that a panicking apply cannot leave the subscriber fenced
 // forever.
 func (m *MemoryCheckpointStore) fenced(ctx context.Context, subscriber, what string, apply func(ctx context.Context) error, change func(e *memoryCheckpoint)) error {
-	fence := make(chan struct{})
-	var e *memoryCheckpoint
-	for {
-		m.mu.Lock()
-		e = m.entry(subscriber)
-		pending := e.fence
-		if pending == nil {
-			break
-		}
-		m.mu.Unlock()
-		select { // another reset or delete of the subscriber goes first
-		case <-pending:
-		case <-ctx.Done():
-			return fmt.Errorf("subscriptions: %s: waiting for another reset or delete: %w", what, ctx.Err())
-		}
+	// Another reset or delete of the subscriber goes first.
+	if err := m.fences.raise(ctx, &m.mu, subscriber); err != nil {
+		return fmt.Errorf("subscriptions: %s: waiting for another reset or delete: %w", what, err)
 	}
-	e.fence = fence
+	e := m.entry(subscriber)
 	inFlight := e.active
 	m.mu.Unlock()
 	changed := false
 	defer func() {
 		m.mu.Lock()
+		defer m.mu.Unlock()
 		if changed {
 			change(e)
 		}
-		e.fence = nil
-		m.mu.Unlock()
-		close(fence)
+		m.fences.lower(subscriber)
 	}()
 	if inFlight != nil {
 		select {

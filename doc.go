@@ -68,7 +68,9 @@
 // are not cancelled by default, so a hung handler blocks shutdown.
 // WithShutdownGrace bounds the drain: once it runs out the handler's
 // context is cancelled (cause ErrShutdownGrace), the batch rolls back and
-// its events are delivered again after a restart. WithHandlerTimeout
+// its events are delivered again after a restart; it rolls back whatever
+// the handler then returns, nil included, and no later handler of the
+// batch runs. WithHandlerTimeout
 // gives every handler call a deadline (cause ErrHandlerTimeout); a call
 // that ends on it has failed and is retried or parked like any failure.
 // Both only stop handlers that honour their context.
