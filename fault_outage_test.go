@@ -179,8 +179,11 @@ func TestFaultOutageTerminatedBackends(t *testing.T) {
 
 	// Deterministic: a batch is in flight, held inside its handler.
 	appendN(t, admin, "fault.outage", 0, 5)
-	gated := appendN(t, admin, "fault.outage", 5, 1)[0]
-	rig.gateID.Store(gated)
+	// The gate is set before the event is appended: the running subscriber
+	// may handle it as soon as it is committed.
+	gated := domain.NewEventEnvelope[any](map[string]any{"n": 5}, "agg-2", "fault.outage", 0)
+	rig.gateID.Store(gated.ID)
+	require.NoError(t, admin.Append(context.Background(), gated.AggregateID, -1, gated))
 	appendN(t, admin, "fault.outage", 6, 5)
 	select {
 	case <-rig.gateEntered:
