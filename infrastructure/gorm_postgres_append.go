@@ -17,101 +17,315 @@ import (
 // to the portable path.
 var errNotPgx = errors.New("connection is not a pgx connection")
 
-// appendPipelined is the Postgres append in two network round trips
-// instead of six: BEGIN, the append lock and the read of the aggregate's
-// version and the feed head go out as one pgx batch; the INSERT, the NOTIFY
-// and the COMMIT as a second. The statements and their order are those of
-// the portable path (appendOnce), so the feed's soundness argument is the
-// same: the heads are read in a statement that starts after the lock is
-// granted, under READ COMMITTED, so they include every earlier append.
+// appendPipelined appends through the coalescer: alone when no other
+// append of this store waits for the lock, in a shared transaction
+// otherwise.
+func (s *GormEventStore) appendPipelined(ctx context.Context, aggregateID string, expectedVersion int, events []domain.EventEnvelope[any]) error {
+	return s.coalescer.run(&appendRequest{ctx: ctx, aggregateID: aggregateID, expectedVersion: expectedVersion, events: events}, s.runBatch)
+}
+
+// runBatch is one append transaction for a batch of appends, delivering
+// each member's outcome. When a full notification queue refuses the
+// NOTIFY, the batch runs again without it: notifications are wake-ups,
+// subscribers poll anyway.
+func (s *GormEventStore) runBatch(b *appendBatch) {
+	defer b.cancel()
+	results := s.appendBatchOnce(b, nil, true)
+	var retry []*appendRequest
+	for m, err := range results {
+		if isNotifyFailure(err) {
+			retry = append(retry, m)
+		}
+	}
+	if len(retry) > 0 {
+		for m, err := range s.appendBatchOnce(b, retry, false) {
+			results[m] = err
+		}
+	}
+	for m, err := range results {
+		m.done <- err
+	}
+}
+
+// appendBatchOnce runs the append transaction on one pgx connection: for
+// the coalescer's batch b (members nil: whoever joins before the lock is
+// granted) or for the given members only. It returns every member's
+// outcome.
+//
+// The statements are those of the portable path (appendOnce), pipelined
+// into two network round trips instead of six: BEGIN, the append lock and
+// the reads (the feed head, the members' versions, their event IDs) go out
+// as one pgx batch; the INSERTs, the NOTIFY and the COMMIT as a second.
+// The reads are statements that start after the lock is granted, under
+// READ COMMITTED, so they see every earlier append: the feed's soundness
+// argument is the portable path's. Appends that joined while the lock was
+// awaited cost one more round trip, for their own reads.
 //
 // Commit latency is what a subscriber's wake-up waits for, which is why
 // the append is worth the pipelining.
-func (s *GormEventStore) appendPipelined(ctx context.Context, aggregateID string, expectedVersion int, events []domain.EventEnvelope[any], notify bool) error {
+func (s *GormEventStore) appendBatchOnce(b *appendBatch, members []*appendRequest, notify bool) map[*appendRequest]error {
+	ctx := b.ctx
+	results := map[*appendRequest]error{}
+	fail := func(reqs []*appendRequest, err error) map[*appendRequest]error {
+		for _, m := range reqs {
+			if errors.Is(err, errNotPgx) {
+				results[m] = errNotPgx
+			} else {
+				results[m] = fmt.Errorf("append %d event(s) to aggregate %q: %w", len(m.events), m.aggregateID, err)
+			}
+		}
+		return results
+	}
+	first := members
+	if first == nil {
+		first = s.coalescer.snapshot(b)
+	}
 	conn, err := s.pool.Conn(ctx)
 	if err != nil {
-		return fmt.Errorf("append %d event(s) to aggregate %q: %w", len(events), aggregateID, err)
+		if members == nil {
+			members = s.coalescer.close(b)
+		}
+		return fail(members, err)
 	}
 	defer conn.Close()
-	var appendErr error
+	var inner map[*appendRequest]error
 	err = conn.Raw(func(dc any) error {
 		pc, ok := pgxconn.Unwrap(dc)
 		if !ok {
+			if members == nil {
+				members = s.coalescer.close(b)
+			}
 			return errNotPgx
 		}
-		appendErr = s.appendOnConn(ctx, pc, aggregateID, expectedVersion, events, notify)
+		inner = s.appendOnConn(ctx, pc, b, first, members, notify)
 		// Never hand a connection back to the pool inside a transaction.
 		return pgxconn.EndSession(ctx, pc, nil)
 	})
-	if err != nil && !errors.Is(err, driver.ErrBadConn) {
-		return err
+	if inner != nil && !errors.Is(err, errNotPgx) {
+		// A connection that could not be cleaned up (driver.ErrBadConn)
+		// is dropped by database/sql; the outcomes stand.
+		return inner
 	}
-	return appendErr
+	if members == nil {
+		members = s.coalescer.close(b)
+	}
+	if err == nil || errors.Is(err, driver.ErrBadConn) {
+		err = fmt.Errorf("no outcome from the append transaction: %w", err)
+	}
+	return fail(members, err)
 }
 
-const selectHeads = `SELECT
-	(SELECT COALESCE(MAX(sequence_no), 0) FROM events WHERE aggregate_id = $1),
-	(SELECT COALESCE(MAX(position), 0) FROM events)`
+// batchReads is what an append needs to know under the lock.
+type batchReads struct {
+	head     int64
+	versions map[string]int
+	stored   map[string]storedEvent
+}
 
-func (s *GormEventStore) appendOnConn(ctx context.Context, conn *pgx.Conn, aggregateID string, expectedVersion int, events []domain.EventEnvelope[any], notify bool) error {
-	first := &pgx.Batch{}
-	first.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
-	first.Queue("SELECT pg_advisory_xact_lock($1)", s.lockKey)
-	first.Queue(selectHeads, aggregateID)
-	var version int
-	var head int64
-	br := conn.SendBatch(ctx, first)
+const (
+	selectHead     = `SELECT COALESCE(MAX(position), 0) FROM events`
+	selectVersions = `SELECT aggregate_id, MAX(sequence_no) FROM events WHERE aggregate_id = ANY($1) GROUP BY aggregate_id`
+	selectStored   = `SELECT id, aggregate_id, event_type, transaction_id, sequence_no, payload FROM events WHERE id = ANY($1)`
+)
+
+// queueReads adds the reads of reqs' versions and stored event IDs.
+func queueReads(batch *pgx.Batch, reqs []*appendRequest) {
+	aggs := make([]string, 0, len(reqs))
+	var ids []string
+	for _, m := range reqs {
+		aggs = append(aggs, m.aggregateID)
+		for _, ev := range m.events {
+			ids = append(ids, ev.ID)
+		}
+	}
+	batch.Queue(selectVersions, aggs)
+	batch.Queue(selectStored, ids)
+}
+
+// scanReads reads the results of queueReads into r.
+func scanReads(br pgx.BatchResults, r *batchReads) error {
+	rows, err := br.Query()
+	if err != nil {
+		return fmt.Errorf("read versions: %w", err)
+	}
+	for rows.Next() {
+		var agg string
+		var version int
+		if err := rows.Scan(&agg, &version); err != nil {
+			rows.Close()
+			return fmt.Errorf("read versions: %w", err)
+		}
+		r.versions[agg] = version
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read versions: %w", err)
+	}
+	rows, err = br.Query()
+	if err != nil {
+		return fmt.Errorf("read stored event IDs: %w", err)
+	}
+	for rows.Next() {
+		var e storedEvent
+		if err := rows.Scan(&e.ID, &e.AggregateID, &e.EventType, &e.TransactionID, &e.SequenceNo, &e.Payload); err != nil {
+			rows.Close()
+			return fmt.Errorf("read stored event IDs: %w", err)
+		}
+		r.stored[e.ID] = e
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read stored event IDs: %w", err)
+	}
+	return nil
+}
+
+// appendOnConn runs the transaction on pc. first are the members whose
+// reads go out with the lock; members, when nil, are decided by closing
+// the coalescer's batch once the lock is granted.
+func (s *GormEventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, b *appendBatch, first, members []*appendRequest, notify bool) map[*appendRequest]error {
+	results := map[*appendRequest]error{}
+	fail := func(reqs []*appendRequest, err error) map[*appendRequest]error {
+		for _, m := range reqs {
+			results[m] = fmt.Errorf("append %d event(s) to aggregate %q: %w", len(m.events), m.aggregateID, err)
+		}
+		return results
+	}
+	reads := batchReads{versions: map[string]int{}, stored: map[string]storedEvent{}}
+	lock := &pgx.Batch{}
+	lock.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	lock.Queue("SELECT pg_advisory_xact_lock($1)", s.lockKey)
+	lock.Queue(selectHead)
+	queueReads(lock, first)
+	br := pc.SendBatch(ctx, lock)
 	_, err := br.Exec()
 	if err == nil {
-		_, err = br.Exec()
-		if err != nil {
+		if _, err = br.Exec(); err != nil {
 			err = fmt.Errorf("take append lock: %w", err)
 		}
 	}
+	// The lock is granted (or the transaction failed): membership is
+	// final either way.
+	if members == nil {
+		members = s.coalescer.close(b)
+	}
 	if err == nil {
-		err = br.QueryRow().Scan(&version, &head)
-		if err != nil {
-			err = fmt.Errorf("read versions: %w", err)
+		if err = br.QueryRow().Scan(&reads.head); err != nil {
+			err = fmt.Errorf("read feed head: %w", err)
 		}
+	}
+	if err == nil {
+		err = scanReads(br, &reads)
 	}
 	if cerr := br.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
 	if err != nil {
-		return fmt.Errorf("append %d event(s) to aggregate %q: %w", len(events), aggregateID, err)
+		return fail(members, err)
+	}
+	// Members that joined while the lock was awaited read their own
+	// versions and event IDs now, under the lock.
+	known := make(map[*appendRequest]bool, len(first))
+	for _, m := range first {
+		known[m] = true
+	}
+	var late []*appendRequest
+	for _, m := range members {
+		if !known[m] {
+			late = append(late, m)
+		}
+	}
+	if len(late) > 0 {
+		more := &pgx.Batch{}
+		queueReads(more, late)
+		br := pc.SendBatch(ctx, more)
+		err := scanReads(br, &reads)
+		if cerr := br.Close(); err == nil && cerr != nil {
+			err = cerr
+		}
+		if err != nil {
+			return fail(members, err)
+		}
 	}
 
-	prepared, err := prepareAppend(aggregateID, expectedVersion, version, events)
-	if err != nil {
-		return err
+	// Each member's own checks, in arrival order; accepted ones take the
+	// next positions.
+	var (
+		accepted []*appendRequest
+		rows     []preparedEvent
+	)
+	for _, m := range members {
+		if err := checkStoredIDs(m.aggregateID, m.expectedVersion, m.events, reads.stored); err != nil {
+			results[m] = err
+			continue
+		}
+		prepared, err := prepareAppend(m.aggregateID, m.expectedVersion, reads.versions[m.aggregateID], m.events)
+		if err != nil {
+			results[m] = err
+			continue
+		}
+		accepted = append(accepted, m)
+		rows = append(rows, prepared...)
 	}
-	second := &pgx.Batch{}
-	inserts := insertStatements(prepared, head, true, true)
+	if len(accepted) == 0 {
+		return results
+	}
+
+	write := &pgx.Batch{}
+	inserts := insertStatements(rows, reads.head, true, true)
 	for _, stmt := range inserts {
-		second.Queue(stmt.sql, stmt.args...)
+		write.Queue(stmt.sql, stmt.args...)
 	}
 	if notify {
-		second.Queue("SELECT pg_notify($1, '')", PostgresNotifyChannel)
+		write.Queue("SELECT pg_notify($1, '')", PostgresNotifyChannel)
 	}
-	second.Queue("COMMIT")
-	br = conn.SendBatch(ctx, second)
+	write.Queue("COMMIT")
+	br = pc.SendBatch(ctx, write)
 	defer br.Close()
 	for range inserts {
 		if _, err := br.Exec(); err != nil {
-			return s.insertError(aggregateID, err)
+			if len(accepted) == 1 {
+				results[accepted[0]] = s.insertError(accepted[0].aggregateID, err)
+				return results
+			}
+			// Not committed. Find whose rows the database refused by
+			// running the accepted appends one by one.
+			_ = br.Close()
+			if err := pgxconn.EndSession(ctx, pc, nil); err != nil {
+				return fail(accepted, err)
+			}
+			for _, m := range accepted {
+				for mm, err := range s.appendOnConn(ctx, pc, nil, []*appendRequest{m}, []*appendRequest{m}, notify) {
+					results[mm] = err
+				}
+			}
+			return results
 		}
 	}
 	if notify {
 		if _, err := br.Exec(); err != nil {
-			return notifyError{err}
+			for _, m := range accepted {
+				results[m] = notifyError{err}
+			}
+			return results
 		}
 	}
 	tag, err := br.Exec()
+	if err == nil && tag.String() != "COMMIT" {
+		err = fmt.Errorf("the transaction was rolled back (%s)", tag.String())
+	}
+	if err == nil {
+		err = br.Close()
+	}
 	if err != nil {
-		return fmt.Errorf("append %d event(s) to aggregate %q: commit: %w", len(events), aggregateID, err)
+		if isNotifyFailure(err) {
+			for _, m := range accepted {
+				results[m] = err
+			}
+			return results
+		}
+		return fail(accepted, fmt.Errorf("commit: %w", err))
 	}
-	if tag.String() != "COMMIT" {
-		return fmt.Errorf("append %d event(s) to aggregate %q: commit: the transaction was rolled back (%s)", len(events), aggregateID, tag.String())
+	for _, m := range accepted {
+		results[m] = nil
 	}
-	return br.Close()
+	return results
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/mattn/go-sqlite3"
@@ -43,12 +44,16 @@ import (
 // PostgresListener.
 type GormEventStore struct {
 	db   *gorm.DB
-	pool *sql.DB // Postgres: for the pipelined append
+	pool *sql.DB // Postgres: for the pipelined append; nil on a caller's transaction
+	// inTx: db is a caller's transaction, which every statement joins.
+	inTx bool
 	// portableOnly disables the pipelined append (tests of the portable
 	// path).
 	portableOnly bool
+	notPgx       atomic.Bool // the pool's driver is not pgx: portable path
 	postgres     bool
 	lockKey      int64 // Postgres: the append lock's key
+	coalescer    appendCoalescer
 }
 
 var _ domain.EventStore = (*GormEventStore)(nil)
@@ -74,7 +79,7 @@ func NewGormEventStore(db *gorm.DB) (*GormEventStore, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("infrastructure: create events table: %w", err)
 	}
-	s := &GormEventStore{db: db, postgres: dialect == sqlschema.Postgres}
+	s := &GormEventStore{db: db, postgres: dialect == sqlschema.Postgres, inTx: inTransaction(db)}
 	if s.postgres {
 		var qualified string
 		err := db.WithContext(ctx).Raw(`SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
@@ -84,7 +89,10 @@ func NewGormEventStore(db *gorm.DB) (*GormEventStore, error) {
 			return nil, fmt.Errorf("infrastructure: resolve the events table's schema: %v", err)
 		}
 		s.lockKey = sqlschema.Key("append", qualified)
-		if pool, err := db.DB(); err == nil {
+		// On a caller's transaction every append must join it: the
+		// pipelined path would take a connection of its own and commit
+		// outside it.
+		if pool, err := db.DB(); err == nil && !s.inTx {
 			s.pool = pool
 		}
 	}
@@ -114,25 +122,33 @@ func (s *GormEventStore) Append(ctx context.Context, aggregateID string, expecte
 		_, err = prepareAppend(aggregateID, expectedVersion, current, nil)
 		return err
 	}
-	err := s.appendWith(ctx, aggregateID, expectedVersion, events, s.postgres)
+	// The pipelined Postgres path when the pool is pgx's (the
+	// gorm.io/driver/postgres default), the portable one otherwise.
+	if s.postgres && s.pool != nil && !s.portableOnly && !s.notPgx.Load() {
+		err := s.appendPipelined(ctx, aggregateID, expectedVersion, events)
+		if !errors.Is(err, errNotPgx) {
+			return err
+		}
+		s.notPgx.Store(true)
+	}
+	err := s.appendOnce(ctx, aggregateID, expectedVersion, events, s.postgres)
 	if s.postgres && isNotifyFailure(err) {
 		// A full notification queue must not fail the append: notifications
-		// are wake-ups, and subscribers poll anyway.
-		err = s.appendWith(ctx, aggregateID, expectedVersion, events, false)
+		// are wake-ups, and subscribers poll anyway. (On a caller's
+		// transaction the NOTIFY is queued until its commit instead.)
+		err = s.appendOnce(ctx, aggregateID, expectedVersion, events, false)
 	}
 	return err
 }
 
-// appendWith picks the pipelined Postgres path when the pool is pgx's
-// (the gorm.io/driver/postgres default) and the portable one otherwise.
-func (s *GormEventStore) appendWith(ctx context.Context, aggregateID string, expectedVersion int, events []domain.EventEnvelope[any], notify bool) error {
-	if s.postgres && s.pool != nil && !s.portableOnly {
-		err := s.appendPipelined(ctx, aggregateID, expectedVersion, events, notify)
-		if !errors.Is(err, errNotPgx) {
-			return err
-		}
+// inTransaction reports a *gorm.DB bound to a transaction (db.Begin(), or
+// the tx of db.Transaction): its statements run in that transaction.
+func inTransaction(db *gorm.DB) bool {
+	if db.Statement == nil {
+		return false
 	}
-	return s.appendOnce(ctx, aggregateID, expectedVersion, events, notify)
+	committer, ok := db.Statement.ConnPool.(gorm.TxCommitter)
+	return ok && committer != nil
 }
 
 const insertColumns = "INSERT INTO events (id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at) VALUES "
@@ -195,6 +211,19 @@ func (s *GormEventStore) appendOnce(ctx context.Context, aggregateID string, exp
 		opts = append(opts, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	}
 	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if s.postgres && s.inTx {
+			// The caller's transaction chose its isolation level. Only READ
+			// COMMITTED reads, after the lock, every append committed
+			// before it; under a snapshot taken earlier the append would
+			// reuse a committed position and fail.
+			var level string
+			if err := tx.Raw("SHOW transaction_isolation").Scan(&level).Error; err != nil {
+				return fmt.Errorf("read the transaction's isolation level: %w", err)
+			}
+			if level != "read committed" {
+				return fmt.Errorf("the caller's transaction runs at isolation level %q; appending inside a transaction needs READ COMMITTED (begin it with &sql.TxOptions{Isolation: sql.LevelReadCommitted})", level)
+			}
+		}
 		if s.postgres {
 			if err := tx.Exec("SELECT pg_advisory_xact_lock(?)", s.lockKey).Error; err != nil {
 				return fmt.Errorf("take append lock: %w", err)
@@ -218,6 +247,13 @@ func (s *GormEventStore) appendOnce(ctx context.Context, aggregateID string, exp
 			(SELECT COALESCE(MAX(position), 0) FROM events) AS position`, aggregateID).Scan(&heads).Error; err != nil {
 			return fmt.Errorf("read versions: %w", err)
 		}
+		stored, err := lookupStored(tx, events)
+		if err != nil {
+			return err
+		}
+		if err := checkStoredIDs(aggregateID, expectedVersion, events, stored); err != nil {
+			return err
+		}
 		prepared, err := prepareAppend(aggregateID, expectedVersion, heads.Version, events)
 		if err != nil {
 			return err
@@ -234,10 +270,32 @@ func (s *GormEventStore) appendOnce(ctx context.Context, aggregateID string, exp
 		}
 		return nil
 	}, opts...)
-	if err == nil || errors.Is(err, domain.ErrInvalidEvent) || errors.Is(err, domain.ErrConcurrencyConflict) || errors.As(err, new(notifyError)) {
+	if err == nil || errors.Is(err, domain.ErrInvalidEvent) || errors.Is(err, domain.ErrConcurrencyConflict) ||
+		errors.Is(err, domain.ErrAlreadyAppended) || errors.As(err, new(notifyError)) {
 		return err
 	}
 	return fmt.Errorf("append %d event(s) to aggregate %q: %w", len(events), aggregateID, err)
+}
+
+// lookupStored reads, inside the append's transaction, the stored events
+// among the append's event IDs, for checkStoredIDs.
+func lookupStored(tx *gorm.DB, events []domain.EventEnvelope[any]) (map[string]storedEvent, error) {
+	stored := map[string]storedEvent{}
+	for start := 0; start < len(events); start += insertChunk {
+		ids := make([]string, 0, insertChunk)
+		for _, ev := range events[start:min(start+insertChunk, len(events))] {
+			ids = append(ids, ev.ID)
+		}
+		var rows []GormEventModel
+		if err := tx.Raw("SELECT id, aggregate_id, event_type, transaction_id, sequence_no, payload FROM events WHERE id IN ?", ids).Scan(&rows).Error; err != nil {
+			return nil, fmt.Errorf("read stored event IDs: %w", err)
+		}
+		for _, r := range rows {
+			stored[r.ID] = storedEvent{ID: r.ID, AggregateID: r.AggregateID, EventType: r.EventType,
+				TransactionID: r.TransactionID, SequenceNo: r.SequenceNo, Payload: r.Payload}
+		}
+	}
+	return stored, nil
 }
 
 type notifyError struct{ err error }

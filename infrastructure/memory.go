@@ -48,14 +48,29 @@ func (m *MemoryStore) Append(ctx context.Context, aggregateID string, expectedVe
 	if m.closed {
 		return errClosed
 	}
+	// Input first, then stored IDs (a retry's version is stale by
+	// construction), then the version.
+	if _, err := prepareAppend(aggregateID, expectedVersion, -1, events); err != nil {
+		return err
+	}
+	stored := map[string]storedEvent{}
+	for _, ev := range events {
+		if idx, dup := m.byID[ev.ID]; dup {
+			e := m.events[idx]
+			payload, err := encodeJSON(e.Payload)
+			if err != nil {
+				return fmt.Errorf("append to aggregate %q: encode stored event %q: %w", aggregateID, e.ID, err)
+			}
+			stored[e.ID] = storedEvent{ID: e.ID, AggregateID: e.AggregateID, EventType: e.EventType,
+				TransactionID: e.TransactionID, SequenceNo: e.SequenceNo, Payload: payload}
+		}
+	}
+	if err := checkStoredIDs(aggregateID, expectedVersion, events, stored); err != nil {
+		return err
+	}
 	prepared, err := prepareAppend(aggregateID, expectedVersion, len(m.byAgg[aggregateID]), events)
 	if err != nil {
 		return err
-	}
-	for _, p := range prepared {
-		if _, dup := m.byID[p.env.ID]; dup {
-			return fmt.Errorf("%w: aggregate %q: event ID %q is already stored", domain.ErrInvalidEvent, aggregateID, p.env.ID)
-		}
 	}
 	for _, p := range prepared {
 		env := p.env

@@ -65,6 +65,7 @@ func RunEventStoreSuite(t *testing.T, h EventStoreHarness) {
 		{"InvalidAppends", testInvalidAppends},
 		{"InvalidReadArguments", func(t *testing.T, s domain.EventStore) { testInvalidReadArguments(t, s, max) }},
 		{"DuplicateEventID", testDuplicateEventID},
+		{"IdenticalRetry", testIdenticalRetry},
 		{"ReadAfterLimits", testReadAfterLimits},
 		{"EmptyStore", testEmptyStore},
 		{"IdentifierLimits", func(t *testing.T, s domain.EventStore) { testIdentifierLimits(t, s, max) }},

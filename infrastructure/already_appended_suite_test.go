@@ -1,0 +1,85 @@
+package infrastructure_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/eventfeed/subscriptions/domain"
+)
+
+// testIdenticalRetry retries appends that committed: the retry of the
+// same events is recognisable (domain.ErrAlreadyAppended) and stores
+// nothing; anything else under a stored event ID stays an error.
+func testIdenticalRetry(t *testing.T, s domain.EventStore) {
+	ctx := testCtx(t)
+	agg := uniqueID("retry")
+	tx := uniqueID("retry-tx")
+	first := newEvent(agg, "opened", map[string]any{"owner": "ann", "limit": 10})
+	second := newEvent(agg, "deposited", []any{1.5, "x"})
+	first.TransactionID, second.TransactionID = tx, tx
+	require.NoError(t, s.Append(ctx, agg, 0, first, second))
+	stored, err := s.GetEvents(ctx, agg)
+	require.NoError(t, err)
+	before := stateOf(t, s, agg)
+	head, err := s.HeadPosition(ctx)
+	require.NoError(t, err)
+
+	with := func(e domain.EventEnvelope[any], change func(*domain.EventEnvelope[any])) domain.EventEnvelope[any] {
+		e.Metadata = map[string]any{}
+		change(&e)
+		return e
+	}
+	same := func(*domain.EventEnvelope[any]) {}
+	cases := []struct {
+		name            string
+		expectedVersion int
+		events          []domain.EventEnvelope[any]
+		want            error
+	}{
+		{"same call", 0, []domain.EventEnvelope[any]{first, second}, domain.ErrAlreadyAppended},
+		{"version check skipped", -1, []domain.EventEnvelope[any]{first, second}, domain.ErrAlreadyAppended},
+		{"the envelopes read back", 0, stored, domain.ErrAlreadyAppended},
+		{"other metadata (not compared)", 0, []domain.EventEnvelope[any]{
+			with(first, func(e *domain.EventEnvelope[any]) { e.Metadata = map[string]any{"trace": "retry"} }), second,
+		}, domain.ErrAlreadyAppended},
+		{"another payload", 0, []domain.EventEnvelope[any]{
+			with(first, func(e *domain.EventEnvelope[any]) { e.Payload = map[string]any{"owner": "bob", "limit": 10} }), second,
+		}, domain.ErrInvalidEvent},
+		{"another event type", 0, []domain.EventEnvelope[any]{first, with(second, func(e *domain.EventEnvelope[any]) { e.EventType = "withdrawn" })}, domain.ErrInvalidEvent},
+		{"another transaction ID", 0, []domain.EventEnvelope[any]{first, with(second, func(e *domain.EventEnvelope[any]) { e.TransactionID = "other" })}, domain.ErrInvalidEvent},
+		{"another order", -1, []domain.EventEnvelope[any]{second, first}, domain.ErrInvalidEvent},
+		{"another expected version", 2, []domain.EventEnvelope[any]{first, second}, domain.ErrInvalidEvent},
+		{"other sequence numbers", -1, []domain.EventEnvelope[any]{
+			with(first, func(e *domain.EventEnvelope[any]) { e.SequenceNo = 3 }), with(second, func(e *domain.EventEnvelope[any]) { e.SequenceNo = 4 }),
+		}, domain.ErrInvalidEvent},
+		{"a stored and a new event", 2, []domain.EventEnvelope[any]{with(second, same), newEvent(agg, "new", nil)}, domain.ErrInvalidEvent},
+		{"under another aggregate", 0, []domain.EventEnvelope[any]{
+			with(first, func(e *domain.EventEnvelope[any]) { e.AggregateID = "" }),
+		}, domain.ErrInvalidEvent},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			target := agg
+			if c.name == "under another aggregate" {
+				target = uniqueID("retry-other")
+			}
+			err := s.Append(ctx, target, c.expectedVersion, c.events...)
+			require.ErrorIs(t, err, c.want)
+			for _, other := range []error{domain.ErrAlreadyAppended, domain.ErrInvalidEvent, domain.ErrConcurrencyConflict} {
+				if other != c.want {
+					require.NotErrorIs(t, err, other)
+				}
+			}
+			require.Contains(t, err.Error(), target)
+			require.Equal(t, before, stateOf(t, s, agg), "nothing is stored again")
+			now, err := s.HeadPosition(ctx)
+			require.NoError(t, err)
+			require.Equal(t, head, now, "the feed did not move")
+		})
+	}
+	// A conflicting append that is not a retry is still a conflict.
+	err = s.Append(ctx, agg, 0, newEvent(agg, "late", nil))
+	require.ErrorIs(t, err, domain.ErrConcurrencyConflict)
+	require.NotErrorIs(t, err, domain.ErrAlreadyAppended)
+}
