@@ -31,23 +31,27 @@ type storedEvent struct {
 // version check: a retry's expectedVersion is stale by construction.
 // events must have passed prepareAppend.
 func checkStoredIDs(aggregateID string, expectedVersion int, events []domain.EventEnvelope[any], stored map[string]storedEvent) error {
-	if len(stored) == 0 {
+	// stored may hold other appends' events too (a coalesced batch).
+	var found []storedEvent
+	for _, ev := range events {
+		if s, ok := stored[ev.ID]; ok {
+			found = append(found, s)
+		}
+	}
+	switch {
+	case len(found) == 0:
 		return nil
+	case len(found) < len(events):
+		// Some IDs stored, some not: not the retry of one append.
+		s := found[0]
+		return fmt.Errorf("%w: aggregate %q: an event ID is already stored: event %q (aggregate %q, version %d), while other events of the append are new", domain.ErrInvalidEvent, aggregateID, s.ID, s.AggregateID, s.SequenceNo)
 	}
 	// The sequence numbers the call asks for: its own, or the ones after
 	// expectedVersion; with neither (-1 and zeros), any consecutive ones.
 	firstSeq := expectedVersion + 1
 	for i, ev := range events {
-		got, ok := stored[ev.ID]
+		got := stored[ev.ID]
 		where := eventRef{aggregateID, i + 1, ev.ID}
-		if !ok {
-			// Some IDs stored, some not: not a retry of one append.
-			for _, other := range events {
-				if s, found := stored[other.ID]; found {
-					return fmt.Errorf("%w: aggregate %q: an event ID is already stored: event %q (aggregate %q, version %d), while %s is new", domain.ErrInvalidEvent, aggregateID, s.ID, s.AggregateID, s.SequenceNo, where)
-				}
-			}
-		}
 		if i == 0 && expectedVersion == -1 {
 			firstSeq = got.SequenceNo
 		}

@@ -283,16 +283,21 @@ func (s *GormEventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, b *appe
 	for range inserts {
 		if _, err := br.Exec(); err != nil {
 			if len(accepted) == 1 {
-				results[accepted[0]] = s.insertError(accepted[0].aggregateID, err)
+				m := accepted[0]
+				err = s.insertError(m.aggregateID, err)
+				if !errors.Is(err, domain.ErrInvalidEvent) && !errors.Is(err, domain.ErrConcurrencyConflict) {
+					err = fmt.Errorf("append %d event(s) to aggregate %q: %w", len(m.events), m.aggregateID, err)
+				}
+				results[m] = err
 				return results
 			}
 			// Not committed. Find whose rows the database refused by
 			// running the accepted appends one by one.
 			_ = br.Close()
-			if err := pgxconn.EndSession(ctx, pc, nil); err != nil {
-				return fail(accepted, err)
-			}
-			for _, m := range accepted {
+			for i, m := range accepted {
+				if err := pgxconn.EndSession(ctx, pc, nil); err != nil {
+					return fail(accepted[i:], err)
+				}
 				for mm, err := range s.appendOnConn(ctx, pc, nil, []*appendRequest{m}, []*appendRequest{m}, notify) {
 					results[mm] = err
 				}

@@ -1,0 +1,159 @@
+package infrastructure_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/internal/dbtest"
+)
+
+// TestPostgresAppendsWaitingForTheLockShareOneTransaction holds the append
+// lock (an append held at the gate), lets appends gather behind it, and
+// releases it: the appends that waited together commit in one
+// transaction, each with its own outcome, and the feed gets every
+// accepted event once, each append's events contiguous.
+func TestPostgresAppendsWaitingForTheLockShareOneTransaction(t *testing.T) {
+	cases := []struct {
+		name string
+		// refuse makes the database refuse the rows of this aggregate at
+		// insert (a trigger), after every check passed.
+		refuse bool
+	}{
+		{name: "checks fail per append"},
+		{name: "the database refuses one append's rows", refuse: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			pg := dbtest.NewPostgres(t)
+			store := newGormStore(t, pg.DB)
+			stored := newEvent("co-stored", "x", "stored")
+			taken := newEvent("co-taken", "x", "taken")
+			require.NoError(t, store.Append(ctx, "co-stored", 0, stored))
+			require.NoError(t, store.Append(ctx, "co-taken", 0, taken))
+			observer := pgConnect(t, pg.DSN)
+			if c.refuse {
+				_, err := observer.Exec(ctx, `CREATE FUNCTION refuse_append() RETURNS trigger LANGUAGE plpgsql AS $$
+					BEGIN RAISE EXCEPTION 'refused by test trigger'; END $$`)
+				require.NoError(t, err)
+				_, err = observer.Exec(ctx, `CREATE TRIGGER refuse_append BEFORE INSERT ON events FOR EACH ROW
+					WHEN (NEW.aggregate_id = 'co-refused') EXECUTE FUNCTION refuse_append()`)
+				require.NoError(t, err)
+			}
+			gate := newAppendGate(t, pg)
+			doneHeld := goAsync(func() error { return store.Append(ctx, "held", 0, newEvent("held", "x", nil)) })
+			gate.waitHeld(t, 1)
+
+			stolen := taken // its ID, under another aggregate
+			stolen.AggregateID = ""
+			type call struct {
+				aggregate string
+				expected  int
+				events    []domain.EventEnvelope[any]
+				want      error // nil: stored
+				cancel    bool
+			}
+			calls := []call{
+				{aggregate: "co-ok-1", expected: 0},
+				{aggregate: "co-conflict", expected: 3, want: domain.ErrConcurrencyConflict},
+				{aggregate: "co-ok-2", expected: -1},
+				{aggregate: "co-stored", expected: 0, events: []domain.EventEnvelope[any]{stored}, want: domain.ErrAlreadyAppended},
+				{aggregate: "co-stolen", expected: 0, events: []domain.EventEnvelope[any]{stolen}, want: domain.ErrInvalidEvent},
+				{aggregate: "co-canceled", expected: 0, want: context.Canceled, cancel: true},
+				{aggregate: "co-ok-3", expected: 0},
+			}
+			if c.refuse {
+				calls = append(calls, call{aggregate: "co-refused", expected: 0, want: errRefused})
+			}
+			cancelCtx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			done := make([]chan error, len(calls))
+			for i := range calls {
+				if calls[i].events == nil {
+					calls[i].events = []domain.EventEnvelope[any]{
+						newEvent(calls[i].aggregate, "x", i), newEvent(calls[i].aggregate, "y", i),
+					}
+				}
+				cl := calls[i]
+				actx := ctx
+				if cl.cancel {
+					actx = cancelCtx
+				}
+				done[i] = goAsync(func() error { return store.Append(actx, cl.aggregate, cl.expected, cl.events...) })
+			}
+			eventually(t, "every append joins the batch waiting for the lock", func() bool {
+				return infrastructure.FormingAppends(store) == len(calls)
+			})
+			waitForLockWaiters(t, observer, appendLockKey(t, observer), 1, "the batch")
+			cancel()
+			for i, cl := range calls {
+				if cl.cancel {
+					require.ErrorIs(t, result(t, done[i], cl.aggregate), context.Canceled)
+				}
+			}
+			require.Equal(t, len(calls)-1, infrastructure.FormingAppends(store), "the canceled append left the batch")
+
+			gate.release()
+			require.NoError(t, result(t, doneHeld, "held append"))
+			var okIDs []string
+			for i, cl := range calls {
+				var err error
+				if !cl.cancel { // its result was taken above
+					err = result(t, done[i], cl.aggregate)
+				}
+				switch {
+				case cl.cancel:
+				case cl.want == nil:
+					require.NoError(t, err, cl.aggregate)
+					okIDs = append(okIDs, ids(cl.events)...)
+				case cl.want == errRefused:
+					require.ErrorContains(t, err, "refused by test trigger")
+					require.ErrorContains(t, err, cl.aggregate)
+				default:
+					require.ErrorIs(t, err, cl.want, cl.aggregate)
+					require.Contains(t, err.Error(), cl.aggregate)
+				}
+				if cl.want != nil && cl.want != domain.ErrAlreadyAppended {
+					version, err := store.GetCurrentVersion(ctx, cl.aggregate)
+					require.NoError(t, err)
+					require.Zero(t, version, "%s: nothing stored", cl.aggregate)
+				}
+			}
+
+			feed, err := store.ReadAfter(ctx, 2, 0) // past the stored events
+			require.NoError(t, err)
+			requireStrictlyIncreasing(t, feed)
+			var batched []string
+			last := map[string]int64{}
+			for _, e := range feed {
+				if e.AggregateID == "held" {
+					continue
+				}
+				batched = append(batched, e.ID)
+				if p, ok := last[e.AggregateID]; ok {
+					require.Equal(t, p+1, e.Position, "an append's events are contiguous")
+				}
+				last[e.AggregateID] = e.Position
+			}
+			require.ElementsMatch(t, okIDs, batched, "every accepted event once")
+
+			var transactions int
+			require.NoError(t, observer.QueryRow(ctx, `SELECT COUNT(DISTINCT xmin::text) FROM events WHERE aggregate_id LIKE 'co-ok-%'`).Scan(&transactions))
+			if c.refuse {
+				// Refused rows abort the shared transaction; the others are
+				// then appended one by one.
+				require.Equal(t, 3, transactions)
+			} else {
+				require.Equal(t, 1, transactions, "the appends that waited together committed together")
+			}
+		})
+	}
+}
+
+// errRefused marks the call the test trigger refuses.
+var errRefused = errors.New("refused")
