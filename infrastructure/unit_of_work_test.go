@@ -50,7 +50,9 @@ func TestAppendInsideACallersTransaction(t *testing.T) {
 						feed, err := outside.ReadAfter(ctx, 0, 0)
 						require.NoError(t, err)
 						require.Empty(t, feed)
-						later = goAsync(func() error { return outside.Append(context.Background(), "acc-2", 0, newEvent("acc-2", "account.opened", nil)) })
+						later = goAsync(func() error {
+							return outside.Append(context.Background(), "acc-2", 0, newEvent("acc-2", "account.opened", nil))
+						})
 						eventually(t, "an append outside the transaction waits for the append lock", func() bool {
 							var qualified string
 							require.NoError(t, db.Raw(`SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
