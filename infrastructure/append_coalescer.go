@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/internal/coalesce"
 )
 
 // Coalescing limits: a batch takes no more joiners once it holds this many
@@ -65,12 +66,13 @@ type appendBatch struct {
 // database work and must deliver one result to every member's done.
 func (c *appendCoalescer) run(req *appendRequest, runBatch func(*appendBatch)) error {
 	req.done = make(chan error, 1)
+	solo := coalesce.Disabled.Load()
 	c.mu.Lock()
 	b := c.forming
-	if b == nil || !b.canJoin(req) {
+	if b == nil || solo || !b.canJoin(req) {
 		ctx, cancel := context.WithCancel(context.WithoutCancel(req.ctx))
 		b = &appendBatch{ctx: ctx, cancel: cancel, aggs: map[string]bool{}, ids: map[string]bool{}}
-		if c.forming == nil {
+		if c.forming == nil && !solo {
 			c.forming = b
 		}
 		b.add(req)

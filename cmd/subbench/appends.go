@@ -15,6 +15,7 @@ import (
 
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/internal/coalesce"
 )
 
 const eventsPerAppend = 10
@@ -61,32 +62,7 @@ func runAppends(ctx context.Context, b *bench) ([]Row, error) {
 	h := fnv.New64a()
 	h.Write([]byte(b.runID + " plain append lock"))
 	lockKey := int64(h.Sum64() | 1)
-	type variant struct {
-		key, label string
-		appendOne  func(db *gorm.DB, store *infrastructure.GormEventStore, tag string) func(ctx context.Context, w, k int) error
-	}
-	variants := []variant{
-		{"library", "GormEventStore.Append", func(_ *gorm.DB, store *infrastructure.GormEventStore, tag string) func(ctx context.Context, w, k int) error {
-			return func(ctx context.Context, w, k int) error {
-				return store.Append(ctx, fmt.Sprintf("%s-%d-a%d", tag, w, k), -1, makeEvents(eventsPerAppend, k)...)
-			}
-		}},
-		{"plain", "plain multi-row INSERT", func(db *gorm.DB, _ *infrastructure.GormEventStore, tag string) func(ctx context.Context, w, k int) error {
-			return func(ctx context.Context, w, k int) error {
-				return plainAppend(ctx, db, fmt.Sprintf("%s-%d-a%d", tag, w, k), makeEvents(eventsPerAppend, k), 0, false)
-			}
-		}},
-		{"lock", "plain INSERT + pg_advisory_xact_lock", func(db *gorm.DB, _ *infrastructure.GormEventStore, tag string) func(ctx context.Context, w, k int) error {
-			return func(ctx context.Context, w, k int) error {
-				return plainAppend(ctx, db, fmt.Sprintf("%s-%d-a%d", tag, w, k), makeEvents(eventsPerAppend, k), lockKey, false)
-			}
-		}},
-		{"notify", "plain INSERT + pg_notify", func(db *gorm.DB, _ *infrastructure.GormEventStore, tag string) func(ctx context.Context, w, k int) error {
-			return func(ctx context.Context, w, k int) error {
-				return plainAppend(ctx, db, fmt.Sprintf("%s-%d-a%d", tag, w, k), makeEvents(eventsPerAppend, k), 0, true)
-			}
-		}},
-	}
+	variants := appendVariants(lockKey)
 	var rows []Row
 	for _, writers := range sz.appendWriters {
 		db, err := b.openPG(dsn, writers+1, nil)
@@ -104,7 +80,9 @@ func runAppends(ctx context.Context, b *bench) ([]Row, error) {
 				if round%2 == 1 {
 					v = variants[len(variants)-1-i]
 				}
-				res, err := timedWriters(ctx, writers, sz.appendDuration, v.appendOne(db, store, fmt.Sprintf("%s-w%d-r%d", v.key, writers, round)))
+				coalesce.Disabled.Store(v.key == "previous")
+				res, err := timedWriters(ctx, writers, sz.appendDuration, v.appendOne(db, store, fmt.Sprintf("%s-w%d-r%d", v.key, writers, round)), nil)
+				coalesce.Disabled.Store(false)
 				if err != nil {
 					return rows, fmt.Errorf("%d writers, %s: %w", writers, v.label, err)
 				}
@@ -116,30 +94,81 @@ func runAppends(ctx context.Context, b *bench) ([]Row, error) {
 				results[v.key].latencies = append(results[v.key].latencies, res.latencies...)
 			}
 		}
-		lib, plain := results["library"], results["plain"]
-		ll, bl := sortedCopy(lib.latencies), sortedCopy(plain.latencies)
-		note := fmt.Sprintf("%d events per append, %d rounds of %s per variant, variants alternating; append latency p50/p99: library %.2f/%.2f ms, plain %.2f/%.2f ms; the library's appends are serialized by pg_advisory_xact_lock: %.0f appends/s = %.2f ms per append end to end",
-			eventsPerAppend, sz.appendRounds, sz.appendDuration, percentile(ll, 50), percentile(ll, 99), percentile(bl, 50), percentile(bl, 99),
-			lib.rate()/eventsPerAppend, 1000/(lib.rate()/eventsPerAppend))
-		plainName := "the same rows in one multi-row INSERT statement per append (its own transaction, one round trip, pgx on the same pool), positions from a sequence: no lock, no version check, no NOTIFY, no ordering guarantee"
-		rows = append(rows, newRow(fmt.Sprintf("%d writer(s): GormEventStore.Append", writers), lib.rate(), plain.rate(), "ev/s", plainName).note(fmt.Sprintf("%d writer(s): %s", writers, note)))
+		lib, plain, prev := results["library"], results["plain"], results["previous"]
+		ll, bl, pl := sortedCopy(lib.latencies), sortedCopy(plain.latencies), sortedCopy(prev.latencies)
+		note := fmt.Sprintf("%d events per append, %d rounds of %s per variant, variants alternating; append latency p50/p99: library %.2f/%.2f ms, previous design %.2f/%.2f ms, plain %.2f/%.2f ms; library %.0f appends/s",
+			eventsPerAppend, sz.appendRounds, sz.appendDuration, percentile(ll, 50), percentile(ll, 99), percentile(pl, 50), percentile(pl, 99), percentile(bl, 50), percentile(bl, 99),
+			lib.rate()/eventsPerAppend)
+		row := newRow(fmt.Sprintf("%d writer(s): GormEventStore.Append", writers), lib.rate(), plain.rate(), "ev/s", plainAppendName).note(fmt.Sprintf("%d writer(s): %s", writers, note))
+		if writers == 16 {
+			row = row.goal(">= 0.8", lib.rate() >= 0.8*plain.rate())
+		}
+		rows = append(rows, row)
+		rows = append(rows, newRow(fmt.Sprintf("%d writer(s): previous design (uncoalesced)", writers), prev.rate(), plain.rate(), "ev/s", plainAppendName).
+			note("previous design: every Append its own transaction, lock and commit (coalescing off in this process, internal/coalesce)"))
+		if writers == 1 {
+			rows = append(rows, newRow("1 writer: append latency p50, library vs previous design", percentile(ll, 50), percentile(pl, 50), "ms",
+				"p50 append latency of the previous design (uncoalesced), same run").goal("<= 1.2", percentile(ll, 50) <= 1.2*percentile(pl, 50)))
+		}
 		for _, key := range []string{"lock", "notify"} {
 			v := results[key]
 			vl := sortedCopy(v.latencies)
 			label := map[string]string{"lock": "plain + advisory lock only", "notify": "plain + pg_notify only"}[key]
 			how := map[string]string{"lock": "pipelined [BEGIN, pg_advisory_xact_lock] then [INSERT, COMMIT], the store's lock pattern", "notify": "pipelined [BEGIN, INSERT, pg_notify, COMMIT]"}[key]
-			rows = append(rows, newRow(fmt.Sprintf("%d writer(s): %s", writers, label), v.rate(), plain.rate(), "ev/s", plainName).
+			rows = append(rows, newRow(fmt.Sprintf("%d writer(s): %s", writers, label), v.rate(), plain.rate(), "ev/s", plainAppendName).
 				note(fmt.Sprintf("%s (decomposition of the price): append latency p50/p99 %.2f/%.2f ms", how, percentile(vl, 50), percentile(vl, 99))))
 		}
 	}
-	return rows, nil
+	mp, err := runAppendProcesses(ctx, b, dsn, lockKey)
+	return append(rows, mp...), err
+}
+
+const plainAppendName = "the same rows in one multi-row INSERT statement per append (its own transaction, one round trip, pgx on the same pool), positions from a sequence: no lock, no version check, no NOTIFY, no ordering guarantee"
+
+// appendVariant is one way of appending measured by scenario 7.
+type appendVariant struct {
+	key, label string
+	appendOne  func(db *gorm.DB, store *infrastructure.GormEventStore, tag string) func(ctx context.Context, w, k int) error
+}
+
+// appendVariants: the library (coalescing), the previous design (the
+// library with coalescing off: the caller sets coalesce.Disabled), the
+// plain baseline and the baseline plus each of the library's costs.
+func appendVariants(lockKey int64) []appendVariant {
+	library := func(_ *gorm.DB, store *infrastructure.GormEventStore, tag string) func(ctx context.Context, w, k int) error {
+		return func(ctx context.Context, w, k int) error {
+			return store.Append(ctx, fmt.Sprintf("%s-%d-a%d", tag, w, k), -1, makeEvents(eventsPerAppend, k)...)
+		}
+	}
+	return []appendVariant{
+		{"library", "GormEventStore.Append", library},
+		{"previous", "GormEventStore.Append, uncoalesced", library},
+		{"plain", "plain multi-row INSERT", func(db *gorm.DB, _ *infrastructure.GormEventStore, tag string) func(ctx context.Context, w, k int) error {
+			return func(ctx context.Context, w, k int) error {
+				return plainAppend(ctx, db, fmt.Sprintf("%s-%d-a%d", tag, w, k), makeEvents(eventsPerAppend, k), 0, false)
+			}
+		}},
+		{"lock", "plain INSERT + pg_advisory_xact_lock", func(db *gorm.DB, _ *infrastructure.GormEventStore, tag string) func(ctx context.Context, w, k int) error {
+			return func(ctx context.Context, w, k int) error {
+				return plainAppend(ctx, db, fmt.Sprintf("%s-%d-a%d", tag, w, k), makeEvents(eventsPerAppend, k), lockKey, false)
+			}
+		}},
+		{"notify", "plain INSERT + pg_notify", func(db *gorm.DB, _ *infrastructure.GormEventStore, tag string) func(ctx context.Context, w, k int) error {
+			return func(ctx context.Context, w, k int) error {
+				return plainAppend(ctx, db, fmt.Sprintf("%s-%d-a%d", tag, w, k), makeEvents(eventsPerAppend, k), 0, true)
+			}
+		}},
+	}
 }
 
 // timedWriters runs writers goroutines calling appendOne back to back for
 // d and counts the events appended. Each writer first appends twice
 // untimed, so that the pool's connections are open and their statements
 // prepared before the clock starts.
-func timedWriters(ctx context.Context, writers int, d time.Duration, appendOne func(ctx context.Context, w, k int) error) (appendResult, error) {
+//
+// beforeStart, when set, runs once every writer is warm, just before the
+// clock starts (a child process reports ready and waits for the go).
+func timedWriters(ctx context.Context, writers int, d time.Duration, appendOne func(ctx context.Context, w, k int) error, beforeStart func() error) (appendResult, error) {
 	var (
 		mu     sync.Mutex
 		res    appendResult
@@ -180,6 +209,13 @@ func timedWriters(ctx context.Context, writers int, d time.Duration, appendOne f
 		})
 	}
 	warmed.Wait()
+	if beforeStart != nil {
+		if err := beforeStart(); err != nil {
+			close(startc)
+			wg.Wait()
+			return res, err
+		}
+	}
 	start := time.Now()
 	for range writers {
 		startc <- start

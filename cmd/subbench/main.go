@@ -98,6 +98,14 @@ var scenarios = []scenario{
 }
 
 func main() {
+	if conf, ok := os.LookupEnv(appendChildEnv); ok {
+		// A child process of scenario 7's multi-process variant.
+		if err := runAppendChild(conf); err != nil {
+			fmt.Fprintln(os.Stderr, "subbench child:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	var (
 		cfg        config
 		only       string

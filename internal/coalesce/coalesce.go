@@ -1,0 +1,12 @@
+// Package coalesce holds the switch that turns append coalescing off in
+// this process, so that cmd/subbench can measure the append without it
+// (the design before coalescing) beside the default in the same run. It
+// is not an application setting: the coalesced append has the same
+// guarantees, and is never slower than a lone append.
+package coalesce
+
+import "sync/atomic"
+
+// Disabled makes every GormEventStore of this process append alone: each
+// Postgres append its own transaction, lock and commit.
+var Disabled atomic.Bool
