@@ -14,6 +14,15 @@ type EventStore interface {
 	// Append persists events for one aggregate atomically. expectedVersion is
 	// the aggregate's current version the caller saw; -1 skips the check.
 	// A mismatch returns ErrConcurrencyConflict and persists nothing.
+	//
+	// An error does not always mean nothing was stored: when the connection
+	// drops during the commit, or ctx expires while the commit is under way,
+	// Append can return that error (context.DeadlineExceeded, say) although
+	// the events committed. Retrying the same call is safe: if the first
+	// attempt committed, the retry stores nothing and returns an error
+	// wrapping ErrAlreadyAppended, which the caller treats as success. Keep
+	// the envelopes (their IDs) of a failed call for the retry; fresh
+	// envelopes would be appended again, or conflict.
 	Append(ctx context.Context, aggregateID string, expectedVersion int, events ...EventEnvelope[any]) error
 	GetEvents(ctx context.Context, aggregateID string) ([]EventEnvelope[any], error)
 	GetEventsFromVersion(ctx context.Context, aggregateID string, fromVersion int) ([]EventEnvelope[any], error)

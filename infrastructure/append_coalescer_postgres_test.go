@@ -20,8 +20,8 @@ import (
 func TestPostgresAppendsWaitingForTheLockShareOneTransaction(t *testing.T) {
 	cases := []struct {
 		name string
-		// refuse makes the database refuse the rows of this aggregate at
-		// insert (a trigger), after every check passed.
+		// refuse makes the database refuse two appends' rows at insert,
+		// after every check passed: a trigger, and a stored event ID.
 		refuse bool
 	}{
 		{name: "checks fail per append"},
@@ -63,12 +63,14 @@ func TestPostgresAppendsWaitingForTheLockShareOneTransaction(t *testing.T) {
 				{aggregate: "co-conflict", expected: 3, want: domain.ErrConcurrencyConflict},
 				{aggregate: "co-ok-2", expected: -1},
 				{aggregate: "co-stored", expected: 0, events: []domain.EventEnvelope[any]{stored}, want: domain.ErrAlreadyAppended},
-				{aggregate: "co-stolen", expected: 0, events: []domain.EventEnvelope[any]{stolen}, want: domain.ErrInvalidEvent},
 				{aggregate: "co-canceled", expected: 0, want: context.Canceled, cancel: true},
 				{aggregate: "co-ok-3", expected: 0},
 			}
 			if c.refuse {
-				calls = append(calls, call{aggregate: "co-refused", expected: 0, want: errRefused})
+				// A stored event ID under another aggregate passes every
+				// check but the primary key's.
+				calls = append(calls, call{aggregate: "co-refused", expected: 0, want: errRefused},
+					call{aggregate: "co-stolen", expected: 0, events: []domain.EventEnvelope[any]{stolen}, want: domain.ErrInvalidEvent})
 			}
 			cancelCtx, cancel := context.WithCancel(ctx)
 			defer cancel()

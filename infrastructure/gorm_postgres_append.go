@@ -123,27 +123,26 @@ type batchReads struct {
 }
 
 const (
-	selectHead     = `SELECT COALESCE(MAX(position), 0) FROM events`
-	selectVersions = `SELECT aggregate_id, MAX(sequence_no) FROM events WHERE aggregate_id = ANY($1) GROUP BY aggregate_id`
-	selectStored   = `SELECT id, aggregate_id, event_type, transaction_id, sequence_no, payload FROM events WHERE id = ANY($1)`
+	// selectHeads reads the feed head and the versions of the aggregates
+	// in $1: one statement, whatever the number of aggregates.
+	selectHeads = `SELECT a.id,
+		(SELECT COALESCE(MAX(sequence_no), 0) FROM events WHERE aggregate_id = a.id),
+		(SELECT COALESCE(MAX(position), 0) FROM events)
+		FROM unnest($1::text[]) AS a(id)`
+	selectStored = `SELECT id, aggregate_id, event_type, transaction_id, sequence_no, payload FROM events WHERE id = ANY($1)`
 )
 
-// queueReads adds the reads of reqs' versions and stored event IDs.
-func queueReads(batch *pgx.Batch, reqs []*appendRequest) {
+// queueHeads adds the read of the head and of reqs' versions.
+func queueHeads(batch *pgx.Batch, reqs []*appendRequest) {
 	aggs := make([]string, 0, len(reqs))
-	var ids []string
 	for _, m := range reqs {
 		aggs = append(aggs, m.aggregateID)
-		for _, ev := range m.events {
-			ids = append(ids, ev.ID)
-		}
 	}
-	batch.Queue(selectVersions, aggs)
-	batch.Queue(selectStored, ids)
+	batch.Queue(selectHeads, aggs)
 }
 
-// scanReads reads the results of queueReads into r.
-func scanReads(br pgx.BatchResults, r *batchReads) error {
+// scanHeads reads the result of queueHeads into r.
+func scanHeads(br pgx.BatchResults, r *batchReads) error {
 	rows, err := br.Query()
 	if err != nil {
 		return fmt.Errorf("read versions: %w", err)
@@ -151,7 +150,7 @@ func scanReads(br pgx.BatchResults, r *batchReads) error {
 	for rows.Next() {
 		var agg string
 		var version int
-		if err := rows.Scan(&agg, &version); err != nil {
+		if err := rows.Scan(&agg, &version, &r.head); err != nil {
 			rows.Close()
 			return fmt.Errorf("read versions: %w", err)
 		}
@@ -160,17 +159,30 @@ func scanReads(br pgx.BatchResults, r *batchReads) error {
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("read versions: %w", err)
 	}
-	rows, err = br.Query()
+	return nil
+}
+
+// readStored reads the stored events among reqs' event IDs (see
+// checkStoredIDs). Only appends that failed a version check or hit a
+// stored ID need it, so it is off the common path.
+func readStored(ctx context.Context, pc *pgx.Conn, reqs []*appendRequest, into map[string]storedEvent) error {
+	var ids []string
+	for _, m := range reqs {
+		for _, ev := range m.events {
+			ids = append(ids, ev.ID)
+		}
+	}
+	rows, err := pc.Query(ctx, selectStored, ids)
 	if err != nil {
 		return fmt.Errorf("read stored event IDs: %w", err)
 	}
+	defer rows.Close()
 	for rows.Next() {
 		var e storedEvent
 		if err := rows.Scan(&e.ID, &e.AggregateID, &e.EventType, &e.TransactionID, &e.SequenceNo, &e.Payload); err != nil {
-			rows.Close()
 			return fmt.Errorf("read stored event IDs: %w", err)
 		}
-		r.stored[e.ID] = e
+		into[e.ID] = e
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("read stored event IDs: %w", err)
@@ -193,8 +205,7 @@ func (s *GormEventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, b *appe
 	lock := &pgx.Batch{}
 	lock.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	lock.Queue("SELECT pg_advisory_xact_lock($1)", s.lockKey)
-	lock.Queue(selectHead)
-	queueReads(lock, first)
+	queueHeads(lock, first)
 	br := pc.SendBatch(ctx, lock)
 	_, err := br.Exec()
 	if err == nil {
@@ -208,12 +219,7 @@ func (s *GormEventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, b *appe
 		members = s.coalescer.close(b)
 	}
 	if err == nil {
-		if err = br.QueryRow().Scan(&reads.head); err != nil {
-			err = fmt.Errorf("read feed head: %w", err)
-		}
-	}
-	if err == nil {
-		err = scanReads(br, &reads)
+		err = scanHeads(br, &reads)
 	}
 	if cerr := br.Close(); err == nil && cerr != nil {
 		err = cerr
@@ -221,27 +227,38 @@ func (s *GormEventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, b *appe
 	if err != nil {
 		return fail(members, err)
 	}
-	// Members that joined while the lock was awaited read their own
-	// versions and event IDs now, under the lock.
-	known := make(map[*appendRequest]bool, len(first))
-	for _, m := range first {
-		known[m] = true
-	}
+	// Members that joined while the lock was awaited read their versions
+	// now, under the lock: one more round trip, shared by all of them.
 	var late []*appendRequest
 	for _, m := range members {
-		if !known[m] {
+		if _, ok := reads.versions[m.aggregateID]; !ok {
 			late = append(late, m)
 		}
 	}
 	if len(late) > 0 {
 		more := &pgx.Batch{}
-		queueReads(more, late)
+		queueHeads(more, late)
 		br := pc.SendBatch(ctx, more)
-		err := scanReads(br, &reads)
+		err := scanHeads(br, &reads)
 		if cerr := br.Close(); err == nil && cerr != nil {
 			err = cerr
 		}
 		if err != nil {
+			return fail(members, err)
+		}
+	}
+
+	// A failed version check may be the retry of an append that
+	// committed: those appends' event IDs are looked up, still under the
+	// lock, before any check is final.
+	var conflicted []*appendRequest
+	for _, m := range members {
+		if _, err := prepareAppend(m.aggregateID, m.expectedVersion, reads.versions[m.aggregateID], m.events); errors.Is(err, domain.ErrConcurrencyConflict) {
+			conflicted = append(conflicted, m)
+		}
+	}
+	if len(conflicted) > 0 {
+		if err := readStored(ctx, pc, conflicted, reads.stored); err != nil {
 			return fail(members, err)
 		}
 	}
@@ -285,7 +302,22 @@ func (s *GormEventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, b *appe
 			if len(accepted) == 1 {
 				m := accepted[0]
 				err = s.insertError(m.aggregateID, err)
-				if !errors.Is(err, domain.ErrInvalidEvent) && !errors.Is(err, domain.ErrConcurrencyConflict) {
+				if errors.Is(err, domain.ErrInvalidEvent) {
+					// An event ID is stored: the retry of an append that
+					// committed, or another event under that ID. Stored
+					// events never change, so this is decided after the
+					// rollback.
+					_ = br.Close()
+					if cerr := pgxconn.EndSession(ctx, pc, nil); cerr == nil {
+						stored := map[string]storedEvent{}
+						if rerr := readStored(ctx, pc, accepted, stored); rerr == nil {
+							if classified := checkStoredIDs(m.aggregateID, m.expectedVersion, m.events, stored); classified != nil {
+								err = classified
+							}
+						}
+					}
+				}
+				if !errors.Is(err, domain.ErrInvalidEvent) && !errors.Is(err, domain.ErrConcurrencyConflict) && !errors.Is(err, domain.ErrAlreadyAppended) {
 					err = fmt.Errorf("append %d event(s) to aggregate %q: %w", len(m.events), m.aggregateID, err)
 				}
 				results[m] = err

@@ -32,7 +32,23 @@ import (
 // time, in position order, and ReadAfter is a plain index range scan that
 // nothing but an in-flight append can delay: unrelated transactions, long
 // or not, never hold the feed back. The price is that appends to one table
-// are serialized (a few round trips each); cmd/subbench measures it.
+// are serialized, the lock held through each commit's WAL flush. Within
+// one process, concurrent appends that wait for the lock at the same time
+// share one transaction (appendCoalescer), so they share the lock and the
+// flush while each keeps its own version check and outcome; cmd/subbench
+// scenario 7 measures both, and docs/appends.md explains the choice.
+//
+// # Transactions
+//
+// Built on a caller's transaction (db.Begin(), or the tx of
+// db.Transaction), the store runs every statement in it: Append joins the
+// transaction (a savepoint), and its events, the append lock and the
+// NOTIFY take effect at the caller's commit, or vanish at its rollback.
+// This is the unit of work: the application's state change and its events
+// commit together. On Postgres the transaction must be READ COMMITTED
+// (other levels are refused, see appendOnce), and it holds the append
+// lock from its first Append to its end, delaying every other append to
+// the table meanwhile: keep such transactions short.
 //
 // On SQLite, writers are serialized by the database itself and positions
 // are MAX(position)+1 inside the write transaction. Use the DSN documented
