@@ -2,6 +2,7 @@ package subscriptions
 
 import (
 	"context"
+	"errors"
 	"sync"
 
 	"github.com/eventfeed/subscriptions/domain"
@@ -125,17 +126,19 @@ func NewNotifyingEventStore(store domain.EventStore, notify func()) *NotifyingEv
 }
 
 // Append delegates to the wrapped store and signals on success. A failed
-// Append (a concurrency conflict, invalid events, a database error) stored
-// nothing, so it signals nothing; neither does an Append of no events.
-// The signal comes after the wrapped Append has returned, i.e. after the
-// events are committed and visible to readers, so a woken subscriber finds
-// them.
+// Append (a concurrency conflict, invalid events) stored nothing, so it
+// signals nothing; neither does an Append of no events. The signal comes
+// after the wrapped Append has returned, i.e. after the events are
+// committed and visible to readers, so a woken subscriber finds them.
+// A retry answered with domain.ErrAlreadyAppended signals too: the
+// attempt that committed those events may have failed before its signal.
 func (s *NotifyingEventStore) Append(ctx context.Context, aggregateID string, expectedVersion int, events ...domain.EventEnvelope[any]) error {
-	if err := s.EventStore.Append(ctx, aggregateID, expectedVersion, events...); err != nil {
+	err := s.EventStore.Append(ctx, aggregateID, expectedVersion, events...)
+	if err != nil && !errors.Is(err, domain.ErrAlreadyAppended) {
 		return err
 	}
 	if len(events) > 0 && s.notify != nil {
 		s.notify()
 	}
-	return nil
+	return err
 }

@@ -235,13 +235,19 @@ func TestNotifyingEventStoreSignalsOnlyAfterSuccessfulAppend(t *testing.T) {
 			require.Equal(t, int64(2), signals.Load(), "a failed Append must not signal")
 
 			require.Error(t, store.Append(ctx, "", -1, stale), "an invalid aggregate ID fails")
-			require.ErrorIs(t, store.Append(ctx, ev.AggregateID, -1, ev), domain.ErrInvalidEvent, "a duplicate event ID fails")
+			other := ev
+			other.Payload = map[string]any{"n": 99}
+			require.ErrorIs(t, store.Append(ctx, ev.AggregateID, -1, other), domain.ErrInvalidEvent, "another event under a stored ID fails")
 			require.Equal(t, int64(2), signals.Load(), "a failed Append must not signal")
 
 			require.NoError(t, store.Append(ctx, ev.AggregateID, 3))
 			require.Equal(t, int64(2), signals.Load(), "an Append of no events stores nothing and signals nothing")
 
-			require.Equal(t, []int64{1, 3}, visibleAtSignal, "the signal comes after the events are readable")
+			// The attempt that committed may have failed before its signal.
+			require.ErrorIs(t, store.Append(ctx, ev.AggregateID, 0, ev), domain.ErrAlreadyAppended)
+			require.Equal(t, int64(3), signals.Load(), "the retry of a committed append signals")
+
+			require.Equal(t, []int64{1, 3, 3}, visibleAtSignal, "the signal comes after the events are readable")
 			events, err := store.ReadAfter(ctx, 0, 0)
 			require.NoError(t, err)
 			require.Len(t, events, 3)
