@@ -17,16 +17,12 @@ import (
 	"github.com/eventfeed/subscriptions/internal/coalesce"
 )
 
-// The multi-process variant of scenario 7: appendProcesses child processes
-// of appendProcessWriters goroutines each, every process with its own pool,
-// as several application instances append to one database.
-const (
-	appendProcesses      = 4
-	appendProcessWriters = 4
-	// appendChildEnv carries a child's JSON config; its presence makes the
-	// binary a child (see main).
-	appendChildEnv = "SUBBENCH_APPEND_CHILD"
-)
+// appendChildEnv carries the JSON config of a child process of scenario
+// 7's multi-process variant (sizes: appendProcs processes of
+// appendProcWriters goroutines, each process with its own pool, as several
+// application instances appending to one database). Its presence makes
+// the binary a child: see main, and TestMain for the test binary.
+const appendChildEnv = "SUBBENCH_APPEND_CHILD"
 
 // appendChildConfig is what a child needs.
 type appendChildConfig struct {
@@ -46,7 +42,7 @@ type appendChildResult struct {
 }
 
 // runAppendProcesses measures the library, the previous design and the
-// plain baseline with appendProcesses processes at once. The children
+// plain baseline with sz.appendProcs processes at once. The children
 // warm up, report ready, and start together on the parent's word.
 func runAppendProcesses(ctx context.Context, b *bench, dsn string, lockKey int64) ([]Row, error) {
 	sz := b.sizes()
@@ -56,15 +52,15 @@ func runAppendProcesses(ctx context.Context, b *bench, dsn string, lockKey int64
 	}
 	keys := []string{"library", "previous", "plain"}
 	results := map[string]*appendResult{}
-	for round := range sz.appendRounds {
+	for round := range sz.appendProcRounds {
 		for i := range keys {
 			key := keys[(i+round)%len(keys)]
-			res, err := appendProcessRound(ctx, exe, appendChildConfig{
-				DSN: dsn, Variant: key, Writers: appendProcessWriters, Duration: sz.appendDuration,
+			res, err := appendProcessRound(ctx, exe, sz.appendProcs, appendChildConfig{
+				DSN: dsn, Variant: key, Writers: sz.appendProcWriters, Duration: sz.appendDuration,
 				Tag: fmt.Sprintf("mp-%s-r%d", key, round), LockKey: lockKey,
 			})
 			if err != nil {
-				return nil, fmt.Errorf("%d processes x %d writers, %s: %w", appendProcesses, appendProcessWriters, key, err)
+				return nil, fmt.Errorf("%d processes x %d writers, %s: %w", sz.appendProcs, sz.appendProcWriters, key, err)
 			}
 			if results[key] == nil {
 				results[key] = &appendResult{}
@@ -76,9 +72,9 @@ func runAppendProcesses(ctx context.Context, b *bench, dsn string, lockKey int64
 	}
 	lib, prev, plain := results["library"], results["previous"], results["plain"]
 	ll, pl, bl := sortedCopy(lib.latencies), sortedCopy(prev.latencies), sortedCopy(plain.latencies)
-	name := fmt.Sprintf("%d processes x %d writers", appendProcesses, appendProcessWriters)
+	name := fmt.Sprintf("%d processes x %d writers", sz.appendProcs, sz.appendProcWriters)
 	note := fmt.Sprintf("%s: separate processes, each with its own pool of %d connections, started together after warming up; append latency p50/p99: library %.2f/%.2f ms, previous design %.2f/%.2f ms, plain %.2f/%.2f ms",
-		name, appendProcessWriters+1, percentile(ll, 50), percentile(ll, 99), percentile(pl, 50), percentile(pl, 99), percentile(bl, 50), percentile(bl, 99))
+		name, sz.appendProcWriters+1, percentile(ll, 50), percentile(ll, 99), percentile(pl, 50), percentile(pl, 99), percentile(bl, 50), percentile(bl, 99))
 	return []Row{
 		newRow(name+": GormEventStore.Append", lib.rate(), plain.rate(), "ev/s", plainAppendName+", from the same processes").
 			goal(">= 0.6", lib.rate() >= 0.6*plain.rate()).note(note),
@@ -86,9 +82,9 @@ func runAppendProcesses(ctx context.Context, b *bench, dsn string, lockKey int64
 	}, nil
 }
 
-// appendProcessRound runs one variant in appendProcesses children at once
+// appendProcessRound runs one variant in procs children at once
 // and sums their events over the longest child's elapsed time.
-func appendProcessRound(ctx context.Context, exe string, cfg appendChildConfig) (appendResult, error) {
+func appendProcessRound(ctx context.Context, exe string, procs int, cfg appendChildConfig) (appendResult, error) {
 	type child struct {
 		cmd   *exec.Cmd
 		stdin io.WriteCloser
@@ -104,7 +100,7 @@ func appendProcessRound(ctx context.Context, exe string, cfg appendChildConfig) 
 			_ = c.cmd.Wait()
 		}
 	}()
-	for p := range appendProcesses {
+	for p := range procs {
 		pc := cfg
 		pc.Tag = fmt.Sprintf("%s-p%d", cfg.Tag, p)
 		conf, err := json.Marshal(pc)

@@ -21,6 +21,8 @@ type sizes struct {
 	appendDuration time.Duration
 	appendRounds   int
 	appendWriters  []int
+	// The multi-process variant: processes x writers each, rounds.
+	appendProcs, appendProcWriters, appendProcRounds int
 }
 
 func (b *bench) sizes() sizes {
@@ -32,6 +34,7 @@ func (b *bench) sizes() sizes {
 			replicaEvents: 500, replicaSlices: 1,
 			idleSubscribers: 10, idleInterval: 100 * time.Millisecond, idleDuration: 500 * time.Millisecond,
 			appendDuration: 100 * time.Millisecond, appendRounds: 2, appendWriters: []int{1, 4, 16},
+			appendProcs: 2, appendProcWriters: 2, appendProcRounds: 1,
 		}
 	}
 	return sizes{
@@ -41,5 +44,6 @@ func (b *bench) sizes() sizes {
 		replicaEvents: 20_000, replicaSlices: 4,
 		idleSubscribers: 100, idleInterval: 100 * time.Millisecond, idleDuration: 10 * time.Second,
 		appendDuration: 1500 * time.Millisecond, appendRounds: 2, appendWriters: []int{1, 4, 16},
+		appendProcs: 4, appendProcWriters: 4, appendProcRounds: 2,
 	}
 }
