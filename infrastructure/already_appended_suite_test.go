@@ -83,3 +83,38 @@ func testIdenticalRetry(t *testing.T, s domain.EventStore) {
 	require.ErrorIs(t, err, domain.ErrConcurrencyConflict)
 	require.NotErrorIs(t, err, domain.ErrAlreadyAppended)
 }
+
+// testLargeAppend appends more events in one call than one INSERT
+// carries: all or nothing, numbered consecutively, contiguous in the feed.
+func testLargeAppend(t *testing.T, s domain.EventStore) {
+	ctx := testCtx(t)
+	agg := uniqueID("large")
+	const n = 2345
+	batch := func(count int) []domain.EventEnvelope[any] {
+		out := make([]domain.EventEnvelope[any], count)
+		for i := range out {
+			out[i] = newEvent(agg, "x", i)
+		}
+		return out
+	}
+	require.NoError(t, s.Append(ctx, agg, 0, batch(1)...))
+	before := stateOf(t, s, agg)
+	err := s.Append(ctx, agg, 0, batch(n)...)
+	require.ErrorIs(t, err, domain.ErrConcurrencyConflict, "a stale version stores no chunk")
+	require.Equal(t, before, stateOf(t, s, agg))
+
+	require.NoError(t, s.Append(ctx, agg, -1, batch(n)...))
+	require.NoError(t, s.Append(ctx, agg, n+1, batch(1)...))
+	events, err := s.GetEvents(ctx, agg)
+	require.NoError(t, err)
+	require.Len(t, events, n+2)
+	for i, e := range events {
+		require.Equal(t, i+1, e.SequenceNo)
+		if i > 1 && i <= n {
+			require.Equal(t, events[i-1].Position+1, e.Position, "one append's events are contiguous")
+		}
+	}
+	feed, err := s.ReadAfter(ctx, 0, 0)
+	require.NoError(t, err)
+	requireStrictlyIncreasing(t, feed)
+}

@@ -119,14 +119,6 @@ func (c *appendCoalescer) close(b *appendBatch) []*appendRequest {
 	return b.members
 }
 
-// snapshot returns the members so far (for the statements sent before the
-// lock is granted).
-func (c *appendCoalescer) snapshot(b *appendBatch) []*appendRequest {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]*appendRequest(nil), b.members...)
-}
-
 // canJoin: a batch takes no two appends to one aggregate and no shared
 // event ID, so that each member's checks read only committed state, and
 // stays under the size limits.

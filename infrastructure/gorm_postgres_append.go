@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 
+	"strings"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/eventfeed/subscriptions/domain"
@@ -52,14 +54,14 @@ func (s *GormEventStore) runBatch(b *appendBatch) {
 // granted) or for the given members only. It returns every member's
 // outcome.
 //
-// The statements are those of the portable path (appendOnce), pipelined
-// into two network round trips instead of six: BEGIN, the append lock and
-// the reads (the feed head, the members' versions, their event IDs) go out
-// as one pgx batch; the INSERTs, the NOTIFY and the COMMIT as a second.
-// The reads are statements that start after the lock is granted, under
-// READ COMMITTED, so they see every earlier append: the feed's soundness
-// argument is the portable path's. Appends that joined while the lock was
-// awaited cost one more round trip, for their own reads.
+// The transaction is two network round trips, pipelined with pgx, however
+// many appends share it: BEGIN and the append lock; then each append's
+// INSERTs, the NOTIFY and the COMMIT. Each INSERT checks its append's
+// version and numbers its rows in the database (checkedInserts), in a
+// statement that starts after the lock was granted, under READ COMMITTED,
+// so it sees every earlier append: the feed's soundness argument is the
+// portable path's (appendOnce). An append whose check fails inserts
+// nothing and is told why after the commit (explainRefusals).
 //
 // Commit latency is what a subscriber's wake-up waits for, which is why
 // the append is worth the pipelining.
@@ -75,10 +77,6 @@ func (s *GormEventStore) appendBatchOnce(b *appendBatch, members []*appendReques
 			}
 		}
 		return results
-	}
-	first := members
-	if first == nil {
-		first = s.coalescer.snapshot(b)
 	}
 	conn, err := s.pool.Conn(ctx)
 	if err != nil {
@@ -97,7 +95,7 @@ func (s *GormEventStore) appendBatchOnce(b *appendBatch, members []*appendReques
 			}
 			return errNotPgx
 		}
-		inner = s.appendOnConn(ctx, pc, b, first, members, notify)
+		inner = s.appendOnConn(ctx, pc, b, members, notify)
 		// Never hand a connection back to the pool inside a transaction.
 		return pgxconn.EndSession(ctx, pc, nil)
 	})
@@ -115,56 +113,82 @@ func (s *GormEventStore) appendBatchOnce(b *appendBatch, members []*appendReques
 	return fail(members, err)
 }
 
-// batchReads is what an append needs to know under the lock.
-type batchReads struct {
-	head     int64
-	versions map[string]int
-	stored   map[string]storedEvent
-}
-
 const (
-	// selectHeads reads the feed head and the versions of the aggregates
-	// in $1: one statement, whatever the number of aggregates.
-	selectHeads = `SELECT a.id,
-		(SELECT COALESCE(MAX(sequence_no), 0) FROM events WHERE aggregate_id = a.id),
-		(SELECT COALESCE(MAX(position), 0) FROM events)
+	// selectHeads reads the versions of the aggregates in $1.
+	selectHeads = `SELECT a.id, (SELECT COALESCE(MAX(sequence_no), 0) FROM events WHERE aggregate_id = a.id)
 		FROM unnest($1::text[]) AS a(id)`
 	selectStored = `SELECT id, aggregate_id, event_type, transaction_id, sequence_no, payload FROM events WHERE id = ANY($1)`
+	// notifyIfWritten notifies only if the transaction inserted a row
+	// (an append whose version check failed inserts none).
+	notifyIfWritten = `SELECT pg_notify($1, '') WHERE txid_current_if_assigned() IS NOT NULL`
 )
 
-// queueHeads adds the read of the head and of reqs' versions.
-func queueHeads(batch *pgx.Batch, reqs []*appendRequest) {
-	aggs := make([]string, 0, len(reqs))
-	for _, m := range reqs {
-		aggs = append(aggs, m.aggregateID)
+// checkedInserts builds one append's INSERTs that check its version and
+// number its rows in the database, under the append lock: each statement
+// reads the aggregate's version and the feed head itself (it starts after
+// the lock was granted, under READ COMMITTED, and after the statements of
+// the appends before it in the transaction), so that no round trip is
+// needed between the lock and the rows. The first statement inserts
+// nothing unless the version is required (required >= 0: the append's
+// expected version, or the one its explicit sequence numbers imply);
+// later chunks only if the first one inserted its rows.
+func checkedInserts(aggregateID string, required int, prepared []preparedEvent) []insertStatement {
+	var out []insertStatement
+	for start := 0; start < len(prepared); start += insertChunk {
+		end := min(start+insertChunk, len(prepared))
+		var q strings.Builder
+		q.WriteString(`INSERT INTO events (id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at)
+			SELECT v.id, $1, v.event_type, cur.version + v.ord, v.transaction_id, head.position + v.ord, v.payload, v.metadata, v.created_at
+			FROM (SELECT COALESCE(MAX(sequence_no), 0) AS version FROM events WHERE aggregate_id = $1) AS cur,
+			(SELECT COALESCE(MAX(position), 0) AS position FROM events) AS head,
+			(VALUES `)
+		args := make([]any, 0, 2+6*(end-start))
+		args = append(args, aggregateID)
+		if start == 0 {
+			args = append(args, required)
+		} else {
+			args = append(args, prepared[0].env.ID)
+		}
+		for i, p := range prepared[start:end] {
+			if i > 0 {
+				q.WriteString(", ")
+			}
+			n := len(args)
+			fmt.Fprintf(&q, "($%d::text, $%d::text, $%d::text, $%d::jsonb, $%d::jsonb, $%d::timestamptz, %d)", n+1, n+2, n+3, n+4, n+5, n+6, i+1)
+			e := p.env
+			args = append(args, e.ID, e.EventType, e.TransactionID, string(p.payload), string(p.metadata), e.Created)
+		}
+		q.WriteString(`) AS v(id, event_type, transaction_id, payload, metadata, created_at, ord)`)
+		if start == 0 {
+			q.WriteString(` WHERE $2::bigint < 0 OR cur.version = $2::bigint`)
+		} else {
+			q.WriteString(` WHERE EXISTS (SELECT 1 FROM events WHERE id = $2::text)`)
+		}
+		out = append(out, insertStatement{sql: q.String(), args: args})
 	}
-	batch.Queue(selectHeads, aggs)
+	return out
 }
 
-// scanHeads reads the result of queueHeads into r.
-func scanHeads(br pgx.BatchResults, r *batchReads) error {
-	rows, err := br.Query()
-	if err != nil {
-		return fmt.Errorf("read versions: %w", err)
-	}
-	for rows.Next() {
-		var agg string
-		var version int
-		if err := rows.Scan(&agg, &version, &r.head); err != nil {
-			rows.Close()
-			return fmt.Errorf("read versions: %w", err)
+// requiredVersion is the version an append needs its aggregate at: its
+// expected version, or the one its explicit sequence numbers imply; -1
+// when it takes any. ok is false when they disagree: no version will do.
+func requiredVersion(m *appendRequest) (required int, ok bool) {
+	required = m.expectedVersion
+	for i, ev := range m.events {
+		if ev.SequenceNo == 0 {
+			continue
 		}
-		r.versions[agg] = version
+		implied := ev.SequenceNo - i - 1
+		if implied < 0 || (required >= 0 && required != implied) {
+			return 0, false
+		}
+		required = implied
 	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("read versions: %w", err)
-	}
-	return nil
+	return required, true
 }
 
 // readStored reads the stored events among reqs' event IDs (see
-// checkStoredIDs). Only appends that failed a version check or hit a
-// stored ID need it, so it is off the common path.
+// checkStoredIDs).
 func readStored(ctx context.Context, pc *pgx.Conn, reqs []*appendRequest, into map[string]storedEvent) error {
 	var ids []string
 	for _, m := range reqs {
@@ -190,10 +214,54 @@ func readStored(ctx context.Context, pc *pgx.Conn, reqs []*appendRequest, into m
 	return nil
 }
 
-// appendOnConn runs the transaction on pc. first are the members whose
-// reads go out with the lock; members, when nil, are decided by closing
-// the coalescer's batch once the lock is granted.
-func (s *GormEventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, b *appendBatch, first, members []*appendRequest, notify bool) map[*appendRequest]error {
+// explainRefusals says why appends inserted nothing (their version check
+// failed in the database): the retry of an append that committed
+// (domain.ErrAlreadyAppended), another event under a stored ID, or the
+// version conflict with the version now stored. It runs after the
+// transaction ended: stored events never change, and versions only grow.
+func explainRefusals(ctx context.Context, pc *pgx.Conn, refused []*appendRequest, results map[*appendRequest]error) {
+	stored := map[string]storedEvent{}
+	versions := map[string]int{}
+	err := readStored(ctx, pc, refused, stored)
+	if err == nil {
+		aggs := make([]string, 0, len(refused))
+		for _, m := range refused {
+			aggs = append(aggs, m.aggregateID)
+		}
+		var rows pgx.Rows
+		if rows, err = pc.Query(ctx, selectHeads, aggs); err == nil {
+			for rows.Next() {
+				var agg string
+				var version int
+				if err = rows.Scan(&agg, &version); err != nil {
+					break
+				}
+				versions[agg] = version
+			}
+			rows.Close()
+			if err == nil {
+				err = rows.Err()
+			}
+		}
+	}
+	for _, m := range refused {
+		var why error
+		if err != nil {
+			why = fmt.Errorf("%w: aggregate %q: the version check failed, nothing was stored (reading the stored version failed: %v)", domain.ErrConcurrencyConflict, m.aggregateID, err)
+		} else if why = checkStoredIDs(m.aggregateID, m.expectedVersion, m.events, stored); why == nil {
+			if _, why = prepareAppend(m.aggregateID, m.expectedVersion, versions[m.aggregateID], m.events); why == nil {
+				why = fmt.Errorf("%w: aggregate %q: the version check failed, nothing was stored (the aggregate is now at version %d)", domain.ErrConcurrencyConflict, m.aggregateID, versions[m.aggregateID])
+			}
+		}
+		results[m] = why
+	}
+}
+
+// appendOnConn runs the append transaction on pc, in two round trips:
+// BEGIN and the append lock; then every member's checked INSERTs, the
+// NOTIFY and the COMMIT. members, when nil, are decided by closing the
+// coalescer's batch b once the lock is granted.
+func (s *GormEventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, b *appendBatch, members []*appendRequest, notify bool) map[*appendRequest]error {
 	results := map[*appendRequest]error{}
 	fail := func(reqs []*appendRequest, err error) map[*appendRequest]error {
 		for _, m := range reqs {
@@ -201,11 +269,9 @@ func (s *GormEventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, b *appe
 		}
 		return results
 	}
-	reads := batchReads{versions: map[string]int{}, stored: map[string]storedEvent{}}
 	lock := &pgx.Batch{}
 	lock.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	lock.Queue("SELECT pg_advisory_xact_lock($1)", s.lockKey)
-	queueHeads(lock, first)
 	br := pc.SendBatch(ctx, lock)
 	_, err := br.Exec()
 	if err == nil {
@@ -218,129 +284,64 @@ func (s *GormEventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, b *appe
 	if members == nil {
 		members = s.coalescer.close(b)
 	}
-	if err == nil {
-		err = scanHeads(br, &reads)
-	}
 	if cerr := br.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
 	if err != nil {
 		return fail(members, err)
 	}
-	// Members that joined while the lock was awaited read their versions
-	// now, under the lock: one more round trip, shared by all of them.
-	var late []*appendRequest
-	for _, m := range members {
-		if _, ok := reads.versions[m.aggregateID]; !ok {
-			late = append(late, m)
-		}
-	}
-	if len(late) > 0 {
-		more := &pgx.Batch{}
-		queueHeads(more, late)
-		br := pc.SendBatch(ctx, more)
-		err := scanHeads(br, &reads)
-		if cerr := br.Close(); err == nil && cerr != nil {
-			err = cerr
-		}
-		if err != nil {
-			return fail(members, err)
-		}
-	}
 
-	// A failed version check may be the retry of an append that
-	// committed: those appends' event IDs are looked up, still under the
-	// lock, before any check is final.
-	var conflicted []*appendRequest
-	for _, m := range members {
-		if _, err := prepareAppend(m.aggregateID, m.expectedVersion, reads.versions[m.aggregateID], m.events); errors.Is(err, domain.ErrConcurrencyConflict) {
-			conflicted = append(conflicted, m)
-		}
-	}
-	if len(conflicted) > 0 {
-		if err := readStored(ctx, pc, conflicted, reads.stored); err != nil {
-			return fail(members, err)
-		}
-	}
-
-	// Each member's own checks, in arrival order; accepted ones take the
-	// next positions.
 	var (
-		accepted []*appendRequest
-		rows     []preparedEvent
+		plans   []appendPlan
+		refused []*appendRequest // inserted nothing: explained after the commit
 	)
 	for _, m := range members {
-		if err := checkStoredIDs(m.aggregateID, m.expectedVersion, m.events, reads.stored); err != nil {
-			results[m] = err
-			continue
-		}
-		prepared, err := prepareAppend(m.aggregateID, m.expectedVersion, reads.versions[m.aggregateID], m.events)
+		prepared, err := prepareAppend(m.aggregateID, m.expectedVersion, -1, m.events)
 		if err != nil {
 			results[m] = err
 			continue
 		}
-		accepted = append(accepted, m)
-		rows = append(rows, prepared...)
+		required, ok := requiredVersion(m)
+		if !ok {
+			refused = append(refused, m)
+			continue
+		}
+		plans = append(plans, appendPlan{m, checkedInserts(m.aggregateID, required, prepared)})
 	}
-	if len(accepted) == 0 {
-		return results
-	}
-
 	write := &pgx.Batch{}
-	inserts := insertStatements(rows, reads.head, true, true)
-	for _, stmt := range inserts {
-		write.Queue(stmt.sql, stmt.args...)
+	for _, p := range plans {
+		for _, stmt := range p.inserts {
+			write.Queue(stmt.sql, stmt.args...)
+		}
 	}
-	if notify {
-		write.Queue("SELECT pg_notify($1, '')", PostgresNotifyChannel)
+	if notify && len(plans) > 0 {
+		write.Queue(notifyIfWritten, PostgresNotifyChannel)
 	}
 	write.Queue("COMMIT")
 	br = pc.SendBatch(ctx, write)
 	defer br.Close()
-	for range inserts {
-		if _, err := br.Exec(); err != nil {
-			if len(accepted) == 1 {
-				m := accepted[0]
-				err = s.insertError(m.aggregateID, err)
-				if errors.Is(err, domain.ErrInvalidEvent) {
-					// An event ID is stored: the retry of an append that
-					// committed, or another event under that ID. Stored
-					// events never change, so this is decided after the
-					// rollback.
-					_ = br.Close()
-					if cerr := pgxconn.EndSession(ctx, pc, nil); cerr == nil {
-						stored := map[string]storedEvent{}
-						if rerr := readStored(ctx, pc, accepted, stored); rerr == nil {
-							if classified := checkStoredIDs(m.aggregateID, m.expectedVersion, m.events, stored); classified != nil {
-								err = classified
-							}
-						}
-					}
-				}
-				if !errors.Is(err, domain.ErrInvalidEvent) && !errors.Is(err, domain.ErrConcurrencyConflict) && !errors.Is(err, domain.ErrAlreadyAppended) {
-					err = fmt.Errorf("append %d event(s) to aggregate %q: %w", len(m.events), m.aggregateID, err)
-				}
-				results[m] = err
-				return results
+	var accepted []*appendRequest
+	for _, p := range plans {
+		var rows int64
+		for range p.inserts {
+			tag, err := br.Exec()
+			if err != nil {
+				// Not committed: the rest of the batch is skipped.
+				_ = br.Close()
+				return s.afterRefusedInsert(ctx, pc, plans, err, notify, results)
 			}
-			// Not committed. Find whose rows the database refused by
-			// running the accepted appends one by one.
-			_ = br.Close()
-			for i, m := range accepted {
-				if err := pgxconn.EndSession(ctx, pc, nil); err != nil {
-					return fail(accepted[i:], err)
-				}
-				for mm, err := range s.appendOnConn(ctx, pc, nil, []*appendRequest{m}, []*appendRequest{m}, notify) {
-					results[mm] = err
-				}
-			}
-			return results
+			rows += tag.RowsAffected()
+		}
+		if rows == int64(len(p.m.events)) {
+			accepted = append(accepted, p.m)
+		} else {
+			refused = append(refused, p.m)
 		}
 	}
-	if notify {
+	if notify && len(plans) > 0 {
 		if _, err := br.Exec(); err != nil {
-			for _, m := range accepted {
-				results[m] = notifyError{err}
+			for _, p := range plans {
+				results[p.m] = notifyError{err}
 			}
 			return results
 		}
@@ -354,15 +355,73 @@ func (s *GormEventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, b *appe
 	}
 	if err != nil {
 		if isNotifyFailure(err) {
-			for _, m := range accepted {
-				results[m] = err
+			for _, p := range plans {
+				results[p.m] = err
 			}
 			return results
 		}
-		return fail(accepted, fmt.Errorf("commit: %w", err))
+		return fail(plansMembers(plans), fmt.Errorf("commit: %w", err))
 	}
 	for _, m := range accepted {
 		results[m] = nil
 	}
+	if len(refused) > 0 {
+		explainRefusals(ctx, pc, refused, results)
+	}
+	return results
+}
+
+// appendPlan is one member's statements in the append transaction.
+type appendPlan struct {
+	m       *appendRequest
+	inserts []insertStatement
+}
+
+func plansMembers(plans []appendPlan) []*appendRequest {
+	out := make([]*appendRequest, len(plans))
+	for i, p := range plans {
+		out[i] = p.m
+	}
+	return out
+}
+
+// afterRefusedInsert answers for a transaction whose INSERT the database
+// refused (a constraint, a trigger): nothing was committed. A lone append
+// gets the refusal, mapped to the domain's errors; a stored event ID is
+// then told apart from the retry of an append that committed. Several
+// appends are run again one by one, so that each gets its own answer.
+func (s *GormEventStore) afterRefusedInsert(ctx context.Context, pc *pgx.Conn, plans []appendPlan, insertErr error, notify bool, results map[*appendRequest]error) map[*appendRequest]error {
+	if len(plans) > 1 {
+		for i, p := range plans {
+			if err := pgxconn.EndSession(ctx, pc, nil); err != nil {
+				for _, rest := range plans[i:] {
+					results[rest.m] = fmt.Errorf("append %d event(s) to aggregate %q: %w", len(rest.m.events), rest.m.aggregateID, err)
+				}
+				return results
+			}
+			for m, err := range s.appendOnConn(ctx, pc, nil, []*appendRequest{p.m}, notify) {
+				results[m] = err
+			}
+		}
+		return results
+	}
+	m := plans[0].m
+	err := s.insertError(m.aggregateID, insertErr)
+	if errors.Is(err, domain.ErrInvalidEvent) {
+		// An event ID is stored: stored events never change, so which
+		// kind is decided after the rollback.
+		if cerr := pgxconn.EndSession(ctx, pc, nil); cerr == nil {
+			stored := map[string]storedEvent{}
+			if rerr := readStored(ctx, pc, []*appendRequest{m}, stored); rerr == nil {
+				if classified := checkStoredIDs(m.aggregateID, m.expectedVersion, m.events, stored); classified != nil {
+					err = classified
+				}
+			}
+		}
+	}
+	if !errors.Is(err, domain.ErrInvalidEvent) && !errors.Is(err, domain.ErrConcurrencyConflict) && !errors.Is(err, domain.ErrAlreadyAppended) {
+		err = fmt.Errorf("append %d event(s) to aggregate %q: %w", len(m.events), m.aggregateID, err)
+	}
+	results[m] = err
 	return results
 }
