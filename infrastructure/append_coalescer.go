@@ -21,14 +21,13 @@ const (
 // one WAL flush. An append that finds a batch still waiting for the append
 // lock joins it; otherwise it starts a batch. A batch closes the moment the
 // lock is granted, so the coalescing window is exactly the time a batch
-// would have queued anyway, and an uncontended append runs alone with the
-// statements it always had.
+// would have queued anyway, and an uncontended append runs alone.
 //
 // Each append keeps its own outcome: its version check, its event-ID
 // checks and its validation are its own, and a conflict fails only that
-// append (see appendBatch). The soundness argument of the ordered feed is
-// unchanged: a batch is one append transaction, under the lock, whose
-// rows take the positions after the head it read under the lock.
+// append (see appendBatchOnce). The soundness argument of the ordered feed
+// is unchanged: a batch is one append transaction, under the lock, whose
+// rows take the positions after the head read under the lock.
 //
 // It is safe for concurrent use. Each batch runs on a goroutine of its
 // own, which ends with the batch; a batch's database work is cancelled

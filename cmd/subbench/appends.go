@@ -62,7 +62,11 @@ func runAppends(ctx context.Context, b *bench) ([]Row, error) {
 	h := fnv.New64a()
 	h.Write([]byte(b.runID + " plain append lock"))
 	lockKey := int64(h.Sum64() | 1)
-	variants := appendVariants(lockKey)
+	previousKey, err := appendLockKey(ctx, setup)
+	if err != nil {
+		return nil, err
+	}
+	variants := appendVariants(lockKey, previousKey)
 	var rows []Row
 	for _, writers := range sz.appendWriters {
 		db, err := b.openPG(dsn, writers+1, nil)
@@ -80,7 +84,7 @@ func runAppends(ctx context.Context, b *bench) ([]Row, error) {
 				if round%2 == 1 {
 					v = variants[len(variants)-1-i]
 				}
-				coalesce.Disabled.Store(v.key == "previous")
+				coalesce.Disabled.Store(v.key == "uncoalesced")
 				res, err := timedWriters(ctx, writers, sz.appendDuration, v.appendOne(db, store, fmt.Sprintf("%s-w%d-r%d", v.key, writers, round)), nil)
 				coalesce.Disabled.Store(false)
 				if err != nil {
@@ -94,21 +98,23 @@ func runAppends(ctx context.Context, b *bench) ([]Row, error) {
 				results[v.key].latencies = append(results[v.key].latencies, res.latencies...)
 			}
 		}
-		lib, plain, prev := results["library"], results["plain"], results["previous"]
-		ll, bl, pl := sortedCopy(lib.latencies), sortedCopy(plain.latencies), sortedCopy(prev.latencies)
-		note := fmt.Sprintf("%d events per append, %d rounds of %s per variant, variants alternating; append latency p50/p99: library %.2f/%.2f ms, previous design %.2f/%.2f ms, plain %.2f/%.2f ms; library %.0f appends/s",
-			eventsPerAppend, sz.appendRounds, sz.appendDuration, percentile(ll, 50), percentile(ll, 99), percentile(pl, 50), percentile(pl, 99), percentile(bl, 50), percentile(bl, 99),
-			lib.rate()/eventsPerAppend)
+		lib, plain, prev, unco := results["library"], results["plain"], results["previous"], results["uncoalesced"]
+		ll, bl, pl, ul := sortedCopy(lib.latencies), sortedCopy(plain.latencies), sortedCopy(prev.latencies), sortedCopy(unco.latencies)
+		note := fmt.Sprintf("%d events per append, %d rounds of %s per variant, variants alternating; append latency p50/p99: library %.2f/%.2f ms, library uncoalesced %.2f/%.2f ms, previous design %.2f/%.2f ms, plain %.2f/%.2f ms; library %.0f appends/s",
+			eventsPerAppend, sz.appendRounds, sz.appendDuration, percentile(ll, 50), percentile(ll, 99), percentile(ul, 50), percentile(ul, 99),
+			percentile(pl, 50), percentile(pl, 99), percentile(bl, 50), percentile(bl, 99), lib.rate()/eventsPerAppend)
 		row := newRow(fmt.Sprintf("%d writer(s): GormEventStore.Append", writers), lib.rate(), plain.rate(), "ev/s", plainAppendName).note(fmt.Sprintf("%d writer(s): %s", writers, note))
 		if writers == 16 {
 			row = row.goal(">= 0.8", lib.rate() >= 0.8*plain.rate())
 		}
 		rows = append(rows, row)
-		rows = append(rows, newRow(fmt.Sprintf("%d writer(s): previous design (uncoalesced)", writers), prev.rate(), plain.rate(), "ev/s", plainAppendName).
-			note("previous design: every Append its own transaction, lock and commit (coalescing off in this process, internal/coalesce)"))
+		rows = append(rows, newRow(fmt.Sprintf("%d writer(s): library, coalescing off", writers), unco.rate(), plain.rate(), "ev/s", plainAppendName).
+			note("library, coalescing off: GormEventStore.Append with internal/coalesce.Disabled, every Append its own transaction"))
+		rows = append(rows, newRow(fmt.Sprintf("%d writer(s): previous design", writers), prev.rate(), plain.rate(), "ev/s", plainAppendName).
+			note("previous design: the store's append before issue 19 reproduced statement for statement by subbench (previousAppend), same table and lock"))
 		if writers == 1 {
 			rows = append(rows, newRow("1 writer: append latency p50, library vs previous design", percentile(ll, 50), percentile(pl, 50), "ms",
-				"p50 append latency of the previous design (uncoalesced), same run").goal("<= 1.2", percentile(ll, 50) <= 1.2*percentile(pl, 50)))
+				"p50 append latency of the previous design, same run").goal("<= 1.2", percentile(ll, 50) <= 1.2*percentile(pl, 50)))
 		}
 		for _, key := range []string{"lock", "notify"} {
 			v := results[key]
@@ -119,7 +125,7 @@ func runAppends(ctx context.Context, b *bench) ([]Row, error) {
 				note(fmt.Sprintf("%s (decomposition of the price): append latency p50/p99 %.2f/%.2f ms", how, percentile(vl, 50), percentile(vl, 99))))
 		}
 	}
-	mp, err := runAppendProcesses(ctx, b, dsn, lockKey)
+	mp, err := runAppendProcesses(ctx, b, dsn, lockKey, previousKey)
 	return append(rows, mp...), err
 }
 
@@ -131,10 +137,11 @@ type appendVariant struct {
 	appendOne  func(db *gorm.DB, store *infrastructure.GormEventStore, tag string) func(ctx context.Context, w, k int) error
 }
 
-// appendVariants: the library (coalescing), the previous design (the
-// library with coalescing off: the caller sets coalesce.Disabled), the
-// plain baseline and the baseline plus each of the library's costs.
-func appendVariants(lockKey int64) []appendVariant {
+// appendVariants: the library, the library with coalescing off (the
+// caller sets coalesce.Disabled), the previous design (previousAppend,
+// under the store's lock previousKey), the plain baseline and the
+// baseline plus each of the library's costs (lockKey: a lock of its own).
+func appendVariants(lockKey, previousKey int64) []appendVariant {
 	library := func(_ *gorm.DB, store *infrastructure.GormEventStore, tag string) func(ctx context.Context, w, k int) error {
 		return func(ctx context.Context, w, k int) error {
 			return store.Append(ctx, fmt.Sprintf("%s-%d-a%d", tag, w, k), -1, makeEvents(eventsPerAppend, k)...)
@@ -142,7 +149,12 @@ func appendVariants(lockKey int64) []appendVariant {
 	}
 	return []appendVariant{
 		{"library", "GormEventStore.Append", library},
-		{"previous", "GormEventStore.Append, uncoalesced", library},
+		{"uncoalesced", "GormEventStore.Append, coalescing off", library},
+		{"previous", "previous design", func(db *gorm.DB, _ *infrastructure.GormEventStore, tag string) func(ctx context.Context, w, k int) error {
+			return func(ctx context.Context, w, k int) error {
+				return previousAppend(ctx, db, previousKey, fmt.Sprintf("%s-%d-a%d", tag, w, k), makeEvents(eventsPerAppend, k))
+			}
+		}},
 		{"plain", "plain multi-row INSERT", func(db *gorm.DB, _ *infrastructure.GormEventStore, tag string) func(ctx context.Context, w, k int) error {
 			return func(ctx context.Context, w, k int) error {
 				return plainAppend(ctx, db, fmt.Sprintf("%s-%d-a%d", tag, w, k), makeEvents(eventsPerAppend, k), 0, false)

@@ -26,12 +26,13 @@ const appendChildEnv = "SUBBENCH_APPEND_CHILD"
 
 // appendChildConfig is what a child needs.
 type appendChildConfig struct {
-	DSN      string        `json:"dsn"`
-	Variant  string        `json:"variant"`
-	Writers  int           `json:"writers"`
-	Duration time.Duration `json:"duration"`
-	Tag      string        `json:"tag"`
-	LockKey  int64         `json:"lock_key"`
+	DSN         string        `json:"dsn"`
+	Variant     string        `json:"variant"`
+	Writers     int           `json:"writers"`
+	Duration    time.Duration `json:"duration"`
+	Tag         string        `json:"tag"`
+	LockKey     int64         `json:"lock_key"`
+	PreviousKey int64         `json:"previous_key"`
 }
 
 // appendChildResult is a child's measurement, one JSON line on stdout.
@@ -44,7 +45,7 @@ type appendChildResult struct {
 // runAppendProcesses measures the library, the previous design and the
 // plain baseline with sz.appendProcs processes at once. The children
 // warm up, report ready, and start together on the parent's word.
-func runAppendProcesses(ctx context.Context, b *bench, dsn string, lockKey int64) ([]Row, error) {
+func runAppendProcesses(ctx context.Context, b *bench, dsn string, lockKey, previousKey int64) ([]Row, error) {
 	sz := b.sizes()
 	exe, err := os.Executable()
 	if err != nil {
@@ -57,7 +58,7 @@ func runAppendProcesses(ctx context.Context, b *bench, dsn string, lockKey int64
 			key := keys[(i+round)%len(keys)]
 			res, err := appendProcessRound(ctx, exe, sz.appendProcs, appendChildConfig{
 				DSN: dsn, Variant: key, Writers: sz.appendProcWriters, Duration: sz.appendDuration,
-				Tag: fmt.Sprintf("mp-%s-r%d", key, round), LockKey: lockKey,
+				Tag: fmt.Sprintf("mp-%s-r%d", key, round), LockKey: lockKey, PreviousKey: previousKey,
 			})
 			if err != nil {
 				return nil, fmt.Errorf("%d processes x %d writers, %s: %w", sz.appendProcs, sz.appendProcWriters, key, err)
@@ -78,7 +79,7 @@ func runAppendProcesses(ctx context.Context, b *bench, dsn string, lockKey int64
 	return []Row{
 		newRow(name+": GormEventStore.Append", lib.rate(), plain.rate(), "ev/s", plainAppendName+", from the same processes").
 			goal(">= 0.6", lib.rate() >= 0.6*plain.rate()).note(note),
-		newRow(name+": previous design (uncoalesced)", prev.rate(), plain.rate(), "ev/s", plainAppendName+", from the same processes"),
+		newRow(name+": previous design", prev.rate(), plain.rate(), "ev/s", plainAppendName+", from the same processes"),
 	}, nil
 }
 
@@ -172,7 +173,7 @@ func runAppendChild(conf string) error {
 		return err
 	}
 	var variant *appendVariant
-	for _, v := range appendVariants(cfg.LockKey) {
+	for _, v := range appendVariants(cfg.LockKey, cfg.PreviousKey) {
 		if v.key == cfg.Variant {
 			variant = &v
 		}
@@ -180,7 +181,7 @@ func runAppendChild(conf string) error {
 	if variant == nil {
 		return errors.New("child: unknown variant " + strconv.Quote(cfg.Variant))
 	}
-	coalesce.Disabled.Store(cfg.Variant == "previous")
+	coalesce.Disabled.Store(cfg.Variant == "uncoalesced")
 	stdin := bufio.NewReader(os.Stdin)
 	res, err := timedWriters(ctx, cfg.Writers, cfg.Duration, variant.appendOne(db, store, cfg.Tag), func() error {
 		fmt.Println("ready")
