@@ -3,6 +3,7 @@ package infrastructure
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/eventfeed/subscriptions/domain"
@@ -17,26 +18,35 @@ const (
 )
 
 // appendCoalescer lets concurrent Postgres appends of one store share one
-// transaction: one append lock, one round trip of inserts, one commit and
-// one WAL flush. An append that finds a batch still waiting for the append
-// lock joins it; otherwise it starts a batch. A batch closes the moment the
-// lock is granted, so the coalescing window is exactly the time a batch
-// would have queued anyway, and an uncontended append runs alone.
+// transaction: one append lock, one commit and one WAL flush. A
+// transaction is sent to the database in one round trip (see
+// appendBatchOnce), so its membership is fixed when it is sent. At most
+// maxInFlight batches of a store are in flight at once (one holding the
+// append lock, one queued on it in the database); an append that finds
+// them all busy joins the batch that forms behind them, which is sent as
+// soon as one of them ends. An uncontended append is sent at once, alone.
+// So the coalescing window is the time an append would have queued for
+// the lock anyway.
 //
 // Each append keeps its own outcome: its version check, its event-ID
 // checks and its validation are its own, and a conflict fails only that
 // append (see appendBatchOnce). The soundness argument of the ordered feed
-// is unchanged: a batch is one append transaction, under the lock, whose
-// rows take the positions after the head read under the lock.
+// is unchanged: a batch is one append transaction, whose rows take their
+// positions under the lock.
 //
-// It is safe for concurrent use. Each batch runs on a goroutine of its
-// own, which ends with the batch; a batch's database work is cancelled
-// only once every member's context is done, so one caller's cancellation
-// never fails the appends it shares a batch with.
+// It is safe for concurrent use. Each in-flight batch runs on a goroutine
+// that ends when no formed batch is left to send; a batch's database work
+// is cancelled only once every member's context is done, so one caller's
+// cancellation never fails the appends it shares a batch with.
 type appendCoalescer struct {
-	mu      sync.Mutex
-	forming *appendBatch // the batch waiting for the lock that appends join; nil if none
+	mu       sync.Mutex
+	inFlight int
+	forming  []*appendBatch // in order; appends join the last one they can
 }
+
+// maxInFlight: one batch holding the lock and one queued on it, so that
+// the next transaction starts the moment the lock is released.
+const maxInFlight = 2
 
 // appendRequest is one Append call in a batch.
 type appendRequest struct {
@@ -56,29 +66,44 @@ type appendBatch struct {
 	// members in arrival order; their positions follow that order.
 	members []*appendRequest
 	events  int
-	closed  bool // the lock is granted: membership is final
+	closed  bool // sent or about to be: membership is final
 	aggs    map[string]bool
 	ids     map[string]bool
 }
 
-// run submits req and waits for its outcome. runBatch does a batch's
-// database work and must deliver one result to every member's done.
+func newAppendBatch(first *appendRequest) *appendBatch {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(first.ctx))
+	b := &appendBatch{ctx: ctx, cancel: cancel, aggs: map[string]bool{}, ids: map[string]bool{}}
+	b.add(first)
+	return b
+}
+
+// run submits req and waits for its outcome. runBatch does a closed
+// batch's database work and must deliver one result to every member's
+// done.
 func (c *appendCoalescer) run(req *appendRequest, runBatch func(*appendBatch)) error {
+	if err := req.ctx.Err(); err != nil {
+		return fmt.Errorf("append %d event(s) to aggregate %q: %w", len(req.events), req.aggregateID, context.Cause(req.ctx))
+	}
 	req.done = make(chan error, 1)
 	solo := coalesce.Disabled.Load()
 	c.mu.Lock()
-	b := c.forming
-	if b == nil || solo || !b.canJoin(req) {
-		ctx, cancel := context.WithCancel(context.WithoutCancel(req.ctx))
-		b = &appendBatch{ctx: ctx, cancel: cancel, aggs: map[string]bool{}, ids: map[string]bool{}}
-		if c.forming == nil && !solo {
-			c.forming = b
-		}
+	var b *appendBatch
+	if n := len(c.forming); n > 0 && !solo && c.forming[n-1].canJoin(req) {
+		b = c.forming[n-1]
 		b.add(req)
 		c.mu.Unlock()
-		go runBatch(b)
+	} else if solo || c.inFlight < maxInFlight {
+		b = newAppendBatch(req)
+		b.closed = true
+		if !solo {
+			c.inFlight++
+		}
+		c.mu.Unlock()
+		go c.send(b, runBatch, !solo)
 	} else {
-		b.add(req)
+		b = newAppendBatch(req)
+		c.forming = append(c.forming, b)
 		c.mu.Unlock()
 	}
 	select {
@@ -88,34 +113,44 @@ func (c *appendCoalescer) run(req *appendRequest, runBatch func(*appendBatch)) e
 	}
 	c.mu.Lock()
 	removed := !b.closed && b.remove(req)
-	if b.allDone() {
-		// Nobody waits for this batch any more: stop its database work,
-		// and let no one join it.
-		if c.forming == b {
-			c.forming = nil
-		}
-		b.closed = b.closed || len(b.members) == 0
+	if removed && len(b.members) == 0 {
+		c.forming = slices.DeleteFunc(c.forming, func(f *appendBatch) bool { return f == b })
+		b.cancel()
+	} else if b.closed && b.allDone() {
+		// Nobody waits for this batch any more: stop its database work.
 		b.cancel()
 	}
 	c.mu.Unlock()
 	if removed {
 		return fmt.Errorf("append %d event(s) to aggregate %q: %w", len(req.events), req.aggregateID, context.Cause(req.ctx))
 	}
-	// The batch holds the lock and carries this append: it may still
-	// commit (see the README's advice on retries).
+	// The batch carries this append: it may still commit (see the
+	// README's advice on retries).
 	return fmt.Errorf("append %d event(s) to aggregate %q: gave up waiting for the commit, which may still succeed: %w", len(req.events), req.aggregateID, context.Cause(req.ctx))
 }
 
-// close is called by the batch once the append lock is granted: it
-// returns the final members, and later appends start a new batch.
-func (c *appendCoalescer) close(b *appendBatch) []*appendRequest {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	b.closed = true
-	if c.forming == b {
-		c.forming = nil
+// send runs b and then, while batches have formed behind it, the oldest
+// of them, on the same goroutine; counted batches hold an in-flight slot.
+func (c *appendCoalescer) send(b *appendBatch, runBatch func(*appendBatch), counted bool) {
+	for {
+		runBatch(b)
+		if !counted {
+			return
+		}
+		c.mu.Lock()
+		if len(c.forming) == 0 {
+			c.inFlight--
+			c.mu.Unlock()
+			return
+		}
+		b = c.forming[0]
+		c.forming = c.forming[1:]
+		b.closed = true
+		if b.allDone() {
+			b.cancel()
+		}
+		c.mu.Unlock()
 	}
-	return b.members
 }
 
 // canJoin: a batch takes no two appends to one aggregate and no shared

@@ -13,10 +13,11 @@ import (
 )
 
 // TestPostgresAppendsWaitingForTheLockShareOneTransaction holds the append
-// lock (an append held at the gate), lets appends gather behind it, and
-// releases it: the appends that waited together commit in one
-// transaction, each with its own outcome, and the feed gets every
-// accepted event once, each append's events contiguous.
+// lock (an append held at the gate) with a second append queued on it in
+// the database, lets appends gather behind them, and releases the lock:
+// the appends that waited together commit in one transaction, each with
+// its own outcome, and the feed gets every accepted event once, each
+// append's events contiguous.
 func TestPostgresAppendsWaitingForTheLockShareOneTransaction(t *testing.T) {
 	cases := []struct {
 		name string
@@ -48,6 +49,8 @@ func TestPostgresAppendsWaitingForTheLockShareOneTransaction(t *testing.T) {
 			gate := newAppendGate(t, pg)
 			doneHeld := goAsync(func() error { return store.Append(ctx, "held", 0, newEvent("held", "x", nil)) })
 			gate.waitHeld(t, 1)
+			doneQueued := goAsync(func() error { return store.Append(ctx, "queued", 0, newEvent("queued", "x", nil)) })
+			waitForLockWaiters(t, observer, appendLockKey(t, observer), 1, "the queued append")
 
 			stolen := taken // its ID, under another aggregate
 			stolen.AggregateID = ""
@@ -88,10 +91,10 @@ func TestPostgresAppendsWaitingForTheLockShareOneTransaction(t *testing.T) {
 				}
 				done[i] = goAsync(func() error { return store.Append(actx, cl.aggregate, cl.expected, cl.events...) })
 			}
-			eventually(t, "every append joins the batch waiting for the lock", func() bool {
+			eventually(t, "every append joins the batch forming behind the two in flight", func() bool {
 				return infrastructure.FormingAppends(store) == len(calls)
 			})
-			waitForLockWaiters(t, observer, appendLockKey(t, observer), 1, "the batch")
+			require.Equal(t, 1, advisoryLocks(t, observer, appendLockKey(t, observer), false), "only the queued append waits in the database")
 			cancel()
 			for i, cl := range calls {
 				if cl.cancel {
@@ -102,6 +105,7 @@ func TestPostgresAppendsWaitingForTheLockShareOneTransaction(t *testing.T) {
 
 			gate.release()
 			require.NoError(t, result(t, doneHeld, "held append"))
+			require.NoError(t, result(t, doneQueued, "queued append"))
 			var okIDs []string
 			for i, cl := range calls {
 				var err error
@@ -133,7 +137,7 @@ func TestPostgresAppendsWaitingForTheLockShareOneTransaction(t *testing.T) {
 			var batched []string
 			last := map[string]int64{}
 			for _, e := range feed {
-				if e.AggregateID == "held" {
+				if e.AggregateID == "held" || e.AggregateID == "queued" {
 					continue
 				}
 				batched = append(batched, e.ID)

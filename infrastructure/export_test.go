@@ -4,13 +4,14 @@ package infrastructure
 // instead of the pipelined pgx one, so tests can cover both.
 func PortableAppendOnly(s *GormEventStore) { s.portableOnly = true }
 
-// FormingAppends is the number of appends in s's batch that waits for the
-// append lock (0 when none waits).
+// FormingAppends is the number of appends of s waiting in batches that
+// form behind the ones in flight (0 when none waits).
 func FormingAppends(s *GormEventStore) int {
 	s.coalescer.mu.Lock()
 	defer s.coalescer.mu.Unlock()
-	if s.coalescer.forming == nil {
-		return 0
+	n := 0
+	for _, b := range s.coalescer.forming {
+		n += len(b.members)
 	}
-	return len(s.coalescer.forming.members)
+	return n
 }

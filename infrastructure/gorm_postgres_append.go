@@ -67,9 +67,12 @@ func (s *GormEventStore) runBatch(b *appendBatch) {
 // the append is worth the pipelining.
 func (s *GormEventStore) appendBatchOnce(b *appendBatch, members []*appendRequest, notify bool) map[*appendRequest]error {
 	ctx := b.ctx
+	if members == nil {
+		members = b.members // closed: final
+	}
 	results := map[*appendRequest]error{}
-	fail := func(reqs []*appendRequest, err error) map[*appendRequest]error {
-		for _, m := range reqs {
+	fail := func(err error) map[*appendRequest]error {
+		for _, m := range members {
 			if errors.Is(err, errNotPgx) {
 				results[m] = errNotPgx
 			} else {
@@ -80,22 +83,16 @@ func (s *GormEventStore) appendBatchOnce(b *appendBatch, members []*appendReques
 	}
 	conn, err := s.pool.Conn(ctx)
 	if err != nil {
-		if members == nil {
-			members = s.coalescer.close(b)
-		}
-		return fail(members, err)
+		return fail(err)
 	}
 	defer conn.Close()
 	var inner map[*appendRequest]error
 	err = conn.Raw(func(dc any) error {
 		pc, ok := pgxconn.Unwrap(dc)
 		if !ok {
-			if members == nil {
-				members = s.coalescer.close(b)
-			}
 			return errNotPgx
 		}
-		inner = s.appendOnConn(ctx, pc, b, members, notify)
+		inner = s.appendOnConn(ctx, pc, members, notify)
 		// Never hand a connection back to the pool inside a transaction.
 		return pgxconn.EndSession(ctx, pc, nil)
 	})
@@ -104,13 +101,10 @@ func (s *GormEventStore) appendBatchOnce(b *appendBatch, members []*appendReques
 		// is dropped by database/sql; the outcomes stand.
 		return inner
 	}
-	if members == nil {
-		members = s.coalescer.close(b)
-	}
 	if err == nil || errors.Is(err, driver.ErrBadConn) {
 		err = fmt.Errorf("no outcome from the append transaction: %w", err)
 	}
-	return fail(members, err)
+	return fail(err)
 }
 
 const (
@@ -257,11 +251,11 @@ func explainRefusals(ctx context.Context, pc *pgx.Conn, refused []*appendRequest
 	}
 }
 
-// appendOnConn runs the append transaction on pc, in two round trips:
-// BEGIN and the append lock; then every member's checked INSERTs, the
-// NOTIFY and the COMMIT. members, when nil, are decided by closing the
-// coalescer's batch b once the lock is granted.
-func (s *GormEventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, b *appendBatch, members []*appendRequest, notify bool) map[*appendRequest]error {
+// appendOnConn runs the append transaction of members on pc, in one
+// round trip: BEGIN, the append lock, every member's checked INSERTs, the
+// NOTIFY and the COMMIT. The lock is held for the statements and the
+// commit's flush only, never for a round trip to the client.
+func (s *GormEventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, members []*appendRequest, notify bool) map[*appendRequest]error {
 	results := map[*appendRequest]error{}
 	fail := func(reqs []*appendRequest, err error) map[*appendRequest]error {
 		for _, m := range reqs {
@@ -269,28 +263,6 @@ func (s *GormEventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, b *appe
 		}
 		return results
 	}
-	lock := &pgx.Batch{}
-	lock.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
-	lock.Queue("SELECT pg_advisory_xact_lock($1)", s.lockKey)
-	br := pc.SendBatch(ctx, lock)
-	_, err := br.Exec()
-	if err == nil {
-		if _, err = br.Exec(); err != nil {
-			err = fmt.Errorf("take append lock: %w", err)
-		}
-	}
-	// The lock is granted (or the transaction failed): membership is
-	// final either way.
-	if members == nil {
-		members = s.coalescer.close(b)
-	}
-	if cerr := br.Close(); err == nil && cerr != nil {
-		err = cerr
-	}
-	if err != nil {
-		return fail(members, err)
-	}
-
 	var (
 		plans   []appendPlan
 		refused []*appendRequest // inserted nothing: explained after the commit
@@ -308,18 +280,35 @@ func (s *GormEventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, b *appe
 		}
 		plans = append(plans, appendPlan{m, checkedInserts(m.aggregateID, required, prepared)})
 	}
+	if len(plans) == 0 {
+		if len(refused) > 0 {
+			explainRefusals(ctx, pc, refused, results)
+		}
+		return results
+	}
 	write := &pgx.Batch{}
+	write.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	write.Queue("SELECT pg_advisory_xact_lock($1)", s.lockKey)
 	for _, p := range plans {
 		for _, stmt := range p.inserts {
 			write.Queue(stmt.sql, stmt.args...)
 		}
 	}
-	if notify && len(plans) > 0 {
+	if notify {
 		write.Queue(notifyIfWritten, PostgresNotifyChannel)
 	}
 	write.Queue("COMMIT")
-	br = pc.SendBatch(ctx, write)
+	br := pc.SendBatch(ctx, write)
 	defer br.Close()
+	_, err := br.Exec()
+	if err == nil {
+		if _, err = br.Exec(); err != nil {
+			err = fmt.Errorf("take append lock: %w", err)
+		}
+	}
+	if err != nil {
+		return fail(plansMembers(plans), err)
+	}
 	var accepted []*appendRequest
 	for _, p := range plans {
 		var rows int64
@@ -338,7 +327,7 @@ func (s *GormEventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, b *appe
 			refused = append(refused, p.m)
 		}
 	}
-	if notify && len(plans) > 0 {
+	if notify {
 		if _, err := br.Exec(); err != nil {
 			for _, p := range plans {
 				results[p.m] = notifyError{err}
@@ -399,7 +388,7 @@ func (s *GormEventStore) afterRefusedInsert(ctx context.Context, pc *pgx.Conn, p
 				}
 				return results
 			}
-			for m, err := range s.appendOnConn(ctx, pc, nil, []*appendRequest{p.m}, notify) {
+			for m, err := range s.appendOnConn(ctx, pc, []*appendRequest{p.m}, notify) {
 				results[m] = err
 			}
 		}
