@@ -5,8 +5,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-
-	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -19,9 +18,8 @@ import (
 // to the portable path.
 var errNotPgx = errors.New("connection is not a pgx connection")
 
-// appendPipelined appends through the coalescer: alone when no other
-// append of this store waits for the lock, in a shared transaction
-// otherwise.
+// appendPipelined appends through the coalescer: alone when the store's
+// appends are not queued for the lock, in a shared transaction otherwise.
 func (s *GormEventStore) appendPipelined(ctx context.Context, aggregateID string, expectedVersion int, events []domain.EventEnvelope[any]) error {
 	return s.coalescer.run(&appendRequest{ctx: ctx, aggregateID: aggregateID, expectedVersion: expectedVersion, events: events}, s.runBatch)
 }
@@ -49,22 +47,20 @@ func (s *GormEventStore) runBatch(b *appendBatch) {
 	}
 }
 
-// appendBatchOnce runs the append transaction on one pgx connection: for
-// the coalescer's batch b (members nil: whoever joins before the lock is
-// granted) or for the given members only. It returns every member's
-// outcome.
+// appendBatchOnce runs the append transaction on one pgx connection, for
+// the closed batch b's members or, when members is set, for those only
+// (the NOTIFY-less retry). It returns every member's outcome.
 //
-// The transaction is two network round trips, pipelined with pgx, however
-// many appends share it: BEGIN and the append lock; then each append's
-// INSERTs, the NOTIFY and the COMMIT. Each INSERT checks its append's
-// version and numbers its rows in the database (checkedInserts), in a
+// The transaction is one network round trip, pipelined with pgx, however
+// many appends share it (appendOnConn). Each INSERT checks its append's
+// version and numbers its rows in the database (checkedInsert), in a
 // statement that starts after the lock was granted, under READ COMMITTED,
 // so it sees every earlier append: the feed's soundness argument is the
 // portable path's (appendOnce). An append whose check fails inserts
 // nothing and is told why after the commit (explainRefusals).
 //
-// Commit latency is what a subscriber's wake-up waits for, which is why
-// the append is worth the pipelining.
+// Commit latency is what a subscriber's wake-up waits for, and the lock is
+// held through it, which is why the append is worth the pipelining.
 func (s *GormEventStore) appendBatchOnce(b *appendBatch, members []*appendRequest, notify bool) map[*appendRequest]error {
 	ctx := b.ctx
 	if members == nil {
@@ -117,51 +113,34 @@ const (
 	notifyIfWritten = `SELECT pg_notify($1, '') WHERE txid_current_if_assigned() IS NOT NULL`
 )
 
-// checkedInserts builds one append's INSERTs that check its version and
-// number its rows in the database, under the append lock: each statement
-// reads the aggregate's version and the feed head itself (it starts after
-// the lock was granted, under READ COMMITTED, and after the statements of
-// the appends before it in the transaction), so that no round trip is
-// needed between the lock and the rows. The first statement inserts
-// nothing unless the version is required (required >= 0: the append's
-// expected version, or the one its explicit sequence numbers imply);
-// later chunks only if the first one inserted its rows.
-func checkedInserts(aggregateID string, required int, prepared []preparedEvent) []insertStatement {
-	var out []insertStatement
-	for start := 0; start < len(prepared); start += insertChunk {
-		end := min(start+insertChunk, len(prepared))
-		var q strings.Builder
-		q.WriteString(`INSERT INTO events (id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at)
-			SELECT v.id, $1, v.event_type, cur.version + v.ord, v.transaction_id, head.position + v.ord, v.payload, v.metadata, v.created_at
-			FROM (SELECT COALESCE(MAX(sequence_no), 0) AS version FROM events WHERE aggregate_id = $1) AS cur,
-			(SELECT COALESCE(MAX(position), 0) AS position FROM events) AS head,
-			(VALUES `)
-		args := make([]any, 0, 2+6*(end-start))
-		args = append(args, aggregateID)
-		if start == 0 {
-			args = append(args, required)
-		} else {
-			args = append(args, prepared[0].env.ID)
-		}
-		for i, p := range prepared[start:end] {
-			if i > 0 {
-				q.WriteString(", ")
-			}
-			n := len(args)
-			fmt.Fprintf(&q, "($%d::text, $%d::text, $%d::text, $%d::jsonb, $%d::jsonb, $%d::timestamptz, %d)", n+1, n+2, n+3, n+4, n+5, n+6, i+1)
-			e := p.env
-			args = append(args, e.ID, e.EventType, e.TransactionID, string(p.payload), string(p.metadata), e.Created)
-		}
-		q.WriteString(`) AS v(id, event_type, transaction_id, payload, metadata, created_at, ord)`)
-		if start == 0 {
-			q.WriteString(` WHERE $2::bigint < 0 OR cur.version = $2::bigint`)
-		} else {
-			q.WriteString(` WHERE EXISTS (SELECT 1 FROM events WHERE id = $2::text)`)
-		}
-		out = append(out, insertStatement{sql: q.String(), args: args})
+// checkedInsert is one append's INSERT that checks its version and
+// numbers its rows in the database, under the append lock: it reads the
+// aggregate's version and the feed head itself (it starts after the lock
+// was granted, under READ COMMITTED, and after the statements of the
+// appends before it in the transaction), so that no round trip is needed
+// between the lock and the rows. It inserts nothing unless the version is
+// the required one (required >= 0: the append's expected version, or the
+// one its explicit sequence numbers imply; -1: any). The rows travel as
+// arrays, so one statement (one text, prepared once per connection)
+// carries an append of any size, all or nothing.
+func checkedInsert(aggregateID string, required int, prepared []preparedEvent) insertStatement {
+	n := len(prepared)
+	ids, types, txs, payloads, metas := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	created := make([]time.Time, n)
+	for i, p := range prepared {
+		ids[i], types[i], txs[i] = p.env.ID, p.env.EventType, p.env.TransactionID
+		payloads[i], metas[i], created[i] = string(p.payload), string(p.metadata), p.env.Created
 	}
-	return out
+	return insertStatement{sql: checkedInsertSQL, args: []any{aggregateID, required, ids, types, txs, payloads, metas, created}}
 }
+
+const checkedInsertSQL = `INSERT INTO events (id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at)
+	SELECT v.id, $1, v.event_type, cur.version + v.ord, v.transaction_id, head.position + v.ord, v.payload::jsonb, v.metadata::jsonb, v.created_at
+	FROM (SELECT COALESCE(MAX(sequence_no), 0) AS version FROM events WHERE aggregate_id = $1) AS cur,
+	(SELECT COALESCE(MAX(position), 0) AS position FROM events) AS head,
+	unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::timestamptz[])
+		WITH ORDINALITY AS v(id, event_type, transaction_id, payload, metadata, created_at, ord)
+	WHERE $2::bigint < 0 OR cur.version = $2::bigint`
 
 // requiredVersion is the version an append needs its aggregate at: its
 // expected version, or the one its explicit sequence numbers imply; -1
@@ -278,7 +257,7 @@ func (s *GormEventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, members
 			refused = append(refused, m)
 			continue
 		}
-		plans = append(plans, appendPlan{m, checkedInserts(m.aggregateID, required, prepared)})
+		plans = append(plans, appendPlan{m, checkedInsert(m.aggregateID, required, prepared)})
 	}
 	if len(plans) == 0 {
 		if len(refused) > 0 {
@@ -290,9 +269,7 @@ func (s *GormEventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, members
 	write.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	write.Queue("SELECT pg_advisory_xact_lock($1)", s.lockKey)
 	for _, p := range plans {
-		for _, stmt := range p.inserts {
-			write.Queue(stmt.sql, stmt.args...)
-		}
+		write.Queue(p.insert.sql, p.insert.args...)
 	}
 	if notify {
 		write.Queue(notifyIfWritten, PostgresNotifyChannel)
@@ -311,17 +288,13 @@ func (s *GormEventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, members
 	}
 	var accepted []*appendRequest
 	for _, p := range plans {
-		var rows int64
-		for range p.inserts {
-			tag, err := br.Exec()
-			if err != nil {
-				// Not committed: the rest of the batch is skipped.
-				_ = br.Close()
-				return s.afterRefusedInsert(ctx, pc, plans, err, notify, results)
-			}
-			rows += tag.RowsAffected()
+		tag, err := br.Exec()
+		if err != nil {
+			// Not committed: the rest of the batch is skipped.
+			_ = br.Close()
+			return s.afterRefusedInsert(ctx, pc, plans, err, notify, results)
 		}
-		if rows == int64(len(p.m.events)) {
+		if tag.RowsAffected() == int64(len(p.m.events)) {
 			accepted = append(accepted, p.m)
 		} else {
 			refused = append(refused, p.m)
@@ -360,10 +333,10 @@ func (s *GormEventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, members
 	return results
 }
 
-// appendPlan is one member's statements in the append transaction.
+// appendPlan is one member's statement in the append transaction.
 type appendPlan struct {
-	m       *appendRequest
-	inserts []insertStatement
+	m      *appendRequest
+	insert insertStatement
 }
 
 func plansMembers(plans []appendPlan) []*appendRequest {
