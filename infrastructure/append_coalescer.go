@@ -154,7 +154,8 @@ func (c *appendCoalescer) send(b *appendBatch, runBatch func(*appendBatch), coun
 }
 
 // canJoin: a batch takes no two appends to one aggregate and no shared
-// event ID, so that each member's checks read only committed state, and
+// event ID, so that a refused member never depends on another member of
+// its own transaction (a retry's outcome, a conflict's explanation), and
 // stays under the size limits.
 func (b *appendBatch) canJoin(req *appendRequest) bool {
 	if b.closed || b.aggs[req.aggregateID] || len(b.members) >= maxBatchAppends ||
