@@ -18,7 +18,11 @@ type gormBatch struct {
 	tx         *gorm.DB
 	position   int64
 
-	moved    atomic.Bool // SQLite: a Reset is waiting for this batch
+	moved atomic.Bool // SQLite: a Reset is waiting for this batch
+	// htx is the handlers' view of tx and guard its connection, made by
+	// the first HandlerContext.
+	htx      *gorm.DB
+	guard    *handlerConn
 	finished bool
 	once     sync.Once
 	done     chan struct{} // closed when the batch has ended
@@ -41,8 +45,13 @@ func (b *gormBatch) release() {
 
 func (b *gormBatch) Position() int64 { return b.position }
 
+// HandlerContext attaches the batch transaction, guarded so that a
+// handler cannot end it (see handlerConn): Commit then fails the batch.
 func (b *gormBatch) HandlerContext(ctx context.Context) context.Context {
-	return withTx(ctx, b.tx, b.store.pool)
+	if b.htx == nil {
+		b.htx, b.guard = guardTx(b.tx, b.store.pool)
+	}
+	return withTx(ctx, b.htx, b.store.pool)
 }
 
 func (b *gormBatch) Commit(ctx context.Context, position int64) error {
@@ -60,6 +69,9 @@ func (b *gormBatch) Commit(ctx context.Context, position int64) error {
 	}
 	if b.moved.Load() {
 		return fail(ErrCheckpointMoved)
+	}
+	if err := b.guard.misused(); err != nil {
+		return fail(err)
 	}
 	res := b.tx.WithContext(ctx).Exec("UPDATE subscriber_checkpoints SET position = ?, updated_at = ? WHERE subscriber = ? AND position = ?",
 		position, time.Now().UTC(), b.subscriber, b.position)
@@ -108,5 +120,8 @@ func (b *gormBatch) RollbackToSavepoint(ctx context.Context, name string) error 
 	if err := b.tx.WithContext(ctx).RollbackTo(name).Error; err != nil {
 		return fmt.Errorf("subscriptions: roll back to savepoint %s in batch of %q: %w", name, b.subscriber, err)
 	}
+	// A Commit or Rollback a handler attempted after the savepoint went
+	// with the attempt it belonged to.
+	b.guard.forget()
 	return nil
 }

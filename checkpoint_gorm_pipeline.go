@@ -139,6 +139,9 @@ func must(rows pgx.Rows, _ error) pgx.Rows { return rows }
 // goroutine.
 type pinnedTx struct {
 	conn *sql.Conn
+	// ended is set by Commit or Rollback. The closed conn stays: its
+	// methods then fail with sql.ErrConnDone instead of dereferencing nil.
+	ended bool
 }
 
 var (
@@ -169,11 +172,11 @@ func (p *pinnedTx) Rollback() error { return p.end("ROLLBACK") }
 // Postgres turned into a rollback (the transaction had failed) is an
 // error, as database/sql reports it.
 func (p *pinnedTx) end(stmt string) error {
-	if p.conn == nil {
+	if p.ended {
 		return sql.ErrTxDone
 	}
+	p.ended = true
 	conn := p.conn
-	p.conn = nil
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var endErr error

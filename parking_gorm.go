@@ -349,7 +349,11 @@ func (g *GormParkingLot) Replay(ctx context.Context, subscriber, eventID string,
 		if len(found) == 0 {
 			return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, subscriber, ErrEventNotParked)
 		}
-		if err := handler(withTx(ctx, tx, g.pool), event); err != nil {
+		hctx, guard := handlerContext(ctx, tx, g.pool)
+		if err := handler(hctx, event); err != nil {
+			return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, subscriber, err)
+		}
+		if err := guard.misused(); err != nil {
 			return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, subscriber, err)
 		}
 		res := tx.Exec("DELETE FROM parked_events WHERE "+g.keyWhere(), g.keyArgs(subscriber, eventID)...)

@@ -154,6 +154,11 @@ type runner struct {
 	// the events before it have committed, the event goes straight to
 	// failure handling instead of being attempted again without backoff.
 	pending *pendingFailure
+	// isolateUntil, when past the checkpoint, is the last position of a
+	// batch whose commit failed through one of its events: up to it the
+	// events run one per transaction, so that the failing one is found,
+	// the ones before it commit, and it takes the failure path alone.
+	isolateUntil int64
 }
 
 type pendingFailure struct {
@@ -226,6 +231,11 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 	limit, prefixCycle := s.batchSize, r.prefix > 0
 	if prefixCycle {
 		limit, r.prefix = r.prefix, 0
+	}
+	if r.isolateUntil > r.known {
+		limit = 1
+	} else {
+		r.isolateUntil = 0
 	}
 	start := r.known
 	bctx := context.WithoutCancel(ctx)
@@ -342,13 +352,23 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 	if err := batch.Commit(bctx, last); err != nil {
 		r.known = -1
 		batchErr = err
-		if errors.Is(err, ErrCheckpointMoved) {
+		switch {
+		case errors.Is(err, ErrCheckpointMoved):
 			s.logger.Info("subscriber: checkpoint was reset during the batch; batch discarded", "subscriber", s.name, "error", err)
 			return outcomeMore
+		case transient(err):
+			s.logger.Error("subscriber: committing the batch failed; will retry", "subscriber", s.name, "position", last, "error", err)
+			s.tel.fail("", nil, 0, err)
+			return outcomeFailed
+		case len(events) > 1:
+			// One of the events made the commit fail: find it by running
+			// the batch again one event per transaction.
+			s.logger.Warn("subscriber: committing the batch failed; running its events one per transaction to find the failing one",
+				"subscriber", s.name, "from", events[0].Position, "to", last, "error", err)
+			r.isolateUntil = last
+			return outcomeMore
 		}
-		s.logger.Error("subscriber: committing the batch failed; will retry", "subscriber", s.name, "position", last, "error", err)
-		s.tel.fail("", nil, 0, err)
-		return outcomeFailed
+		return r.failed(ctx, start, events[0], err)
 	}
 	s.tel.committed(last)
 	s.tel.count(tctx, OutcomeHandled, len(events))
@@ -381,8 +401,9 @@ func (r *runner) rollback(batch Batch) {
 	}
 }
 
-// failed handles an event whose handler failed on its first attempt, as
-// the first event of a batch (so nothing else is lost by abandoning it).
+// failed handles an event whose first attempt failed (its handler, or
+// the commit of its transaction), as the first event of a batch, so that
+// nothing else is lost by abandoning it.
 //
 // Without a parking lot the event halts the checkpoint and is retried after
 // each poll interval. With one, it is retried with backoff, each retry in
@@ -391,52 +412,70 @@ func (r *runner) rollback(batch Batch) {
 func (r *runner) failed(ctx context.Context, start int64, ev domain.EventEnvelope[any], err error) outcome {
 	s := r.s
 	if s.parking == nil {
-		s.logger.Error("subscriber: handler failed; the event will be retried after the poll interval",
+		s.logger.Error("subscriber: processing the event failed; it will be retried after the poll interval",
 			append(s.eventAttrs(ev), "error", err)...)
 		s.tel.fail(StateHalted, &ev, 0, err)
 		s.tel.count(ctx, OutcomeFailed, 1)
 		return outcomeFailed
 	}
 	attempts := 1 + s.maxRetries
-	s.logger.Warn("subscriber: handler failed; retrying", append(s.eventAttrs(ev), "attempt", 1, "of", attempts, "error", err)...)
+	s.logger.Warn("subscriber: processing the event failed; retrying", append(s.eventAttrs(ev), "attempt", 1, "of", attempts, "error", err)...)
 	if attempts > 1 {
 		s.tel.fail(StateRetrying, &ev, 1, err)
 		s.tel.count(ctx, OutcomeRetried, 1)
 	}
-	for attempt := 2; attempt <= attempts; attempt++ {
-		if !r.sleep(ctx, s.backoff(attempt-1)) {
+	for n := 2; n <= attempts; n++ {
+		if !r.sleep(ctx, s.backoff(n-1)) {
 			return outcomeStopped
 		}
-		out, done, aerr := r.retry(ctx, start, ev, attempt, attempt == attempts, nil)
+		out, done, aerr := r.attempt(ctx, start, ev, n, n == attempts)
 		if done {
 			return out
 		}
 		err = aerr
-		s.logger.Warn("subscriber: handler failed; retrying", append(s.eventAttrs(ev), "attempt", attempt, "of", attempts, "error", err)...)
-		s.tel.fail(StateRetrying, &ev, attempt, err)
+		s.logger.Warn("subscriber: processing the event failed; retrying", append(s.eventAttrs(ev), "attempt", n, "of", attempts, "error", err)...)
+		s.tel.fail(StateRetrying, &ev, n, err)
 		s.tel.count(ctx, OutcomeRetried, 1)
 	}
 	// Only reached with WithMaxRetries(0): park after the first failure.
-	out, _, _ := r.retry(ctx, start, ev, 1, true, err)
-	return out
+	return r.park(ctx, start, ev, 1, err)
 }
 
-// retry runs one more attempt at ev in a transaction of its own. The last
-// attempt brackets the handler with a savepoint, so that on failure the
-// event is parked and the checkpoint advanced in the same transaction.
-// With a non-nil cause the handler is not run and ev is parked at once.
-// done is false when the attempt failed and more attempts remain.
-func (r *runner) retry(ctx context.Context, start int64, ev domain.EventEnvelope[any], attempt int, final bool, cause error) (out outcome, done bool, err error) {
+// acquireAt acquires the checkpoint for one more attempt at the event
+// after start. ok is false when the caller is to return out: the
+// acquisition failed, another replica holds the checkpoint, or the
+// checkpoint is no longer at start (another replica handled the event, or
+// it was reset).
+func (r *runner) acquireAt(bctx context.Context, start int64, ev domain.EventEnvelope[any]) (batch Batch, out outcome, ok bool) {
+	s := r.s
+	batch, acquired, err := s.checkpoints.Acquire(bctx, s.name)
+	switch {
+	case err != nil:
+		s.logger.Error("subscriber: acquiring the checkpoint for a retry failed", append(s.eventAttrs(ev), "error", err)...)
+		s.tel.fail("", &ev, 0, err)
+		return nil, outcomeFailed, false
+	case !acquired:
+		return nil, outcomeSkipped, false // another replica took over
+	case batch.Position() != start:
+		// Another replica handled the event, or the checkpoint was reset.
+		r.rollback(batch)
+		return nil, outcomeMore, false
+	}
+	return batch, 0, true
+}
+
+// attempt runs attempt n at ev in a transaction of its own and commits it.
+// done is false when the attempt failed and more attempts remain; err is
+// then the failure. The last attempt brackets the handler with a
+// savepoint, so that when the handler fails the event is parked and the
+// checkpoint advanced in the same transaction; when the commit fails, the
+// event is parked in a transaction of its own (see park).
+func (r *runner) attempt(ctx context.Context, start int64, ev domain.EventEnvelope[any], n int, final bool) (out outcome, done bool, err error) {
 	s := r.s
 	bctx := context.WithoutCancel(ctx)
-	batch, acquired, aerr := s.checkpoints.Acquire(bctx, s.name)
-	if aerr != nil {
-		s.logger.Error("subscriber: acquiring the checkpoint for a retry failed", append(s.eventAttrs(ev), "error", aerr)...)
-		s.tel.fail("", &ev, 0, aerr)
-		return outcomeFailed, true, nil
-	}
-	if !acquired {
-		return outcomeSkipped, true, nil // another replica took over
+	batch, out, ok := r.acquireAt(bctx, start, ev)
+	if !ok {
+		return out, true, nil
 	}
 	finished := false
 	defer func() {
@@ -444,97 +483,125 @@ func (r *runner) retry(ctx context.Context, start int64, ev domain.EventEnvelope
 			_ = batch.Rollback()
 		}
 	}()
-	abandon := func(msg string, err error) (outcome, bool, error) {
-		finished = true
-		r.rollback(batch)
-		s.logger.Error(msg, append(s.eventAttrs(ev), "error", err)...)
-		s.tel.fail("", &ev, 0, err)
-		return outcomeFailed, true, nil
-	}
-	if batch.Position() != start {
-		// Another replica handled the event, or the checkpoint was reset.
-		finished = true
-		r.rollback(batch)
-		return outcomeMore, true, nil
-	}
-	tctx, span := s.tel.startBatch(r.drain, []domain.EventEnvelope[any]{ev}, attempt)
+	tctx, span := s.tel.startBatch(r.drain, []domain.EventEnvelope[any]{ev}, n)
 	var batchErr error
 	defer func() { span.end(tctx, batchErr) }()
-	hctx := batch.HandlerContext(tctx)
-	if cause == nil {
-		if final {
-			if err := batch.Savepoint(bctx, attemptSavepoint); err != nil {
-				return abandon("subscriber: savepoint failed", err)
-			}
+	if final {
+		if err := batch.Savepoint(bctx, attemptSavepoint); err != nil {
+			finished, batchErr = true, err
+			return r.abandon(batch, ev, "subscriber: savepoint failed", err), true, nil
 		}
-		herr := span.handle(hctx, r.callHandler, ev, attempt, time.Time{})
-		batchErr = herr
-		if r.stopped {
-			finished = true
+	}
+	hctx := batch.HandlerContext(tctx)
+	herr := span.handle(hctx, r.callHandler, ev, n, time.Time{})
+	batchErr = herr
+	finished = true
+	if r.stopped {
+		r.rollback(batch)
+		return outcomeStopped, true, nil
+	}
+	if herr == nil {
+		if r.graceExpired() {
 			r.rollback(batch)
 			return outcomeStopped, true, nil
 		}
-		if herr == nil {
-			finished = true
-			if r.graceExpired() {
-				r.rollback(batch)
-				return outcomeStopped, true, nil
-			}
-			if err := batch.Commit(bctx, ev.Position); err != nil {
-				batchErr = err
-				s.logger.Error("subscriber: committing a retried event failed", append(s.eventAttrs(ev), "error", err)...)
-				s.tel.fail("", &ev, 0, err)
-				return outcomeFailed, true, nil
-			}
-			s.logger.Info("subscriber: event succeeded on retry", append(s.eventAttrs(ev), "attempt", attempt)...)
+		cerr := batch.Commit(bctx, ev.Position)
+		batchErr = cerr
+		switch {
+		case cerr == nil:
+			s.logger.Info("subscriber: event succeeded on retry", append(s.eventAttrs(ev), "attempt", n)...)
 			s.tel.committed(ev.Position)
 			s.tel.count(tctx, OutcomeHandled, 1)
 			return outcomeMore, true, nil
+		case errors.Is(cerr, ErrCheckpointMoved):
+			return outcomeMore, true, nil
+		case transient(cerr):
+			s.logger.Error("subscriber: committing a retried event failed; will retry", append(s.eventAttrs(ev), "error", cerr)...)
+			s.tel.fail("", &ev, 0, cerr)
+			return outcomeFailed, true, nil
+		case final:
+			return r.park(ctx, start, ev, n, cerr), true, nil
 		}
-		if !final {
-			finished = true
-			r.rollback(batch)
-			return outcomeFailed, false, herr
-		}
-		if err := batch.RollbackToSavepoint(bctx, attemptSavepoint); err != nil {
-			return abandon("subscriber: discarding a failed attempt's writes failed", err)
-		}
-		cause = herr
+		return outcomeFailed, false, cerr
 	}
+	if !final {
+		r.rollback(batch)
+		return outcomeFailed, false, herr
+	}
+	if err := batch.RollbackToSavepoint(bctx, attemptSavepoint); err != nil {
+		batchErr = err
+		return r.abandon(batch, ev, "subscriber: discarding a failed attempt's writes failed", err), true, nil
+	}
+	out, batchErr = r.parkIn(tctx, bctx, batch, ev, n, herr)
+	return out, true, nil
+}
+
+// park parks ev, whose attempts all failed with cause as the last
+// failure, in a transaction of its own (the handler is not run again).
+func (r *runner) park(ctx context.Context, start int64, ev domain.EventEnvelope[any], attempts int, cause error) outcome {
+	bctx := context.WithoutCancel(ctx)
+	batch, out, ok := r.acquireAt(bctx, start, ev)
+	if !ok {
+		return out
+	}
+	tctx, span := r.s.tel.startBatch(r.drain, []domain.EventEnvelope[any]{ev}, attempts)
+	out, err := r.parkIn(tctx, bctx, batch, ev, attempts, cause)
+	span.end(tctx, err)
+	return out
+}
+
+// parkIn records ev in the parking lot through batch and commits the
+// checkpoint past it, in one transaction where the lot allows (see
+// ParkingLot.Park). It ends batch, and returns the error that failed it.
+func (r *runner) parkIn(tctx, bctx context.Context, batch Batch, ev domain.EventEnvelope[any], attempts int, cause error) (outcome, error) {
+	s := r.s
+	finished := false
+	defer func() {
+		if !finished {
+			_ = batch.Rollback()
+		}
+	}()
 	parked := ParkedEvent{
 		Subscriber: s.name,
 		EventID:    ev.ID,
 		EventType:  ev.EventType,
 		Position:   ev.Position,
 		Error:      cause.Error(),
-		Attempts:   attempt,
+		Attempts:   attempts,
 		ParkedAt:   time.Now().UTC(),
 	}
-	if err := s.parking.Park(hctx, parked); err != nil {
+	if err := s.parking.Park(batch.HandlerContext(tctx), parked); err != nil {
+		finished = true
 		if r.graceExpired() {
-			finished = true
 			r.rollback(batch)
-			return outcomeStopped, true, nil
+			return outcomeStopped, err
 		}
-		return abandon("subscriber: parking the event failed; it will be retried", err)
+		return r.abandon(batch, ev, "subscriber: parking the event failed; it will be retried", err), err
 	}
 	finished = true
 	if r.graceExpired() {
 		r.rollback(batch)
-		return outcomeStopped, true, nil
+		return outcomeStopped, nil
 	}
 	s.tel.fail("", &ev, 0, cause)
 	if err := batch.Commit(bctx, ev.Position); err != nil {
-		batchErr = err
 		s.logger.Error("subscriber: committing a parked event failed; it will be retried", append(s.eventAttrs(ev), "error", err)...)
 		s.tel.fail("", &ev, 0, err)
-		return outcomeFailed, true, nil
+		return outcomeFailed, err
 	}
 	s.logger.Error("subscriber: event parked after exhausting its retries",
-		append(s.eventAttrs(ev), "attempts", attempt, "error", cause)...)
+		append(s.eventAttrs(ev), "attempts", attempts, "error", cause)...)
 	s.tel.committed(ev.Position)
 	s.tel.count(tctx, OutcomeParked, 1)
-	return outcomeMore, true, nil
+	return outcomeMore, cause
+}
+
+// abandon rolls back batch and logs why.
+func (r *runner) abandon(batch Batch, ev domain.EventEnvelope[any], msg string, err error) outcome {
+	r.rollback(batch)
+	r.s.logger.Error(msg, append(r.s.eventAttrs(ev), "error", err)...)
+	r.s.tel.fail("", &ev, 0, err)
+	return outcomeFailed
 }
 
 // attemptSavepoint brackets the last attempt at a failing event.
