@@ -184,7 +184,7 @@ func (p *pinnedTx) end(stmt string) error {
 		pc, _ := pgxconn.Unwrap(dc) // pinned only after Unwrap succeeded
 		tag, err := pc.Exec(ctx, stmt)
 		if err == nil && stmt == "COMMIT" && tag.String() != "COMMIT" {
-			endErr = fmt.Errorf("commit: the transaction was rolled back (%s)", tag.String())
+			endErr = fmt.Errorf("commit: %w (%s)", errTxRolledBack, tag.String())
 		}
 		if err != nil {
 			endErr = err

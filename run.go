@@ -356,7 +356,7 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 		case errors.Is(err, ErrCheckpointMoved):
 			s.logger.Info("subscriber: checkpoint was reset during the batch; batch discarded", "subscriber", s.name, "error", err)
 			return outcomeMore
-		case transient(err):
+		case !eventCaused(err):
 			s.logger.Error("subscriber: committing the batch failed; will retry", "subscriber", s.name, "position", last, "error", err)
 			s.tel.fail("", nil, 0, err)
 			return outcomeFailed
@@ -515,7 +515,7 @@ func (r *runner) attempt(ctx context.Context, start int64, ev domain.EventEnvelo
 			return outcomeMore, true, nil
 		case errors.Is(cerr, ErrCheckpointMoved):
 			return outcomeMore, true, nil
-		case transient(cerr):
+		case !eventCaused(cerr):
 			s.logger.Error("subscriber: committing a retried event failed; will retry", append(s.eventAttrs(ev), "error", cerr)...)
 			s.tel.fail("", &ev, 0, cerr)
 			return outcomeFailed, true, nil

@@ -146,7 +146,7 @@ func TestSubscriberExactlyOnceWithFailingHandler(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, feed[14].Position, pos, "the checkpoint stops before the failing event")
 			require.Equal(t, ids[:15], projected(t, e.DB, table), "the failed attempts left no trace")
-			require.Contains(t, logs.String(), "handler failed")
+			require.Contains(t, logs.String(), "processing the event failed")
 			require.Contains(t, logs.String(), ids[15], "the log names the failing event")
 
 			// Restart with the bug fixed, from a fresh checkpoint store.

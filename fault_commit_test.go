@@ -1,0 +1,347 @@
+package subscriptions_test
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+
+	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/internal/dbtest"
+)
+
+// faultCommitCase is one way an event can make its batch's COMMIT fail
+// although its handler returned nil.
+type faultCommitCase struct {
+	name string
+	// postgresOnly: the fault exists only there (SQLite has no idle
+	// timeout, and a failed statement does not abort its transaction).
+	postgresOnly bool
+	// env returns the backend the subscriber runs on (default: e).
+	env func(t *testing.T, e *env) *env
+	// setup creates what the handler writes to, in e.DB.
+	setup func(t *testing.T, e *env, table string)
+	// handle is the handler's work for one event; bad is the culprit.
+	handle func(ctx context.Context, table string, ev domain.EventEnvelope[any], bad bool) error
+	// parkedError is part of the parked entry's error.
+	parkedError string
+}
+
+// faultCommitCases are the commit-time failures of issue 12: a deferred
+// foreign key, a transaction kept open past
+// idle_in_transaction_session_timeout, a failed statement the handler
+// swallowed, and a handler that commits or rolls back the batch
+// transaction itself.
+func faultCommitCases() []faultCommitCase {
+	plain := func(t *testing.T, e *env, table string) { createProjection(t, e.DB, table) }
+	projectOnly := func(ctx context.Context, table string, ev domain.EventEnvelope[any]) error {
+		return project(ctx, table, ev)
+	}
+	endTx := func(op string) faultCommitCase {
+		return faultCommitCase{
+			name:  "handler calls " + op + " on the batch transaction",
+			setup: plain,
+			handle: func(ctx context.Context, table string, ev domain.EventEnvelope[any], bad bool) error {
+				if err := projectOnly(ctx, table, ev); err != nil || !bad {
+					return err
+				}
+				tx := subscriptions.TxFromContext(ctx)
+				var err error
+				if op == "Commit" {
+					err = tx.Commit().Error
+				} else {
+					err = tx.Rollback().Error
+				}
+				if !errors.Is(err, sql.ErrTxDone) {
+					return fmt.Errorf("%s on the batch transaction returned %v, want sql.ErrTxDone", op, err)
+				}
+				return nil // swallowed: the batch must still refuse to commit
+			},
+			parkedError: "a handler called " + op + " on the batch transaction",
+		}
+	}
+	return []faultCommitCase{
+		{
+			name: "deferred foreign key",
+			setup: func(t *testing.T, e *env, table string) {
+				if e.DB.Name() == "sqlite" {
+					// The file DSN enables foreign keys; the one-connection
+					// in-memory database is switched here.
+					require.NoError(t, e.DB.Exec("PRAGMA foreign_keys = ON").Error)
+				}
+				require.NoError(t, e.DB.Exec("CREATE TABLE "+table+"_parent (id text PRIMARY KEY)").Error)
+				require.NoError(t, e.DB.Exec("INSERT INTO "+table+"_parent (id) VALUES ('p')").Error)
+				require.NoError(t, e.DB.Exec("CREATE TABLE "+table+` (event_id text PRIMARY KEY, position bigint NOT NULL,
+					parent text NOT NULL REFERENCES `+table+`_parent (id) DEFERRABLE INITIALLY DEFERRED)`).Error)
+			},
+			handle: func(ctx context.Context, table string, ev domain.EventEnvelope[any], bad bool) error {
+				parent := "p"
+				if bad {
+					parent = "missing"
+				}
+				return subscriptions.TxFromContext(ctx).Exec("INSERT INTO "+table+" (event_id, position, parent) VALUES (?, ?, ?)",
+					ev.ID, ev.Position, parent).Error
+			},
+			parkedError: "foreign key",
+		},
+		{
+			name:         "transaction idle past idle_in_transaction_session_timeout",
+			postgresOnly: true,
+			env: func(t *testing.T, e *env) *env {
+				db := dbtest.OpenPostgresDSN(t, faultDSN(t, e.PG.DSN, "idle_in_transaction_session_timeout", "500"))
+				return gormEnv(t, "postgres", db, e.PG)
+			},
+			setup: plain,
+			handle: func(ctx context.Context, table string, ev domain.EventEnvelope[any], bad bool) error {
+				if err := projectOnly(ctx, table, ev); err != nil || !bad {
+					return err
+				}
+				// A slow handler: the transaction is idle meanwhile, and the
+				// server ends the session.
+				time.Sleep(1500 * time.Millisecond)
+				return nil
+			},
+			parkedError: "idle-in-transaction",
+		},
+		{
+			name:         "handler swallows a failed statement",
+			postgresOnly: true,
+			setup:        plain,
+			handle: func(ctx context.Context, table string, ev domain.EventEnvelope[any], bad bool) error {
+				if err := projectOnly(ctx, table, ev); err != nil || !bad {
+					return err
+				}
+				_ = subscriptions.TxFromContext(ctx).Exec("SELECT * FROM fault_commit_no_such_table").Error
+				return nil
+			},
+			parkedError: "aborted",
+		},
+		endTx("Commit"),
+		endTx("Rollback"),
+	}
+}
+
+// TestFaultCommitFailureIsParked: an event whose handler returns nil but
+// whose transaction cannot commit takes the handler-failure path. The five
+// events before it commit (each handled at most three times: in the
+// failed batch, in the batch of the events before a handler that failed
+// because of the culprit, and alone), it is retried and parked with the commit's error,
+// the events behind it are processed, and the checkpoint reaches the head.
+// Without a parking lot the events before it commit and the checkpoint
+// halts just before it.
+func TestFaultCommitFailureIsParked(t *testing.T) {
+	for _, b := range gormEnvs() {
+		t.Run(b.Name, func(t *testing.T) {
+			for i, tc := range faultCommitCases() {
+				t.Run(tc.name, func(t *testing.T) {
+					base := b.New(t)
+					if tc.postgresOnly && !base.Postgres() {
+						t.Skip("a Postgres fault")
+					}
+					e := base
+					if tc.env != nil {
+						e = tc.env(t, base)
+					}
+					for _, lot := range []bool{true, false} {
+						table := fmt.Sprintf("fault_commit_%d_%t", i, lot)
+						tc.setup(t, e, table)
+						name := "fault-commit-" + table
+						faultCommitRun(t, e, tc, table, name, lot)
+					}
+				})
+			}
+		})
+	}
+}
+
+func faultCommitRun(t *testing.T, e *env, tc faultCommitCase, table, name string, withLot bool) {
+	ctx := context.Background()
+	headBefore, err := e.Events.HeadPosition(ctx)
+	require.NoError(t, err)
+	require.NoError(t, e.Checkpoints.Reset(ctx, name, headBefore))
+	before := appendN(t, e.Events, "fault.commit", 0, 5)
+	badID := appendN(t, e.Events, "fault.commit.bad", 5, 1)[0]
+	after := appendN(t, e.Events, "fault.commit", 6, 3)
+	bad, err := e.Events.GetEventByID(ctx, badID)
+	require.NoError(t, err)
+
+	var mu sync.Mutex
+	calls := map[string]int{}
+	handler := func(ctx context.Context, ev domain.EventEnvelope[any]) error {
+		mu.Lock()
+		calls[ev.ID]++
+		mu.Unlock()
+		return tc.handle(ctx, table, ev, ev.ID == badID)
+	}
+	opts := []subscriptions.SubscriberOption{
+		subscriptions.WithLogger(quietLogger()), subscriptions.WithPollInterval(10 * time.Millisecond),
+		subscriptions.WithRetryBackoff(time.Millisecond, 4*time.Millisecond),
+	}
+	if withLot {
+		opts = append(opts, subscriptions.WithParkingLot(e.Parking), subscriptions.WithMaxRetries(1))
+	}
+	sub, err := subscriptions.NewSubscriber(name, e.Events, e.Checkpoints, handler, opts...)
+	require.NoError(t, err)
+	r := start(t, sub)
+	callsOf := func(id string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return calls[id]
+	}
+
+	if !withLot {
+		// The events before the culprit commit; it halts the checkpoint.
+		require.Eventually(t, func() bool {
+			pos, err := e.Checkpoints.Position(ctx, name)
+			return err == nil && pos == bad.Position-1 && callsOf(badID) >= 2
+		}, 30*time.Second, 5*time.Millisecond, "the events before the culprit did not commit")
+		r.stop(t)
+		pos, err := e.Checkpoints.Position(ctx, name)
+		require.NoError(t, err)
+		require.Equal(t, bad.Position-1, pos)
+		require.Subset(t, projected(t, e.DB, table), before)
+		require.NotContains(t, projected(t, e.DB, table), badID)
+		return
+	}
+
+	parked := parkWaitParked(t, sub, 1)
+	waitCaughtUp(t, sub)
+	r.stop(t)
+	require.Equal(t, badID, parked[0].EventID)
+	require.Equal(t, bad.Position, parked[0].Position)
+	require.Equal(t, 2, parked[0].Attempts, "the first attempt and one retry")
+	require.Contains(t, strings.ToLower(parked[0].Error), strings.ToLower(tc.parkedError))
+	faultRequireExactlyOnce(t, "projected", projected(t, e.DB, table), append(append([]string{}, before...), after...))
+	// The failed batch, at most one prefix batch (when the culprit made
+	// the handlers after it fail), then alone.
+	for _, id := range before {
+		require.LessOrEqual(t, callsOf(id), 3, "event %s before the culprit was re-run more than twice", id)
+	}
+}
+
+// faultFlakyCommits wraps a checkpoint store: the first `fail` commits of
+// a batch that includes position `at` fail as a lost connection would
+// (the real batch is rolled back).
+type faultFlakyCommits struct {
+	subscriptions.CheckpointStore
+	at   int64
+	mu   sync.Mutex
+	fail int
+}
+
+func (f *faultFlakyCommits) Acquire(ctx context.Context, name string) (subscriptions.Batch, bool, error) {
+	b, ok, err := f.CheckpointStore.Acquire(ctx, name)
+	if b != nil {
+		b = &faultFlakyBatch{Batch: b, store: f}
+	}
+	return b, ok, err
+}
+
+type faultFlakyBatch struct {
+	subscriptions.Batch
+	store *faultFlakyCommits
+}
+
+func (b *faultFlakyBatch) Commit(ctx context.Context, position int64) error {
+	f := b.store
+	f.mu.Lock()
+	inject := b.Position() < f.at && position >= f.at && f.fail > 0
+	if inject {
+		f.fail--
+	}
+	f.mu.Unlock()
+	if inject {
+		_ = b.Batch.Rollback()
+		return fmt.Errorf("injected: connection lost at commit: %w", driver.ErrBadConn)
+	}
+	return b.Batch.Commit(ctx, position)
+}
+
+// TestFaultTransientCommitFailureParksNothing: commit failures that say
+// nothing about the events (a lost connection) are retried as they are,
+// batch and all, after the poll interval; no event is blamed, retried
+// alone or parked, even with WithMaxRetries(0). On Postgres the connection
+// is really terminated (from inside the handler, twice); on every backend
+// a commit also fails with driver.ErrBadConn twice.
+func TestFaultTransientCommitFailureParksNothing(t *testing.T) {
+	ctx := context.Background()
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			for _, real := range []bool{false, true} {
+				name := fmt.Sprintf("fault-transient-%t", real)
+				t.Run(name, func(t *testing.T) {
+					e := b.New(t)
+					if real && !e.Postgres() {
+						t.Skip("terminating a session is a Postgres fault")
+					}
+					var admin *gorm.DB
+					if real {
+						admin = e.PG.Open(t)
+					}
+					if e.DB != nil {
+						createProjection(t, e.DB, "fault_transient")
+					}
+					ids := appendN(t, e.Events, "fault.transient", 0, 9)
+					// The last event of the batch: a terminated session fails
+					// its commit, not the handler of an event after it.
+					culprit, err := e.Events.GetEventByID(ctx, ids[8])
+					require.NoError(t, err)
+					cps := e.Checkpoints
+					if !real {
+						cps = &faultFlakyCommits{CheckpointStore: e.Checkpoints, at: culprit.Position, fail: 2}
+					}
+					var mu sync.Mutex
+					calls := map[string]int{}
+					handler := func(ctx context.Context, ev domain.EventEnvelope[any]) error {
+						mu.Lock()
+						calls[ev.ID]++
+						n := calls[ev.ID]
+						mu.Unlock()
+						if e.DB != nil {
+							if err := project(ctx, "fault_transient", ev); err != nil {
+								return err
+							}
+						}
+						if real && ev.ID == culprit.ID && n <= 2 {
+							var pid int
+							if err := subscriptions.TxFromContext(ctx).Raw("SELECT pg_backend_pid()").Scan(&pid).Error; err != nil {
+								return err
+							}
+							if err := admin.Exec("SELECT pg_terminate_backend(?)", pid).Error; err != nil {
+								return err
+							}
+						}
+						return nil
+					}
+					sub, err := subscriptions.NewSubscriber(name, e.Events, cps, handler,
+						subscriptions.WithLogger(quietLogger()), subscriptions.WithPollInterval(10*time.Millisecond),
+						subscriptions.WithParkingLot(e.Parking), subscriptions.WithMaxRetries(0))
+					require.NoError(t, err)
+					r := start(t, sub)
+					waitCaughtUp(t, sub)
+					r.stop(t)
+
+					parked, err := sub.ListParked(ctx)
+					require.NoError(t, err)
+					require.Empty(t, parked, "a lost connection parked an event")
+					if e.DB != nil {
+						faultRequireExactlyOnce(t, "projected", projected(t, e.DB, "fault_transient"), ids)
+					}
+					mu.Lock()
+					defer mu.Unlock()
+					require.Equal(t, 3, calls[culprit.ID], "two failed commits, then success")
+					require.Equal(t, 3, calls[ids[0]], "the whole batch is retried, not one event at a time")
+				})
+			}
+		})
+	}
+}
