@@ -119,14 +119,28 @@ type batchTx struct {
 // then commit atomically with the checkpoint advance (exactly-once),
 // instead of relying on at-least-once redelivery.
 //
-// The transaction is owned by the batch: handlers must not commit or roll
-// it back, and must not use it from other goroutines.
+// The transaction is owned by the batch, which commits it together with
+// the checkpoint. A handler must not:
+//   - end it: Commit and Rollback return an error wrapping sql.ErrTxDone,
+//     end nothing, and fail the attempt even if the handler ignores the
+//     error (its writes are discarded and the event takes the failure
+//     path, see the package documentation). To discard its writes, a
+//     handler returns an error. Transaction(fn) on it is fine: it nests
+//     through a savepoint;
+//   - leave it failed: on Postgres a statement that fails aborts the whole
+//     transaction, so return the error rather than carry on;
+//   - keep it open long (idle_in_transaction_session_timeout ends the
+//     session) or use it from another goroutine or after returning.
+//
+// Each call returns a new session on the same transaction.
 func TxFromContext(ctx context.Context) *gorm.DB {
 	if ctx == nil {
 		return nil
 	}
 	if v, ok := ctx.Value(txContextKey{}).(*batchTx); ok {
-		return v.tx
+		// A session of its own per call: an error gorm records on the
+		// returned handle (a refused Commit) stays with this caller.
+		return v.tx.Session(&gorm.Session{NewDB: true})
 	}
 	return nil
 }
