@@ -20,6 +20,25 @@ var ErrEventNotParked = errors.New("event is not parked")
 // later answers either nil or ErrEventNotParked.
 var ErrReplayInProgress = errors.New("a replay of the event is already in progress")
 
+// ErrParkedAfterCheckpoint is returned by Subscriber.ReplayParked for a
+// parked event whose position is after the subscriber's checkpoint (the
+// checkpoint was reset before it): the subscriber will deliver the event
+// again, and a replay as well would handle it twice.
+var ErrParkedAfterCheckpoint = errors.New("the parked event is after the checkpoint: the subscriber will deliver it again")
+
+// deliveredClearer is implemented by this package's parking lots. A live
+// delivery removes the entries of the events it handled, so that no entry
+// outlives its event's successful handling (it would be listed, and
+// replayed, a second time): after a Reset the subscriber delivers parked
+// events again, and a success there is final.
+type deliveredClearer interface {
+	// clearDelivered removes subscriber's entries with positions in
+	// (after, upTo], through the batch transaction when ctx carries one of
+	// the lot's database (see Park), so that the removal commits with the
+	// checkpoint advance.
+	clearDelivered(ctx context.Context, subscriber string, after, upTo int64) error
+}
+
 // ParkedEvent records an event a subscriber could not process after
 // exhausting its retries.
 type ParkedEvent struct {

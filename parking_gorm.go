@@ -146,6 +146,28 @@ func (g *GormParkingLot) Park(ctx context.Context, parked ParkedEvent) error {
 	return nil
 }
 
+var _ deliveredClearer = (*GormParkingLot)(nil)
+
+// clearDelivered removes the subscriber's rows in (after, upTo] through the
+// batch transaction (see deliveredClearer), by the (subscriber, position)
+// index: one indexed statement per batch, which finds nothing unless the
+// checkpoint was reset before a parked event.
+func (g *GormParkingLot) clearDelivered(ctx context.Context, subscriber string, after, upTo int64) error {
+	db := g.batchTx(ctx)
+	if db == nil {
+		db = g.db
+	}
+	where, args := "subscriber = ?", []any{subscriber}
+	if g.postgres {
+		where, args = "subscriber_key = decode(?, 'hex') AND subscriber = ?", []any{subscriberKey(subscriber), subscriber}
+	}
+	if err := db.WithContext(ctx).Exec("DELETE FROM parked_events WHERE "+where+" AND position > ? AND position <= ?",
+		append(args, after, upTo)...).Error; err != nil {
+		return fmt.Errorf("subscriptions: clear the parked events of %q delivered in positions %d-%d: %w", subscriber, after+1, upTo, err)
+	}
+	return nil
+}
+
 // keyWhere selects one parked row through the table's key index.
 func (g *GormParkingLot) keyWhere() string {
 	if g.postgres {

@@ -61,6 +61,21 @@ func (m *MemoryParkingLot) Park(ctx context.Context, parked ParkedEvent) error {
 	return nil
 }
 
+var _ deliveredClearer = (*MemoryParkingLot)(nil)
+
+// clearDelivered removes the subscriber's entries in (after, upTo] (see
+// deliveredClearer), except one being replayed: the replay decides.
+func (m *MemoryParkingLot) clearDelivered(_ context.Context, subscriber string, after, upTo int64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for k, e := range m.entries {
+		if k.subscriber == subscriber && !e.replaying && e.event.Position > after && e.event.Position <= upTo {
+			delete(m.entries, k)
+		}
+	}
+	return nil
+}
+
 func validateParked(p ParkedEvent) error {
 	if err := validateName(p.Subscriber); err != nil {
 		return fmt.Errorf("subscriptions: park event %q: %w", p.EventID, err)

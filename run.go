@@ -349,7 +349,7 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 		return outcomeStopped
 	}
 	last := events[len(events)-1].Position
-	if err := batch.Commit(bctx, last); err != nil {
+	if err := r.commit(bctx, hctx, batch, start, last); err != nil {
 		r.known = -1
 		batchErr = err
 		switch {
@@ -377,6 +377,22 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 		return outcomeMore
 	}
 	return outcomeIdle
+}
+
+// commit ends a batch whose handlers succeeded for the events in
+// (start, last]: it removes their parking lot entries in the batch's
+// transaction (hctx), so that a parked entry does not outlive its event's
+// successful handling (see deliveredClearer), and commits the checkpoint
+// at last. A failure of either is a commit failure; batch is ended either
+// way.
+func (r *runner) commit(bctx, hctx context.Context, batch Batch, start, last int64) error {
+	if r.s.clearer != nil {
+		if err := r.s.clearer.clearDelivered(hctx, r.s.name, start, last); err != nil {
+			r.rollback(batch)
+			return err
+		}
+	}
+	return batch.Commit(bctx, last)
 }
 
 // transient logs a failure outside a batch, unless it is only the
@@ -505,7 +521,7 @@ func (r *runner) attempt(ctx context.Context, start int64, ev domain.EventEnvelo
 			r.rollback(batch)
 			return outcomeStopped, true, nil
 		}
-		cerr := batch.Commit(bctx, ev.Position)
+		cerr := r.commit(bctx, hctx, batch, start, ev.Position)
 		batchErr = cerr
 		switch {
 		case cerr == nil:

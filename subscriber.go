@@ -102,6 +102,10 @@ type Subscriber struct {
 	// telemetry benchmarks compare with.
 	noTelemetry bool
 
+	// clearer is the parking lot when it removes the entries of events a
+	// live batch delivered (this package's lots; see deliveredClearer).
+	clearer deliveredClearer
+
 	// pipelined is set when the checkpoint store can acquire and read the
 	// feed in one round trip for this event store (see pipelinedAcquirer).
 	pipelined pipelinedAcquirer
@@ -153,6 +157,7 @@ func NewSubscriber(name string, events domain.EventStore, checkpoints Checkpoint
 	}
 	s.tel = tel
 	s.tel.off = s.noTelemetry
+	s.clearer, _ = s.parking.(deliveredClearer)
 	if p, ok := s.checkpoints.(pipelinedAcquirer); ok && p.pipelines(undecorated(s.events)) {
 		s.pipelined = p
 	}
@@ -253,6 +258,12 @@ func (s *Subscriber) Lag(ctx context.Context) (int64, error) {
 // subscriber runs: the checkpoint store serializes with in-flight batches
 // (see CheckpointStore.Reset), so the reset is never silently overwritten.
 // A negative position is an error.
+//
+// Parked events after position stay listed until the subscriber delivers
+// them again: a success removes the entry in the same transaction, a
+// failure parks the event again with its new error. Until then
+// ReplayParked refuses them (ErrParkedAfterCheckpoint), since the event
+// would otherwise be handled twice.
 func (s *Subscriber) ResetCheckpoint(ctx context.Context, position int64) error {
 	if err := validatePosition(s.name, position); err != nil {
 		return err
@@ -282,10 +293,12 @@ func (s *Subscriber) ListParked(ctx context.Context) ([]ParkedEvent, error) {
 //
 // An event that is not parked for this subscriber returns an error wrapping
 // ErrEventNotParked; one whose replay is already running, an error wrapping
-// ErrReplayInProgress (the handler did not run). On a database served by a
-// single connection (in-memory SQLite) the event load queues behind the
-// running replay's transaction instead, and then finds the event no longer
-// parked.
+// ErrReplayInProgress (the handler did not run); a parked event after the
+// checkpoint, which the subscriber will deliver again (see
+// ResetCheckpoint), one wrapping ErrParkedAfterCheckpoint. On a database
+// served by a single connection (in-memory SQLite) the event load queues
+// behind the running replay's transaction instead, and then finds the
+// event no longer parked.
 func (s *Subscriber) ReplayParked(ctx context.Context, eventID string) error {
 	if s.parking == nil {
 		return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, s.name, ErrNoParkingLot)
@@ -307,12 +320,39 @@ func (s *Subscriber) ReplayParked(ctx context.Context, eventID string) error {
 		}
 		return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, s.name, ErrEventNotParked)
 	}
+	if err := s.refuseAfterCheckpoint(ctx, event); err != nil {
+		return err
+	}
 	if err := s.parking.Replay(ctx, s.name, eventID, event, s.tel.replayHandler(s.handler)); err != nil {
 		return err // the lot names the event and the subscriber
 	}
 	s.tel.count(ctx, OutcomeReplayed, 1)
 	s.logger.Info("parked event replayed", "subscriber", s.name, "event_id", eventID, "event_type", event.EventType, "position", event.Position)
 	return nil
+}
+
+// refuseAfterCheckpoint refuses the replay of an event the subscriber will
+// deliver again (ErrParkedAfterCheckpoint), unless it is not parked at all
+// (ErrEventNotParked). The checkpoint is read before the replay begins: a
+// Reset that races the replay is not caught.
+func (s *Subscriber) refuseAfterCheckpoint(ctx context.Context, event domain.EventEnvelope[any]) error {
+	position, err := s.checkpoints.Position(ctx, s.name)
+	if err != nil {
+		return fmt.Errorf("subscriptions: replay event %q for %q: %w", event.ID, s.name, err)
+	}
+	if event.Position <= position {
+		return nil
+	}
+	parked, err := s.parking.List(ctx, s.name)
+	if err != nil {
+		return fmt.Errorf("subscriptions: replay event %q for %q: %w", event.ID, s.name, err)
+	}
+	for _, p := range parked {
+		if p.EventID == event.ID {
+			return fmt.Errorf("subscriptions: replay event %q (position %d) for %q: checkpoint %d: %w", event.ID, event.Position, s.name, position, ErrParkedAfterCheckpoint)
+		}
+	}
+	return fmt.Errorf("subscriptions: replay event %q for %q: %w", event.ID, s.name, ErrEventNotParked)
 }
 
 // backoff returns the delay before retry n (n >= 1): the initial delay
