@@ -107,12 +107,12 @@ func (in fuzzInput) build() fuzzValue {
 	if usesKey {
 		v.mustReject = v.mustReject || !storable(in.key)
 	}
-	// Stores refuse values nested about 500 levels deep (1000 reflection
-	// levels); well below that nothing may be refused for its depth.
+	// Stores refuse values nested more than 1000 levels of arrays and
+	// objects deep; the leaf may add a level of its own.
 	switch {
-	case levels > 520:
+	case levels > 1000:
 		v.mustReject = true
-	case levels > 450:
+	case levels >= 999:
 		v.mayReject = true
 	}
 	v.payload = leaf

@@ -89,6 +89,10 @@ func prepareAppend(aggregateID string, expectedVersion, current int, events []do
 			ev.Created = now
 		} else {
 			ev.Created = ev.Created.UTC().Truncate(time.Microsecond)
+			if y := ev.Created.Year(); y < 1 || y > 9999 {
+				return nil, fmt.Errorf("%w: %s (type %q): created %s is outside years 1-9999 (UTC), which not every store can keep",
+					domain.ErrInvalidEvent, where, ev.EventType, ev.Created.Format(time.RFC3339Nano))
+			}
 		}
 		payload, err := encodeJSON(ev.Payload)
 		if err != nil {
@@ -140,7 +144,7 @@ func checkIdentifier(what, value string) error {
 // or a clear error, never a quiet change. json.RawMessage is stored as its
 // compacted bytes, so that numbers keep their exact digits.
 func encodeJSON(v any) ([]byte, error) {
-	if err := checkStrings(reflect.ValueOf(v), 0); err != nil {
+	if err := checkStrings(reflect.ValueOf(v), 0, 0); err != nil {
 		return nil, err
 	}
 	out, err := json.Marshal(v)
@@ -173,7 +177,7 @@ func checkEncodedJSON(data []byte) error {
 			case '[', '{':
 				depth++
 				if depth > maxJSONDepth {
-					return fmt.Errorf("nested deeper than %d levels", maxJSONDepth)
+					return errTooDeep
 				}
 			case ']', '}':
 				depth--
@@ -280,18 +284,30 @@ func hexRune(data []byte, at int) (rune, bool) {
 	return r, true
 }
 
-// maxJSONDepth bounds nesting: deeper values are refused rather than
-// handed to a database whose parser would fail less clearly.
+// maxJSONDepth bounds nesting: a payload or metadata value may hold at
+// most this many levels of JSON arrays and objects (the top-level one
+// counts), whether it is a Go value or raw JSON. Deeper values are refused
+// rather than handed to a database whose parser would fail less clearly.
 const maxJSONDepth = 1000
+
+// maxValueHops bounds the walk of a Go value through pointers and
+// interfaces, which add no JSON level but could loop.
+const maxValueHops = 4 * maxJSONDepth
+
+// errTooDeep is the one message for a value nested too deep.
+var errTooDeep = fmt.Errorf("nested deeper than %d levels of JSON arrays and objects", maxJSONDepth)
 
 var (
 	jsonMarshalerType = reflect.TypeFor[json.Marshaler]()
 	textMarshalerType = reflect.TypeFor[encoding.TextMarshaler]()
 )
 
-func checkStrings(v reflect.Value, depth int) error {
-	if depth > maxJSONDepth {
-		return fmt.Errorf("nested deeper than %d levels", maxJSONDepth)
+// checkStrings walks a Go value before it is encoded (see encodeJSON).
+// levels counts the JSON arrays and objects around v, hops every step
+// taken; both are bounded (errTooDeep).
+func checkStrings(v reflect.Value, levels, hops int) error {
+	if hops > maxValueHops {
+		return errTooDeep
 	}
 	if !v.IsValid() {
 		return nil
@@ -306,19 +322,25 @@ func checkStrings(v reflect.Value, depth int) error {
 		if v.IsNil() {
 			return nil
 		}
-		return checkStrings(v.Elem(), depth+1)
+		return checkStrings(v.Elem(), levels, hops+1)
 	case reflect.Slice:
 		if v.Type().Elem().Kind() == reflect.Uint8 {
 			return nil // []byte encodes as base64
 		}
 		fallthrough
 	case reflect.Array:
+		if levels+1 > maxJSONDepth {
+			return errTooDeep
+		}
 		for i := 0; i < v.Len(); i++ {
-			if err := checkStrings(v.Index(i), depth+1); err != nil {
+			if err := checkStrings(v.Index(i), levels+1, hops+1); err != nil {
 				return err
 			}
 		}
 	case reflect.Map:
+		if levels+1 > maxJSONDepth {
+			return errTooDeep
+		}
 		iter := v.MapRange()
 		for iter.Next() {
 			if iter.Key().Kind() == reflect.String {
@@ -326,21 +348,45 @@ func checkStrings(v reflect.Value, depth int) error {
 					return fmt.Errorf("key: %w", err)
 				}
 			}
-			if err := checkStrings(iter.Value(), depth+1); err != nil {
+			if err := checkStrings(iter.Value(), levels+1, hops+1); err != nil {
 				return err
 			}
 		}
 	case reflect.Struct:
+		// An object; an embedded struct's fields are promoted into it, so
+		// the embedded struct is walked at this struct's level.
+		if levels+1 > maxJSONDepth {
+			return errTooDeep
+		}
 		t := v.Type()
 		for i := 0; i < v.NumField(); i++ {
-			if t.Field(i).IsExported() {
-				if err := checkStrings(v.Field(i), depth+1); err != nil {
+			f := t.Field(i)
+			if promoted(f) {
+				if err := checkStrings(v.Field(i), levels, hops+1); err != nil {
+					return err
+				}
+				continue
+			}
+			if f.IsExported() {
+				if err := checkStrings(v.Field(i), levels+1, hops+1); err != nil {
 					return err
 				}
 			}
 		}
 	}
 	return nil
+}
+
+// promoted reports whether encoding/json promotes f's fields into the
+// enclosing object: an embedded struct (or pointer to one) without a JSON
+// name.
+func promoted(f reflect.StructField) bool {
+	t := f.Type
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+	return f.Anonymous && t.Kind() == reflect.Struct && name == "" && f.Tag.Get("json") != "-"
 }
 
 func checkJSONString(s string) error {

@@ -44,9 +44,9 @@ func Ensure(ctx context.Context, db *gorm.DB, objs Objects) error {
 			return err
 		}
 		return db.Transaction(func(tx *gorm.DB) error {
-			var schema string
-			if err := tx.Raw("SELECT current_schema()").Scan(&schema).Error; err != nil {
-				return fmt.Errorf("read current schema: %w", err)
+			schema, err := currentSchema(tx)
+			if err != nil {
+				return err
 			}
 			if err := tx.Exec("SELECT pg_advisory_xact_lock(?)", Key("migrate", schema)).Error; err != nil {
 				return fmt.Errorf("take migration lock: %w", err)
@@ -58,6 +58,23 @@ func Ensure(ctx context.Context, db *gorm.DB, objs Objects) error {
 	default:
 		return fmt.Errorf("unsupported dialect %q", db.Name())
 	}
+}
+
+// currentSchema returns the schema new tables go to: the first schema of
+// search_path that exists. A search_path that names none (a typo, or a
+// schema not created yet) is an error that says so.
+func currentSchema(tx *gorm.DB) (string, error) {
+	var row struct {
+		Schema *string
+		Path   string
+	}
+	if err := tx.Raw("SELECT current_schema() AS schema, current_setting('search_path') AS path").Scan(&row).Error; err != nil {
+		return "", fmt.Errorf("read current schema: %w", err)
+	}
+	if row.Schema == nil {
+		return "", fmt.Errorf("no schema to create tables in: search_path (%s) names no schema that exists; create the schema or correct search_path", row.Path)
+	}
+	return *row.Schema, nil
 }
 
 func allExistPostgres(db *gorm.DB, names []string) (bool, error) {
