@@ -39,6 +39,25 @@
 // Parked events are listed with ListParked and re-run with ReplayParked;
 // a replay started while another replay of the same event runs is refused
 // with ErrReplayInProgress, on every ParkingLot, so the handler runs once.
+//
+// A batch whose handlers all succeeded can still fail to commit because of
+// an event: a deferred constraint, a transaction a handler left failed (on
+// Postgres one failed statement aborts it) or kept open past
+// idle_in_transaction_session_timeout, a handler that tried to end the
+// batch transaction. Such a commit failure takes the same path: the
+// batch's events run again one per transaction, those before the culprit
+// commit, and the culprit is retried and parked (or, without a parking
+// lot, halts the checkpoint). A commit that fails for another reason — a
+// lost connection, a server restart, a serialization failure — says
+// nothing about the events: the whole batch is retried after the poll
+// interval and nothing is parked for it.
+//
+// A parked entry does not outlive its event's successful handling. After
+// ResetCheckpoint moves the checkpoint before a parked event, the
+// subscriber delivers it again: a success removes the entry in the same
+// transaction, a failure parks it again; until then ReplayParked refuses
+// it (ErrParkedAfterCheckpoint), since the event would be handled twice.
+//
 // Database outages are logged and retried; Run returns only on
 // cancellation or on an event store without a global ordered feed.
 //
