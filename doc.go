@@ -52,7 +52,8 @@
 // nothing about the events: the whole batch is retried after the poll
 // interval and nothing is parked for it.
 //
-// A parked entry does not outlive its event's successful handling. After
+// With this package's parking lots, a parked entry does not outlive its
+// event's successful handling. After
 // ResetCheckpoint moves the checkpoint before a parked event, the
 // subscriber delivers it again: a success removes the entry in the same
 // transaction, a failure parks it again; until then ReplayParked refuses

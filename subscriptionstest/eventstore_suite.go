@@ -72,6 +72,8 @@ func RunEventStoreSuite(t *testing.T, h EventStoreHarness) {
 		{"IdentifierLimits", func(t *testing.T, s domain.EventStore) { testIdentifierLimits(t, s, max) }},
 		{"LongUnicodeIdentifiers", func(t *testing.T, s domain.EventStore) { testLongUnicodeIdentifiers(t, s, max) }},
 		{"CanceledContext", testCanceledContext},
+		{"CreatedRange", testCreatedRange},
+		{"NestingDepth", testNestingDepth},
 	}
 	// One backend; the loop keeps the cases where they were written.
 	for _, b := range []storeBackend{{name: h.Name, open: h.New}} {

@@ -1,4 +1,4 @@
-package infrastructure_test
+package subscriptionstest
 
 import (
 	"encoding/json"
@@ -11,19 +11,9 @@ import (
 	"github.com/eventfeed/subscriptions/domain"
 )
 
-// TestLimitsSuite: the limits every store enforces the same way, checked
-// before anything reaches a database — Created within years 1-9999 (UTC),
-// and at most 1000 levels of JSON arrays and objects, counted alike for Go
-// values and raw JSON.
-func TestLimitsSuite(t *testing.T) {
-	for _, b := range storeBackends() {
-		t.Run(b.name, func(t *testing.T) {
-			s := b.open(t)
-			t.Run("Created", func(t *testing.T) { testCreatedRange(t, s) })
-			t.Run("NestingDepth", func(t *testing.T) { testNestingDepth(t, s) })
-		})
-	}
-}
+// The limits every store enforces the same way, before anything reaches a
+// database: Created within years 1-9999 (UTC), and at most 1000 levels of
+// JSON arrays and objects, counted alike for Go values and raw JSON.
 
 func testCreatedRange(t *testing.T, s domain.EventStore) {
 	ctx := testCtx(t)
