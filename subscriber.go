@@ -338,14 +338,14 @@ func (s *Subscriber) ReplayParked(ctx context.Context, eventID string) error {
 func (s *Subscriber) refuseAfterCheckpoint(ctx context.Context, event domain.EventEnvelope[any]) error {
 	position, err := s.checkpoints.Position(ctx, s.name)
 	if err != nil {
-		return fmt.Errorf("subscriptions: replay event %q for %q: %w", event.ID, s.name, err)
+		return fmt.Errorf("subscriptions: replay event %q: %w", event.ID, err) // the store names the subscriber
 	}
 	if event.Position <= position {
 		return nil
 	}
 	parked, err := s.parking.List(ctx, s.name)
 	if err != nil {
-		return fmt.Errorf("subscriptions: replay event %q for %q: %w", event.ID, s.name, err)
+		return fmt.Errorf("subscriptions: replay event %q: %w", event.ID, err) // the lot names the subscriber
 	}
 	for _, p := range parked {
 		if p.EventID == event.ID {
