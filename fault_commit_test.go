@@ -233,9 +233,18 @@ func faultCommitRun(t *testing.T, e *env, tc faultCommitCase, table, name string
 // (the real batch is rolled back).
 type faultFlakyCommits struct {
 	subscriptions.CheckpointStore
-	at   int64
-	mu   sync.Mutex
-	fail int
+	at     int64
+	mu     sync.Mutex
+	fail   int
+	failed int // commits failed so far
+}
+
+// setFail sets how many more commits fail and returns how many failed.
+func (f *faultFlakyCommits) setFail(n int) (failed int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fail = n
+	return f.failed
 }
 
 func (f *faultFlakyCommits) Acquire(ctx context.Context, name string) (subscriptions.Batch, bool, error) {
@@ -257,6 +266,7 @@ func (b *faultFlakyBatch) Commit(ctx context.Context, position int64) error {
 	inject := b.Position() < f.at && position >= f.at && f.fail > 0
 	if inject {
 		f.fail--
+		f.failed++
 	}
 	f.mu.Unlock()
 	if inject {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -100,6 +101,43 @@ func TestParkedEntryDoesNotOutliveRedelivery(t *testing.T) {
 					require.Len(t, other, 1, "another subscriber's entry is untouched")
 				})
 			}
+		})
+	}
+}
+
+// TestParkedEntryRemovalCommitsWithTheBatch: on the database backends the
+// removal of a redelivered event's parked entry is part of the batch: while
+// the batch's commit fails, the entry stays; once a commit succeeds, it is
+// gone.
+func TestParkedEntryRemovalCommitsWithTheBatch(t *testing.T) {
+	ctx := context.Background()
+	for _, b := range gormEnvs() {
+		t.Run(b.Name, func(t *testing.T) {
+			e := b.New(t)
+			const name = "park-removal-atomic"
+			ids := appendN(t, e.Events, "park.atomic", 0, 3)
+			ev, err := e.Events.GetEventByID(ctx, ids[1])
+			require.NoError(t, err)
+			require.NoError(t, e.Parking.Park(ctx, subscriptions.ParkedEvent{Subscriber: name, EventID: ev.ID, Position: ev.Position, Error: "old", Attempts: 1}))
+			flaky := &faultFlakyCommits{CheckpointStore: e.Checkpoints, at: ev.Position, fail: 1 << 30}
+			sub, err := subscriptions.NewSubscriber(name, e.Events, flaky, func(context.Context, domain.EventEnvelope[any]) error { return nil },
+				subscriptions.WithLogger(quietLogger()), subscriptions.WithPollInterval(5*time.Millisecond), subscriptions.WithParkingLot(e.Parking))
+			require.NoError(t, err)
+			r := start(t, sub)
+			require.Eventually(t, func() bool {
+				flaky.mu.Lock()
+				defer flaky.mu.Unlock()
+				return flaky.failed >= 2
+			}, 30*time.Second, 2*time.Millisecond, "no commit was attempted")
+			parked, err := e.Parking.List(ctx, name)
+			require.NoError(t, err)
+			require.Len(t, parked, 1, "a failed commit keeps the entry")
+			flaky.setFail(0)
+			waitCaughtUp(t, sub)
+			r.stop(t)
+			parked, err = e.Parking.List(ctx, name)
+			require.NoError(t, err)
+			require.Empty(t, parked, "the committed delivery removed the entry")
 		})
 	}
 }
