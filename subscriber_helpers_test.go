@@ -210,18 +210,35 @@ func coreProjection(t testing.TB, db *gorm.DB, prefix string) string {
 	return table
 }
 
-// coreGoroutineBlockedIn reports whether some goroutine's stack contains
-// fn: the tests use it to know that a call has reached a blocking point
-// (e.g. a Reset waiting for a batch) without sleeping.
+// coreGoroutineBlockedIn reports whether some goroutine whose stack
+// contains fn is parked waiting on a channel or a condition: the tests use
+// it to know that a call has reached its blocking point (e.g. a Reset
+// waiting for a batch) without sleeping. A goroutine that is merely
+// running through fn (or queued on a mutex on its way in) does not count:
+// it may not have done what precedes the wait yet.
 func coreGoroutineBlockedIn(fn string) bool {
 	buf := make([]byte, 1<<20)
 	for {
 		n := runtime.Stack(buf, true)
 		if n < len(buf) {
-			return strings.Contains(string(buf[:n]), fn)
+			buf = buf[:n]
+			break
 		}
 		buf = make([]byte, 2*len(buf))
 	}
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		header, _, _ := strings.Cut(g, "\n")
+		_, state, ok := strings.Cut(header, " [")
+		if !ok || !strings.Contains(g, fn) {
+			continue
+		}
+		for _, waiting := range []string{"select", "chan receive", "chan send", "sync.Cond.Wait", "sync.WaitGroup.Wait"} {
+			if strings.HasPrefix(state, waiting) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // coreSchemaLockSQL selects the sessions holding a lock on a relation of
