@@ -267,9 +267,16 @@ func TestReplayParkedConcurrently(t *testing.T) {
 			if b.Name == "sqlite-memory" {
 				// One connection: the second replay's event load queues
 				// behind the first replay's transaction.
+				// It then finds the entry cleared, or, when it gets the
+				// connection back before the first replay has dropped its
+				// in-process claim, the replay still in progress: either way
+				// the handler does not run again.
 				release()
 				require.NoError(t, parkResult(t, first))
-				require.ErrorIs(t, parkResult(t, second), subscriptions.ErrEventNotParked, "the queued replay finds the entry cleared")
+				err := parkResult(t, second)
+				if !errors.Is(err, subscriptions.ErrReplayInProgress) {
+					require.ErrorIs(t, err, subscriptions.ErrEventNotParked, "the queued replay finds the entry cleared")
+				}
 			} else {
 				err := parkResult(t, second)
 				release()
