@@ -58,6 +58,9 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		return fmt.Errorf("subscriptions: run %q: %w", s.name, ErrRunning)
 	}
 	defer s.running.Store(false)
+	if s.partitions > 0 {
+		return s.runPartitioned(ctx)
+	}
 	if _, err := s.events.HeadPosition(ctx); err != nil {
 		if errors.Is(err, domain.ErrGlobalOrderingNotSupported) {
 			return fmt.Errorf("subscriptions: subscriber %q cannot run: %w", s.name, err)

@@ -106,6 +106,11 @@ type Subscriber struct {
 	// live batch delivered (this package's lots; see deliveredClearer).
 	clearer deliveredClearer
 
+	// partitions and concurrency are WithPartitions and WithConcurrency;
+	// 0 when not given (unpartitioned: see partition.go).
+	partitions  int
+	concurrency int
+
 	// pipelined is set when the checkpoint store can acquire and read the
 	// feed in one round trip for this event store (see pipelinedAcquirer).
 	pipelined pipelinedAcquirer
@@ -192,7 +197,7 @@ func (s *Subscriber) validate() error {
 	case s.maxLagTime < 0:
 		return fmt.Errorf("max lag time %v must not be negative (WithMaxLagTime)", s.maxLagTime)
 	}
-	return nil
+	return s.validatePartitions()
 }
 
 // undecorated returns the store under this package's decorators
@@ -238,6 +243,9 @@ func (s *Subscriber) Name() string { return s.name }
 // subscriber would otherwise look caught up while silently skipping
 // everything until positions catch back up.
 func (s *Subscriber) Lag(ctx context.Context) (int64, error) {
+	if s.partitions > 0 {
+		return s.partitionedLag(ctx)
+	}
 	position, err := s.checkpoints.Position(ctx, s.name)
 	if err != nil {
 		return 0, err // the store names the subscriber
@@ -268,7 +276,11 @@ func (s *Subscriber) ResetCheckpoint(ctx context.Context, position int64) error 
 	if err := validatePosition(s.name, position); err != nil {
 		return err
 	}
-	if err := s.checkpoints.Reset(ctx, s.name, position); err != nil {
+	reset := s.checkpoints.Reset
+	if s.partitions > 0 {
+		reset = func(ctx context.Context, _ string, position int64) error { return s.resetPartitions(ctx, position) }
+	}
+	if err := reset(ctx, s.name, position); err != nil {
 		return err // the store names the subscriber and the position
 	}
 	s.logger.Info("subscriber checkpoint reset", "subscriber", s.name, "position", position)

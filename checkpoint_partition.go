@@ -1,0 +1,164 @@
+package subscriptions
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// This file holds the checkpoint stores' multi-row operations for
+// partitioned subscribers (partitionStore): one read for every partition's
+// checkpoint, one transaction to reset them all or to seed them.
+
+var (
+	_ partitionStore = (*GormCheckpointStore)(nil)
+	_ partitionStore = (*MemoryCheckpointStore)(nil)
+)
+
+func (g *GormCheckpointStore) positions(ctx context.Context, names []string) ([]int64, error) {
+	var rows []GormCheckpointModel
+	if err := g.db.WithContext(ctx).Raw("SELECT subscriber, position FROM subscriber_checkpoints WHERE subscriber IN ?", names).Scan(&rows).Error; err != nil {
+		return nil, fmt.Errorf("subscriptions: read %d checkpoints (%q ...): %w", len(names), names[0], err)
+	}
+	byName := make(map[string]int64, len(rows))
+	for _, r := range rows {
+		byName[r.Subscriber] = r.Position
+	}
+	out := make([]int64, len(names))
+	for i, name := range names {
+		out[i] = byName[name]
+	}
+	return out, nil
+}
+
+// resetAll upserts every row in one transaction. On Postgres the upserts
+// wait for the row locks of in-flight batches, taken in name order (the
+// batches' locks are SKIP LOCKED, so they never wait on the reset); a
+// batch acquired after the reset sees the new position. On SQLite each name
+// is fenced first, as Reset does.
+func (g *GormCheckpointStore) resetAll(ctx context.Context, names []string, position int64) error {
+	if len(names) == 0 {
+		return nil
+	}
+	if err := validatePosition(names[0], position); err != nil {
+		return err
+	}
+	sorted := slices.Clone(names)
+	slices.Sort(sorted)
+	if !g.postgres {
+		for _, name := range sorted {
+			release, err := g.fenceSQLite(ctx, name)
+			if err != nil {
+				return err
+			}
+			defer release()
+		}
+	}
+	now := time.Now().UTC()
+	err := g.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		for _, name := range sorted {
+			if err := tx.Exec(`INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, ?, ?)
+				ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at`,
+				name, position, now).Error; err != nil {
+				return fmt.Errorf("%q: %w", name, err)
+			}
+		}
+		return nil
+	}, g.txOptions())
+	if err != nil {
+		return fmt.Errorf("subscriptions: reset %d checkpoints to %d: %w", len(names), position, err)
+	}
+	return nil
+}
+
+// initPartitions takes the marker row's lock (Postgres) or the write lock
+// (SQLite) first, so that replicas starting together seed once.
+func (g *GormCheckpointStore) initPartitions(ctx context.Context, marker, plain string, parts []string, n int64) (int64, error) {
+	var existing int64
+	err := g.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		now := time.Now().UTC()
+		if err := tx.Exec("INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, 0, ?) ON CONFLICT (subscriber) DO NOTHING", marker, now).Error; err != nil {
+			return err
+		}
+		lock := ""
+		if g.postgres {
+			lock = " FOR UPDATE"
+		}
+		if err := tx.Raw("SELECT position FROM subscriber_checkpoints WHERE subscriber = ?"+lock, marker).Scan(&existing).Error; err != nil {
+			return err
+		}
+		if existing != 0 {
+			return nil
+		}
+		var seed int64
+		if err := tx.Raw("SELECT COALESCE(MAX(position), 0) FROM subscriber_checkpoints WHERE subscriber = ?", plain).Scan(&seed).Error; err != nil {
+			return err
+		}
+		for _, part := range parts {
+			if err := tx.Exec("INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, ?, ?) ON CONFLICT (subscriber) DO NOTHING", part, seed, now).Error; err != nil {
+				return err
+			}
+		}
+		return tx.Exec("UPDATE subscriber_checkpoints SET position = ?, updated_at = ? WHERE subscriber = ?", n, now, marker).Error
+	}, g.txOptions())
+	if err != nil {
+		return 0, fmt.Errorf("subscriptions: initialise the partitions of %q: %w", plain, err)
+	}
+	return existing, nil
+}
+
+func (m *MemoryCheckpointStore) positions(_ context.Context, names []string) ([]int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]int64, len(names))
+	for i, name := range names {
+		if e, ok := m.entries[name]; ok {
+			out[i] = e.position
+		}
+	}
+	return out, nil
+}
+
+// resetAll refuses, changing nothing, while any of the names has a batch
+// in flight (ErrBatchInFlight), as Reset does.
+func (m *MemoryCheckpointStore) resetAll(_ context.Context, names []string, position int64) error {
+	if len(names) == 0 {
+		return nil
+	}
+	if err := validatePosition(names[0], position); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, name := range names {
+		if e := m.entries[name]; e != nil && e.active != nil {
+			return fmt.Errorf("subscriptions: reset checkpoint of %q to %d: %w", name, position, ErrBatchInFlight)
+		}
+	}
+	for _, name := range names {
+		m.entry(name).position = position
+	}
+	return nil
+}
+
+func (m *MemoryCheckpointStore) initPartitions(_ context.Context, marker, plain string, parts []string, n int64) (int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e := m.entries[marker]; e != nil && e.position != 0 {
+		return e.position, nil
+	}
+	var seed int64
+	if e := m.entries[plain]; e != nil {
+		seed = e.position
+	}
+	for _, part := range parts {
+		if _, ok := m.entries[part]; !ok {
+			m.entry(part).position = seed
+		}
+	}
+	m.entry(marker).position = n
+	return 0, nil
+}

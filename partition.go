@@ -1,0 +1,251 @@
+package subscriptions
+
+import (
+	"context"
+	"crypto/md5"
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// MaxPartitions bounds WithPartitions. Each partition is one checkpoint row
+// and one runner; past a few hundred the per-partition bookkeeping costs
+// more than the parallelism buys on any database this module supports.
+const MaxPartitions = 1024
+
+// ErrPartitionsChanged is returned by Run of a partitioned subscriber whose
+// name already has checkpoints for a different number of partitions.
+// Running with another n would hand the aggregates to other partitions,
+// whose checkpoints are elsewhere in the feed: events would be skipped or
+// handled twice. Keep the old n, or rebuild under a new name (see
+// docs/partitions.md).
+var ErrPartitionsChanged = errors.New("the subscriber's checkpoints were written for another number of partitions")
+
+// WithPartitions splits the feed into n partitions by a stable hash of the
+// aggregate ID (PartitionOf), each with its own checkpoint, so that up to n
+// batches of one subscriber run at once: in this process (WithConcurrency)
+// and in every replica of the name. n must be between 1 and MaxPartitions.
+//
+// Events of one aggregate stay in feed order; events of different
+// aggregates may be handled out of global order. See doc.go ("Partitions")
+// for the guarantees and docs/partitions.md for when to partition and how
+// to change n.
+func WithPartitions(n int) SubscriberOption {
+	return func(s *Subscriber) { s.partitions = n }
+}
+
+// WithConcurrency sets how many partitions a partitioned subscriber
+// processes at once in this process (default 1): Run starts k worker
+// goroutines, each taking any partition with work whose checkpoint it can
+// acquire. It requires WithPartitions; k must be between 1 and the number
+// of partitions.
+func WithConcurrency(k int) SubscriberOption {
+	return func(s *Subscriber) { s.concurrency = k }
+}
+
+// PartitionOf returns the partition, in [0, n), that WithPartitions(n)
+// assigns an aggregate: the first four bytes of the MD5 digest of the
+// aggregate ID's UTF-8 bytes, read as a big-endian unsigned integer,
+// modulo n. The same function is computed in SQL on Postgres
+// (partitionHashSQL); MD5 is fixed by RFC 1321, so the assignment is the
+// same in every version of Go, of Postgres and of this module. It returns
+// 0 when n < 1.
+func PartitionOf(aggregateID string, n int) int {
+	if n < 1 {
+		return 0
+	}
+	sum := md5.Sum([]byte(aggregateID))
+	return int(uint64(binary.BigEndian.Uint32(sum[:4])) % uint64(n))
+}
+
+// partitionHashSQL is PartitionOf's hash in Postgres SQL: the first eight
+// hex digits of md5(aggregate_id) as an unsigned 32-bit integer (a bigint,
+// so the modulo stays non-negative).
+const partitionHashSQL = `('x' || substr(md5(aggregate_id), 1, 8))::bit(32)::bigint`
+
+// partitionName is the checkpoint name of partition p of n. It names n so
+// that checkpoints of different partition counts never share a row.
+func partitionName(name string, p, n int) string {
+	return fmt.Sprintf("%s/partition-%d-of-%d", name, p, n)
+}
+
+// partitionMarker is the checkpoint row that records a partitioned name's
+// partition count (its position holds n), so that a Run with another n is
+// refused.
+func partitionMarker(name string) string { return name + "/partitions" }
+
+// partitionNames lists the checkpoint names of every partition.
+func (s *Subscriber) partitionNames() []string {
+	names := make([]string, s.partitions)
+	for p := range names {
+		names[p] = partitionName(s.name, p, s.partitions)
+	}
+	return names
+}
+
+func (s *Subscriber) validatePartitions() error {
+	switch {
+	case s.partitions < 0 || s.partitions > MaxPartitions:
+		return fmt.Errorf("partitions %d must be between 1 and %d (WithPartitions)", s.partitions, MaxPartitions)
+	case s.concurrency < 0:
+		return fmt.Errorf("concurrency %d must be positive (WithConcurrency)", s.concurrency)
+	case s.concurrency > 0 && s.partitions == 0:
+		return fmt.Errorf("concurrency %d needs partitions (WithPartitions)", s.concurrency)
+	case s.concurrency > s.partitions:
+		return fmt.Errorf("concurrency %d exceeds the %d partitions (WithConcurrency)", s.concurrency, s.partitions)
+	}
+	if s.partitions > 0 {
+		// The longest derived name must fit where subscriber names are kept.
+		if err := validateName(partitionName(s.name, s.partitions-1, s.partitions)); err != nil {
+			return fmt.Errorf("name: partition checkpoint: %w", err)
+		}
+	}
+	return nil
+}
+
+// partitionStore is implemented by the checkpoint stores of this module;
+// it makes the multi-partition operations one transaction. A CheckpointStore
+// without it still works with partitions, through its ordinary methods: a
+// reset then moves the partitions one after the other, and two replicas
+// starting for the first time at once may both seed the partitions.
+type partitionStore interface {
+	// positions returns the committed checkpoints of names (0 if unknown)
+	// in one read.
+	positions(ctx context.Context, names []string) ([]int64, error)
+	// resetAll sets every named checkpoint to position atomically,
+	// serialized against in-flight batches as Reset is.
+	resetAll(ctx context.Context, names []string, position int64) error
+	// initPartitions records n in marker unless it already holds a count,
+	// which it then returns; on first use it seeds every partition (that
+	// has no row yet) at plain's checkpoint, in the same transaction.
+	initPartitions(ctx context.Context, marker, plain string, parts []string, n int64) (int64, error)
+}
+
+// storePositions reads the checkpoints of names through ps when the store
+// has it, one by one otherwise.
+func (s *Subscriber) storePositions(ctx context.Context, names []string) ([]int64, error) {
+	if ps, ok := s.checkpoints.(partitionStore); ok {
+		return ps.positions(ctx, names)
+	}
+	out := make([]int64, len(names))
+	for i, name := range names {
+		p, err := s.checkpoints.Position(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = p
+	}
+	return out, nil
+}
+
+// initPartitions checks the name's partition count and seeds the
+// partitions on first use; see partitionStore.initPartitions.
+func (s *Subscriber) initPartitions(ctx context.Context) error {
+	marker, n := partitionMarker(s.name), int64(s.partitions)
+	parts := s.partitionNames()
+	var existing int64
+	if ps, ok := s.checkpoints.(partitionStore); ok {
+		var err error
+		if existing, err = ps.initPartitions(ctx, marker, s.name, parts, n); err != nil {
+			return err
+		}
+	} else {
+		var err error
+		if existing, err = s.checkpoints.Position(ctx, marker); err != nil {
+			return err
+		}
+		if existing == 0 {
+			plain, err := s.checkpoints.Position(ctx, s.name)
+			if err != nil {
+				return err
+			}
+			for _, part := range parts {
+				if plain == 0 {
+					break
+				}
+				if err := s.checkpoints.Reset(ctx, part, plain); err != nil {
+					return err
+				}
+			}
+			if err := s.checkpoints.Reset(ctx, marker, n); err != nil {
+				return err
+			}
+		}
+	}
+	if existing != 0 && existing != n {
+		return fmt.Errorf("subscriptions: subscriber %q has checkpoints for %d partitions, WithPartitions(%d) given: %w; run it with WithPartitions(%d), or rebuild the projection under a new name",
+			s.name, existing, n, ErrPartitionsChanged, existing)
+	}
+	return nil
+}
+
+// PartitionLags returns, per partition, how many events of the partition
+// lie past its checkpoint; Lag returns their sum. It returns nil for an
+// unpartitioned subscriber. A checkpoint past the feed head is an error
+// wrapping ErrCheckpointAhead, as for Lag.
+func (s *Subscriber) PartitionLags(ctx context.Context) ([]int64, error) {
+	if s.partitions == 0 {
+		return nil, nil
+	}
+	positions, err := s.storePositions(ctx, s.partitionNames())
+	if err != nil {
+		return nil, err // the store names the subscriber
+	}
+	head, err := s.events.HeadPosition(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("subscriptions: lag of %q: %w", s.name, err)
+	}
+	lags := make([]int64, s.partitions)
+	for p, position := range positions {
+		if position > head {
+			return nil, fmt.Errorf("subscriptions: lag of %q: partition %d of %d: checkpoint %d, feed head %d: %w", s.name, p, s.partitions, position, head, ErrCheckpointAhead)
+		}
+		n, err := newPartitionFeed(s.events, p, s.partitions).countAfter(ctx, position, head)
+		if err != nil {
+			return nil, fmt.Errorf("subscriptions: lag of %q: partition %d of %d: %w", s.name, p, s.partitions, err)
+		}
+		lags[p] = n
+	}
+	return lags, nil
+}
+
+// partitionedLag is Lag for a partitioned subscriber: the events not yet
+// handled, summed over the partitions.
+func (s *Subscriber) partitionedLag(ctx context.Context) (int64, error) {
+	lags, err := s.PartitionLags(ctx)
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for _, l := range lags {
+		total += l
+	}
+	return total, nil
+}
+
+// resetPartitions is ResetCheckpoint for a partitioned subscriber: every
+// partition moves to position in one transaction (see partitionStore).
+func (s *Subscriber) resetPartitions(ctx context.Context, position int64) error {
+	names := s.partitionNames()
+	if ps, ok := s.checkpoints.(partitionStore); ok {
+		return ps.resetAll(ctx, names, position)
+	}
+	for _, name := range names {
+		if err := s.checkpoints.Reset(ctx, name, position); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// partitionLot records a partition's parked events under the subscriber's
+// own name, so that ListParked and ReplayParked see every partition's.
+type partitionLot struct {
+	ParkingLot
+	name string
+}
+
+func (l partitionLot) Park(ctx context.Context, parked ParkedEvent) error {
+	parked.Subscriber = l.name
+	return l.ParkingLot.Park(ctx, parked)
+}

@@ -1,0 +1,120 @@
+package subscriptions
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/infrastructure"
+)
+
+// partitionFeed is the view of an event store that one partition reads:
+// ReadAfter returns only the events whose aggregate falls in the
+// partition (PartitionOf), in feed order. The other methods are the
+// store's. A partition's runner is the ordinary per-name runner over this
+// view, so the batch, retry and park steps are the unpartitioned ones.
+//
+// On a Postgres GormEventStore the filter runs in SQL; on other stores the
+// view reads the feed in chunks and filters in Go (SQLite and memory are
+// one process, where reading is cheap next to the write lock).
+//
+// A partitionFeed is safe for concurrent use, as its store is.
+type partitionFeed struct {
+	domain.EventStore
+	partition, partitions int
+	// pg is set when the store is a GormEventStore on Postgres.
+	pg *infrastructure.GormEventStore
+}
+
+func newPartitionFeed(events domain.EventStore, partition, partitions int) *partitionFeed {
+	f := &partitionFeed{EventStore: events, partition: partition, partitions: partitions}
+	if store, ok := events.(*infrastructure.GormEventStore); ok && store.DB().Name() == "postgres" {
+		f.pg = store
+	}
+	return f
+}
+
+const partitionFeedQuery = `SELECT id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at
+	FROM events WHERE position > ? AND mod(` + partitionHashSQL + `, ?) = ? ORDER BY position LIMIT ?`
+
+// partitionReadChunk bounds one read of the unfiltered feed on stores that
+// filter in Go.
+const partitionReadChunk = 1000
+
+// ReadAfter returns up to limit events of the partition past afterPosition
+// (limit <= 0: all). Positions are the store's, so the partition's
+// checkpoint is a feed position like any other, and the store's rule that
+// no position is returned while a smaller one can still commit holds for
+// the view too.
+func (f *partitionFeed) ReadAfter(ctx context.Context, afterPosition int64, limit int) ([]domain.EventEnvelope[any], error) {
+	if f.pg != nil {
+		sqlLimit := int64(limit)
+		if limit <= 0 {
+			sqlLimit = 1<<63 - 1
+		}
+		var rows []infrastructure.GormEventModel
+		if err := f.pg.DB().WithContext(ctx).Raw(partitionFeedQuery, afterPosition, f.partitions, f.partition, sqlLimit).Scan(&rows).Error; err != nil {
+			return nil, fmt.Errorf("read partition %d of %d after position %d: %w", f.partition, f.partitions, afterPosition, err)
+		}
+		out := make([]domain.EventEnvelope[any], 0, len(rows))
+		for i := range rows {
+			ev, err := rows[i].Envelope()
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, ev)
+		}
+		return out, nil
+	}
+	out := []domain.EventEnvelope[any]{}
+	cursor := afterPosition
+	for {
+		chunk, err := f.EventStore.ReadAfter(ctx, cursor, partitionReadChunk)
+		if err != nil {
+			return nil, err
+		}
+		for _, ev := range chunk {
+			if PartitionOf(ev.AggregateID, f.partitions) == f.partition {
+				out = append(out, ev)
+				if limit > 0 && len(out) == limit {
+					return out, nil
+				}
+			}
+		}
+		if len(chunk) < partitionReadChunk {
+			return out, nil
+		}
+		cursor = chunk[len(chunk)-1].Position
+	}
+}
+
+// countAfter counts the partition's events in (after, head].
+func (f *partitionFeed) countAfter(ctx context.Context, after, head int64) (int64, error) {
+	if f.pg != nil {
+		var n int64
+		err := f.pg.DB().WithContext(ctx).Raw(`SELECT count(*) FROM events WHERE position > ? AND position <= ? AND mod(`+partitionHashSQL+`, ?) = ?`,
+			after, head, f.partitions, f.partition).Scan(&n).Error
+		if err != nil {
+			return 0, fmt.Errorf("count events after position %d: %w", after, err)
+		}
+		return n, nil
+	}
+	var n int64
+	cursor := after
+	for cursor < head {
+		chunk, err := f.EventStore.ReadAfter(ctx, cursor, partitionReadChunk)
+		if err != nil {
+			return 0, err
+		}
+		for _, ev := range chunk {
+			if ev.Position <= head && PartitionOf(ev.AggregateID, f.partitions) == f.partition {
+				n++
+			}
+		}
+		if len(chunk) < partitionReadChunk {
+			break
+		}
+		cursor = chunk[len(chunk)-1].Position
+	}
+	return n, nil
+}

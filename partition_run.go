@@ -1,0 +1,366 @@
+package subscriptions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/eventfeed/subscriptions/domain"
+)
+
+// partitionProbeLimit bounds the coordinator's read of new events: past it,
+// every partition is simply marked as having work.
+const partitionProbeLimit = 1000
+
+// partitionState is one partition's scheduling state; guarded by
+// partitionSet.mu, except r, which belongs to the worker holding the
+// partition (claimed).
+type partitionState struct {
+	r *runner
+	// dirty: the partition may have work (new events seen by the probe, a
+	// moved checkpoint, a retry that is due).
+	dirty, claimed, queued bool
+	// recheck: read the checkpoint before the next batch (it moved).
+	recheck bool
+	// seen is the checkpoint as this process last knew it, -1 unknown.
+	seen int64
+	// skipped: another replica held the checkpoint; try again at the next
+	// poll, so that a dead replica's partitions are taken over.
+	skipped bool
+	// retryAt: a transient failure; not before this time.
+	retryAt time.Time
+}
+
+// partitionSet is the state shared by a partitioned Run's coordinator and
+// workers. Work is a FIFO of dirty, unclaimed partitions; kick wakes idle
+// workers (buffered to the worker count, so a signal is never lost).
+type partitionSet struct {
+	mu    sync.Mutex
+	parts []*partitionState
+	queue []int
+	kick  chan struct{}
+	// failure: a worker's fatal error or handler panic, ending Run.
+	fatal    error
+	panicked any
+	abort    context.CancelFunc
+}
+
+// mark records that partition p may have work and queues it unless a
+// worker holds it (the worker re-queues it on release).
+func (ps *partitionSet) mark(p int, recheck bool) {
+	st := ps.parts[p]
+	st.dirty = true
+	st.recheck = st.recheck || recheck
+	if st.claimed || st.queued {
+		return
+	}
+	st.queued = true
+	ps.queue = append(ps.queue, p)
+	select {
+	case ps.kick <- struct{}{}:
+	default:
+	}
+}
+
+// take blocks until a partition is queued, claims it and clears its dirty
+// flag before the worker reads anything: an event the probe sees later
+// marks it again. ok is false once ctx is done.
+func (ps *partitionSet) take(ctx context.Context) (p int, check bool, ok bool) {
+	for {
+		ps.mu.Lock()
+		if len(ps.queue) > 0 {
+			p = ps.queue[0]
+			ps.queue = ps.queue[1:]
+			st := ps.parts[p]
+			st.queued, st.claimed, st.dirty = false, true, false
+			check, st.recheck = st.recheck, false
+			ps.mu.Unlock()
+			return p, check, true
+		}
+		ps.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return 0, false, false
+		case <-ps.kick:
+		}
+	}
+}
+
+// release hands the partition back after one cycle.
+func (ps *partitionSet) release(p int, out outcome, pollInterval time.Duration) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	st := ps.parts[p]
+	st.claimed = false
+	st.seen = st.r.known
+	switch out {
+	case outcomeMore:
+		st.dirty = true
+	case outcomeSkipped:
+		st.skipped, st.dirty = true, false
+	case outcomeFailed:
+		st.retryAt, st.dirty = time.Now().Add(pollInterval), false
+	}
+	if st.dirty {
+		st.dirty = false
+		ps.mark(p, false)
+	}
+}
+
+// runPartitioned is Run for a subscriber with WithPartitions: the
+// coordinator (this goroutine) finds the partitions with work, and
+// s.concurrency workers run the ordinary per-name cycle on them.
+//
+// Idle cost does not grow with the number of partitions: per poll interval
+// the coordinator reads the feed past the last position it saw (one
+// statement; it names the partitions that got events) and every partition's
+// checkpoint (one statement; a moved one, after a reset or another
+// replica's batch, is looked at again). Only partitions with work then cost
+// statements. A wake signal triggers the feed read at once.
+func (s *Subscriber) runPartitioned(ctx context.Context) error {
+	head, err := s.events.HeadPosition(ctx)
+	if err != nil {
+		if errors.Is(err, domain.ErrGlobalOrderingNotSupported) {
+			return fmt.Errorf("subscriptions: subscriber %q cannot run: %w", s.name, err)
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		s.logger.Warn("subscriber: reading the feed head failed; will retry", "subscriber", s.name, "error", err)
+	}
+	// Checking the partition count is the one failure that ends Run before
+	// it starts; database errors are retried like any other.
+	for {
+		err := s.initPartitions(ctx)
+		if err == nil {
+			break
+		}
+		if errors.Is(err, ErrPartitionsChanged) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		s.logger.Error("subscriber: initialising the partitions failed; will retry", "subscriber", s.name, "error", err)
+		t := time.NewTimer(s.pollInterval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+	k := max(s.concurrency, 1)
+	s.logger.Info("subscriber started", "subscriber", s.name, "batch_size", s.batchSize, "poll_interval", s.pollInterval,
+		"partitions", s.partitions, "concurrency", k)
+	defer s.logger.Info("subscriber stopped", "subscriber", s.name)
+
+	wctx, abort := context.WithCancel(ctx)
+	defer abort()
+	ps := &partitionSet{parts: make([]*partitionState, s.partitions), kick: make(chan struct{}, k), abort: abort}
+	names := s.partitionNames()
+	for p := range ps.parts {
+		child := *s
+		child.name = names[p]
+		child.events = newPartitionFeed(s.events, p, s.partitions)
+		child.partitions, child.concurrency, child.pipelined, child.wake = 0, 0, nil, nil
+		if s.parking != nil {
+			child.parking = partitionLot{ParkingLot: s.parking, name: s.name}
+		}
+		r := &runner{s: &child, timer: time.NewTimer(time.Hour), known: -1}
+		r.timer.Stop()
+		defer r.timer.Stop()
+		ps.parts[p] = &partitionState{r: r, seen: -1}
+	}
+	// Every partition is looked at once; the probe then starts at the head
+	// read before that, so nothing committed since is missed.
+	ps.mu.Lock()
+	for p := range ps.parts {
+		ps.mark(p, true)
+	}
+	ps.mu.Unlock()
+
+	var wg sync.WaitGroup
+	for i := 0; i < k; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.partitionWorker(wctx, ps)
+		}()
+	}
+	s.coordinate(wctx, ps, head)
+	abort()
+	wg.Wait()
+	if ps.panicked != nil {
+		panic(ps.panicked)
+	}
+	if ps.fatal != nil {
+		return fmt.Errorf("subscriptions: subscriber %q cannot run: %w", s.name, ps.fatal)
+	}
+	return nil
+}
+
+// partitionWorker runs one cycle at a time on whichever partition is
+// queued, so that k workers share n partitions fairly. A cycle in flight
+// when ctx is cancelled is drained, as in Run. A handler panic is carried
+// to Run's goroutine.
+func (s *Subscriber) partitionWorker(ctx context.Context, ps *partitionSet) {
+	for {
+		p, check, ok := ps.take(ctx)
+		if !ok {
+			return
+		}
+		r := ps.parts[p].r
+		out, stop := s.partitionCycle(ctx, ps, r, check)
+		ps.release(p, out, s.pollInterval)
+		if stop {
+			return
+		}
+	}
+}
+
+func (s *Subscriber) partitionCycle(ctx context.Context, ps *partitionSet, r *runner, check bool) (out outcome, stop bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			ps.mu.Lock()
+			if ps.panicked == nil {
+				ps.panicked = v
+			}
+			ps.mu.Unlock()
+			ps.abort()
+			out, stop = outcomeStopped, true
+		}
+	}()
+	out = r.cycle(ctx, check || r.known < 0)
+	switch out {
+	case outcomeStopped:
+		return out, true
+	case outcomeFatal:
+		ps.mu.Lock()
+		if ps.fatal == nil {
+			ps.fatal = r.fatal
+		}
+		ps.mu.Unlock()
+		ps.abort()
+		return out, true
+	}
+	return out, false
+}
+
+// coordinate finds work for the workers until ctx is done: on each poll
+// interval and each wake signal it probes the feed past scanned; on poll
+// intervals it also reads every partition's checkpoint.
+func (s *Subscriber) coordinate(ctx context.Context, ps *partitionSet, scanned int64) {
+	timer := time.NewTimer(s.pollInterval)
+	defer timer.Stop()
+	wake := s.wake
+	rechecks := -1 // quick re-probes after a wake that found nothing, as in Run
+	names := s.partitionNames()
+	for {
+		poll := false
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+			poll = rechecks < 0
+		case _, ok := <-wake:
+			if !ok {
+				s.logger.Warn("subscriber: wake signal channel closed; falling back to polling", "subscriber", s.name, "poll_interval", s.pollInterval)
+				wake = nil
+				continue
+			}
+			rechecks = 0
+		}
+		found := s.probe(ctx, ps, &scanned)
+		if poll {
+			s.sweep(ctx, ps, names)
+		}
+		next := s.pollInterval
+		if rechecks >= 0 {
+			if found || rechecks >= len(wakeRechecks) {
+				rechecks = -1
+			} else {
+				next = wakeRechecks[rechecks]
+				rechecks++
+			}
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+		timer.Reset(next)
+	}
+}
+
+// probe reads the feed past scanned and marks the partitions that got
+// events; it reports whether there were any.
+func (s *Subscriber) probe(ctx context.Context, ps *partitionSet, scanned *int64) bool {
+	events, err := s.events.ReadAfter(ctx, *scanned, partitionProbeLimit)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.logger.Error("subscriber: reading the feed failed; will retry", "subscriber", s.name, "error", err)
+		}
+		return false
+	}
+	if len(events) == 0 {
+		return false
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	last := events[len(events)-1].Position
+	if len(events) == partitionProbeLimit {
+		// A backlog: every partition with events reads until it is idle,
+		// so marking them all covers everything up to the head.
+		head, err := s.events.HeadPosition(ctx)
+		if err != nil {
+			head = last
+		}
+		for p := range ps.parts {
+			ps.mark(p, false)
+		}
+		*scanned = max(last, head)
+		return true
+	}
+	for _, ev := range events {
+		ps.mark(PartitionOf(ev.AggregateID, s.partitions), false)
+	}
+	*scanned = last
+	return true
+}
+
+// sweep reads every partition's checkpoint in one statement: a partition
+// whose checkpoint moved since this process last saw it (a reset, another
+// replica's batch) is looked at again, as are partitions skipped because
+// another replica held them and partitions whose retry delay is over.
+func (s *Subscriber) sweep(ctx context.Context, ps *partitionSet, names []string) {
+	positions, err := s.storePositions(ctx, names)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.logger.Error("subscriber: reading the partition checkpoints failed; will retry", "subscriber", s.name, "error", err)
+		}
+		return
+	}
+	now := time.Now()
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	for p, st := range ps.parts {
+		if st.claimed {
+			continue
+		}
+		switch {
+		case st.seen != positions[p]:
+			st.skipped = false
+			ps.mark(p, true)
+		case st.skipped:
+			st.skipped = false
+			ps.mark(p, true)
+		case !st.retryAt.IsZero() && !now.Before(st.retryAt):
+			st.retryAt = time.Time{}
+			ps.mark(p, false)
+		}
+	}
+}

@@ -1,0 +1,346 @@
+package subscriptions_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+
+	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/infrastructure"
+)
+
+// partProjection is a projection that counts each event's handling and
+// checks per-aggregate order: each event carries its aggregate's sequence
+// number n (0, 1, ...), and the handler requires the aggregate's last
+// projected n to be n-1. On a database it writes through the batch
+// transaction, so only committed batches count; on the memory backend
+// (no transaction, and no rollback in these tests) it writes to a map.
+type partProjection struct {
+	db    *gorm.DB // nil: memory
+	table string
+
+	mu         sync.Mutex
+	counts     map[string]int
+	last       map[string]int
+	violations []string
+}
+
+func newPartProjection(t *testing.T, e *env, prefix string) *partProjection {
+	t.Helper()
+	p := &partProjection{db: e.DB, table: prefix, counts: map[string]int{}, last: map[string]int{}}
+	if e.DB != nil {
+		require.NoError(t, e.DB.Exec(fmt.Sprintf("CREATE TABLE %s (event_id TEXT PRIMARY KEY, agg TEXT NOT NULL, n INTEGER NOT NULL, handled INTEGER NOT NULL)", prefix)).Error)
+	}
+	return p
+}
+
+// handler projects ev; order checks only apply while strict is set (a
+// reset replays events whose successors are already projected).
+func (p *partProjection) handler(strict bool) subscriptions.Handler {
+	return func(ctx context.Context, ev domain.EventEnvelope[any]) error {
+		var n int
+		switch v := ev.Payload.(map[string]any)["n"].(type) {
+		case int:
+			n = v // the memory store keeps payloads as appended
+		case float64:
+			n = int(v) // the GORM store decodes JSON numbers
+		}
+		if p.db == nil {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			prev, seen := p.last[ev.AggregateID]
+			if strict && ((!seen && n != 0) || (seen && prev != n-1)) {
+				p.violations = append(p.violations, fmt.Sprintf("%s: %d after %d", ev.AggregateID, n, prev))
+			}
+			p.last[ev.AggregateID] = n
+			p.counts[ev.ID]++
+			return nil
+		}
+		tx := subscriptions.TxFromContext(ctx)
+		if strict {
+			var prev int
+			if err := tx.Raw(fmt.Sprintf("SELECT COALESCE(MAX(n), -1) FROM %s WHERE agg = ?", p.table), ev.AggregateID).Scan(&prev).Error; err != nil {
+				return err
+			}
+			if prev != n-1 {
+				p.mu.Lock()
+				p.violations = append(p.violations, fmt.Sprintf("%s: %d after %d", ev.AggregateID, n, prev))
+				p.mu.Unlock()
+			}
+		}
+		return tx.Exec(fmt.Sprintf(`INSERT INTO %s (event_id, agg, n, handled) VALUES (?, ?, ?, 1)
+			ON CONFLICT (event_id) DO UPDATE SET handled = %s.handled + 1`, p.table, p.table), ev.ID, ev.AggregateID, n).Error
+	}
+}
+
+// handled returns how many committed handlings each event got.
+func (p *partProjection) handled(t *testing.T) map[string]int {
+	t.Helper()
+	if p.db == nil {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		out := make(map[string]int, len(p.counts))
+		for k, v := range p.counts {
+			out[k] = v
+		}
+		return out
+	}
+	var rows []struct {
+		EventID string
+		Handled int
+	}
+	require.NoError(t, p.db.Raw(fmt.Sprintf("SELECT event_id, handled FROM %s", p.table)).Scan(&rows).Error)
+	out := make(map[string]int, len(rows))
+	for _, r := range rows {
+		out[r.EventID] = r.Handled
+	}
+	return out
+}
+
+func (p *partProjection) orderViolations() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.violations...)
+}
+
+// partAppend appends count events round-robin over aggs aggregates, each
+// with its aggregate's sequence number n; seq carries the numbering across
+// calls. It returns the events' IDs with their aggregates.
+func partAppend(t *testing.T, store domain.EventStore, seq map[string]int, aggs, count int) []domain.EventEnvelope[any] {
+	t.Helper()
+	out := make([]domain.EventEnvelope[any], 0, count)
+	for i := 0; i < count; i++ {
+		agg := fmt.Sprintf("part-agg-%d", i%aggs)
+		ev := domain.NewEventEnvelope[any](map[string]any{"n": seq[agg]}, agg, "part.event", 0)
+		seq[agg]++
+		require.NoError(t, store.Append(context.Background(), agg, -1, ev))
+		out = append(out, ev)
+	}
+	return out
+}
+
+// partReplica is one replica's stores: on Postgres its own pool, as a
+// separate process would have; elsewhere the env's own (one process).
+func partReplica(t *testing.T, e *env) (domain.EventStore, subscriptions.CheckpointStore, subscriptions.ParkingLot) {
+	t.Helper()
+	if !e.Postgres() {
+		return e.Events, e.Checkpoints, e.Parking
+	}
+	db := e.PG.Open(t)
+	events, err := infrastructure.NewGormEventStore(db)
+	require.NoError(t, err)
+	cps, err := subscriptions.NewGormCheckpointStore(db)
+	require.NoError(t, err)
+	lot, err := subscriptions.NewGormParkingLot(db)
+	require.NoError(t, err)
+	return events, cps, lot
+}
+
+// TestPartitionOfIsStable pins the hash: these values are a
+// compatibility promise (changing them moves aggregates between
+// partitions of running subscribers).
+func TestPartitionOfIsStable(t *testing.T) {
+	for _, c := range []struct {
+		agg  string
+		n    int
+		want int
+	}{
+		{"acc-1", 8, 4227328594 % 8},
+		{"acc-1", 1, 0},
+		{"", 16, 0xd41d8cd9 % 16},
+		{"acc-1", 0, 0},
+	} {
+		require.Equal(t, c.want, subscriptions.PartitionOf(c.agg, c.n), "PartitionOf(%q, %d)", c.agg, c.n)
+	}
+}
+
+// TestPartitionOptionsAreValidated: out-of-range partition options are
+// refused at construction.
+func TestPartitionOptionsAreValidated(t *testing.T) {
+	events, cps := infrastructure.NewMemoryStore(), subscriptions.NewMemoryCheckpointStore()
+	h := func(context.Context, domain.EventEnvelope[any]) error { return nil }
+	for _, c := range []struct {
+		name string
+		opts []subscriptions.SubscriberOption
+		want string
+	}{
+		{"zero partitions", []subscriptions.SubscriberOption{subscriptions.WithPartitions(-1)}, "WithPartitions"},
+		{"too many partitions", []subscriptions.SubscriberOption{subscriptions.WithPartitions(subscriptions.MaxPartitions + 1)}, "WithPartitions"},
+		{"concurrency without partitions", []subscriptions.SubscriberOption{subscriptions.WithConcurrency(2)}, "needs partitions"},
+		{"concurrency above partitions", []subscriptions.SubscriberOption{subscriptions.WithPartitions(2), subscriptions.WithConcurrency(3)}, "exceeds"},
+		{"negative concurrency", []subscriptions.SubscriberOption{subscriptions.WithPartitions(2), subscriptions.WithConcurrency(-1)}, "WithConcurrency"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := subscriptions.NewSubscriber("opts", events, cps, h, c.opts...)
+			require.ErrorContains(t, err, c.want)
+		})
+	}
+}
+
+// TestPartitionsSuite runs the partitioned subscriber's behaviour against
+// every backend.
+func TestPartitionsSuite(t *testing.T) {
+	const poll = 20 * time.Millisecond
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			t.Run("replicas handle every event once, in order per aggregate", func(t *testing.T) {
+				e := b.New(t)
+				proj := newPartProjection(t, e, "part_replicas")
+				seq := map[string]int{}
+				want := partAppend(t, e.Events, seq, 24, 150) // a backlog
+				const name = "part-replicas"
+				var subs []*subscriptions.Subscriber
+				var runs []*coreRun
+				for i := 0; i < 3; i++ {
+					events, cps, _ := partReplica(t, e)
+					sub := coreNewSub(t, name, events, cps, proj.handler(true),
+						subscriptions.WithPartitions(8), subscriptions.WithConcurrency(2),
+						subscriptions.WithBatchSize(7), subscriptions.WithPollInterval(poll))
+					subs = append(subs, sub)
+					runs = append(runs, coreStart(t, sub))
+				}
+				want = append(want, partAppend(t, e.Events, seq, 24, 150)...) // live
+				// A replica stops mid-way; the others take its partitions.
+				runs[0].stop(t)
+				want = append(want, partAppend(t, e.Events, seq, 24, 60)...)
+				waitCaughtUp(t, subs[1])
+
+				handled := proj.handled(t)
+				require.Len(t, handled, len(want))
+				for _, ev := range want {
+					require.Equal(t, 1, handled[ev.ID], "event %s (%s) handled %d times", ev.ID, ev.AggregateID, handled[ev.ID])
+				}
+				require.Empty(t, proj.orderViolations())
+				lags, err := subs[2].PartitionLags(context.Background())
+				require.NoError(t, err)
+				require.Equal(t, make([]int64, 8), lags)
+			})
+
+			t.Run("reset while partitions run moves every partition", func(t *testing.T) {
+				e := b.New(t)
+				proj := newPartProjection(t, e, "part_reset")
+				seq := map[string]int{}
+				want := partAppend(t, e.Events, seq, 16, 300)
+				gate := make(chan struct{})
+				var once sync.Once
+				started := make(chan struct{})
+				handler := proj.handler(false)
+				sub := coreNewSub(t, "part-reset", e.Events, e.Checkpoints, func(ctx context.Context, ev domain.EventEnvelope[any]) error {
+					once.Do(func() { close(started) })
+					<-gate
+					return handler(ctx, ev)
+				}, subscriptions.WithPartitions(4), subscriptions.WithConcurrency(4),
+					subscriptions.WithBatchSize(5), subscriptions.WithPollInterval(poll))
+				run := coreStart(t, sub)
+				<-started
+				close(gate)
+				// Reset to 0 once some batches have committed, while the others run.
+				require.Eventually(t, func() bool { return len(proj.handled(t)) >= 40 }, 30*time.Second, time.Millisecond)
+				var resetErr error
+				require.Eventually(t, func() bool {
+					resetErr = sub.ResetCheckpoint(context.Background(), 0)
+					// The memory store refuses while a batch is in flight.
+					return !errors.Is(resetErr, subscriptions.ErrBatchInFlight)
+				}, 30*time.Second, time.Millisecond)
+				require.NoError(t, resetErr)
+				waitCaughtUp(t, sub)
+				run.stop(t)
+
+				handled := proj.handled(t)
+				twice := 0
+				for _, ev := range want {
+					require.Contains(t, []int{1, 2}, handled[ev.ID], "event %s", ev.ID)
+					if handled[ev.ID] == 2 {
+						twice++
+					}
+				}
+				require.Positive(t, twice, "the reset replayed nothing")
+				// Per partition, the events handled before the reset (twice)
+				// come before those handled only after it: a batch either
+				// committed before the reset or started after it.
+				byPart := map[int][]int{}
+				for _, ev := range want {
+					p := subscriptions.PartitionOf(ev.AggregateID, 4)
+					byPart[p] = append(byPart[p], handled[ev.ID])
+				}
+				for p, counts := range byPart {
+					for i := 1; i < len(counts); i++ {
+						require.LessOrEqual(t, counts[i], counts[i-1], "partition %d: %v", p, counts)
+					}
+				}
+			})
+
+			t.Run("another partition count is refused", func(t *testing.T) {
+				e := b.New(t)
+				h := func(context.Context, domain.EventEnvelope[any]) error { return nil }
+				partAppend(t, e.Events, map[string]int{}, 4, 10)
+				sub := coreNewSub(t, "part-count", e.Events, e.Checkpoints, h, subscriptions.WithPartitions(4))
+				run := coreStart(t, sub)
+				waitCaughtUp(t, sub)
+				run.stop(t)
+				other := coreNewSub(t, "part-count", e.Events, e.Checkpoints, h, subscriptions.WithPartitions(8))
+				res := coreStart(t, other).wait(t)
+				require.ErrorIs(t, res.err, subscriptions.ErrPartitionsChanged)
+				require.ErrorContains(t, res.err, "WithPartitions(4)")
+			})
+
+			t.Run("an unpartitioned checkpoint seeds the partitions", func(t *testing.T) {
+				e := b.New(t)
+				proj := newPartProjection(t, e, "part_seed")
+				seq := map[string]int{}
+				first := partAppend(t, e.Events, seq, 6, 30)
+				plain := coreNewSub(t, "part-seed", e.Events, e.Checkpoints, proj.handler(true))
+				run := coreStart(t, plain)
+				waitCaughtUp(t, plain)
+				run.stop(t)
+				more := partAppend(t, e.Events, seq, 6, 30)
+				parted := coreNewSub(t, "part-seed", e.Events, e.Checkpoints, proj.handler(true),
+					subscriptions.WithPartitions(3), subscriptions.WithConcurrency(3), subscriptions.WithPollInterval(poll))
+				coreStart(t, parted)
+				waitCaughtUp(t, parted)
+				handled := proj.handled(t)
+				for _, ev := range append(first, more...) {
+					require.Equal(t, 1, handled[ev.ID], "event %s", ev.ID)
+				}
+				require.Empty(t, proj.orderViolations())
+			})
+
+			t.Run("a poison event parks in its partition; the others flow", func(t *testing.T) {
+				e := b.New(t)
+				seq := map[string]int{}
+				evs := partAppend(t, e.Events, seq, 8, 40)
+				poison := evs[13]
+				var mu sync.Mutex
+				seen := map[string]int{}
+				sub := coreNewSub(t, "part-poison", e.Events, e.Checkpoints, func(ctx context.Context, ev domain.EventEnvelope[any]) error {
+					if ev.ID == poison.ID {
+						return errors.New("poison")
+					}
+					mu.Lock()
+					seen[ev.ID]++
+					mu.Unlock()
+					return nil
+				}, subscriptions.WithPartitions(4), subscriptions.WithConcurrency(2), subscriptions.WithParkingLot(e.Parking),
+					subscriptions.WithMaxRetries(1), subscriptions.WithRetryBackoff(time.Millisecond, time.Millisecond),
+					subscriptions.WithPollInterval(poll))
+				coreStart(t, sub)
+				waitCaughtUp(t, sub)
+				parked, err := sub.ListParked(context.Background())
+				require.NoError(t, err)
+				require.Len(t, parked, 1)
+				require.Equal(t, poison.ID, parked[0].EventID)
+				require.Equal(t, "part-poison", parked[0].Subscriber)
+				mu.Lock()
+				require.Len(t, seen, len(evs)-1)
+				mu.Unlock()
+			})
+		})
+	}
+}
