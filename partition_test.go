@@ -4,16 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/internal/dbtest"
 )
 
 // partProjection is a projection that counts each event's handling and
@@ -343,4 +347,88 @@ func TestPartitionsSuite(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestPartitionsIdleCostDoesNotGrowWithN: on Postgres an idle partitioned
+// subscriber costs two statements per poll interval (the feed past the
+// last position seen, every partition's checkpoint), whatever n, and opens
+// no transaction.
+func TestPartitionsIdleCostDoesNotGrowWithN(t *testing.T) {
+	pg := dbtest.NewPostgres(t)
+	sqlDB, err := pg.Open(t).DB()
+	require.NoError(t, err)
+	counter := &coreCounter{}
+	db, err := gorm.Open(postgres.New(postgres.Config{Conn: &coreCountingPool{db: sqlDB, c: counter}}),
+		&gorm.Config{Logger: logger.Discard})
+	require.NoError(t, err)
+	events, err := infrastructure.NewGormEventStore(db)
+	require.NoError(t, err)
+	cps, err := subscriptions.NewGormCheckpointStore(db)
+	require.NoError(t, err)
+	partAppend(t, events, map[string]int{}, 40, 80)
+
+	const name = "part-idle"
+	sub := coreNewSub(t, name, events, cps, func(context.Context, domain.EventEnvelope[any]) error { return nil },
+		subscriptions.WithPartitions(16), subscriptions.WithConcurrency(4), subscriptions.WithPollInterval(20*time.Millisecond))
+	run := coreStart(t, sub)
+	waitCaughtUp(t, sub)
+	// Let the partitions settle (the first sweep after catching up may
+	// look at some again), then count.
+	sweeps := func() int {
+		stmts, _ := counter.snapshot()
+		n := 0
+		for _, s := range stmts {
+			if strings.Contains(s, "subscriber_checkpoints") {
+				n++
+			}
+		}
+		return n
+	}
+	counter.reset()
+	require.Eventually(t, func() bool { return sweeps() >= 3 }, 30*time.Second, 5*time.Millisecond)
+	counter.reset()
+	require.Eventually(t, func() bool { return sweeps() >= 10 }, 30*time.Second, 5*time.Millisecond)
+	run.stop(t)
+
+	stmts, begins := counter.snapshot()
+	n := sweeps()
+	t.Logf("%d idle polls of 16 partitions: %d statements, %d transactions", n, len(stmts), begins)
+	require.Zero(t, begins, "an idle poll must not open a transaction: %q", stmts)
+	require.LessOrEqual(t, len(stmts), 2*n+1, "more than 2 statements per idle poll: %q", stmts)
+}
+
+// TestPartitionsWakeSignalWakesTheWorkers: with a poll interval far longer
+// than the test, events appended after the start are handled because the
+// wake signal triggers the coordinator's probe.
+func TestPartitionsWakeSignalWakesTheWorkers(t *testing.T) {
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			e := b.New(t)
+			notifier := subscriptions.NewInProcessNotifier()
+			store := subscriptions.NewNotifyingEventStore(e.Events, notifier.Notify)
+			proj := newPartProjection(t, e, "part_wake")
+			seq := map[string]int{}
+			sub := coreNewSub(t, "part-wake", store, e.Checkpoints, proj.handler(true),
+				subscriptions.WithPartitions(4), subscriptions.WithConcurrency(2),
+				subscriptions.WithPollInterval(time.Hour), subscriptions.WithWakeSignal(notifier.Subscribe()))
+			coreStart(t, sub)
+			want := partAppend(t, store, seq, 8, 40)
+			require.Eventually(t, func() bool { return len(proj.handled(t)) == len(want) }, 30*time.Second, 5*time.Millisecond)
+			require.Empty(t, proj.orderViolations())
+		})
+	}
+}
+
+// TestPartitionsHandlerPanicPropagates: a handler panic on a worker
+// goroutine ends Run with the same panic on Run's goroutine, after the
+// other workers have stopped.
+func TestPartitionsHandlerPanicPropagates(t *testing.T) {
+	events, cps := infrastructure.NewMemoryStore(), subscriptions.NewMemoryCheckpointStore()
+	partAppend(t, events, map[string]int{}, 8, 20)
+	sub := coreNewSub(t, "part-panic", events, cps, func(context.Context, domain.EventEnvelope[any]) error {
+		panic("boom")
+	}, subscriptions.WithPartitions(4), subscriptions.WithConcurrency(4))
+	res := coreStart(t, sub).wait(t)
+	require.True(t, res.panicked)
+	require.Equal(t, "boom", res.panicVal)
 }
