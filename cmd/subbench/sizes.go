@@ -23,6 +23,8 @@ type sizes struct {
 	appendWriters  []int
 	// The multi-process variant: processes x writers each, rounds.
 	appendProcs, appendProcWriters, appendProcRounds int
+
+	partitionEvents, partitionSlow int
 }
 
 func (b *bench) sizes() sizes {
@@ -35,6 +37,7 @@ func (b *bench) sizes() sizes {
 			idleSubscribers: 10, idleInterval: 100 * time.Millisecond, idleDuration: 500 * time.Millisecond,
 			appendDuration: 100 * time.Millisecond, appendRounds: 2, appendWriters: []int{1, 4, 16},
 			appendProcs: 2, appendProcWriters: 2, appendProcRounds: 1,
+			partitionEvents: 400, partitionSlow: 200,
 		}
 	}
 	return sizes{
@@ -45,5 +48,6 @@ func (b *bench) sizes() sizes {
 		idleSubscribers: 100, idleInterval: 100 * time.Millisecond, idleDuration: 10 * time.Second,
 		appendDuration: 1500 * time.Millisecond, appendRounds: 2, appendWriters: []int{1, 4, 16},
 		appendProcs: 4, appendProcWriters: 4, appendProcRounds: 2,
+		partitionEvents: 20_000, partitionSlow: 4_000,
 	}
 }

@@ -1,0 +1,253 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/infrastructure"
+)
+
+// partitionCase is one run of the "partitions" scenario: a subscriber with
+// n partitions (0: unpartitioned) over pools processes (pools standing in
+// for processes), k workers each.
+type partitionCase struct {
+	partitions, pools, workers int
+	events                     int     // caught up over positions 1..events
+	wait                       float64 // handler sleep, ms
+}
+
+func (c partitionCase) label() string {
+	if c.partitions == 0 {
+		return "unpartitioned"
+	}
+	return fmt.Sprintf("%d partitions, %d pool(s) x %d worker(s)", c.partitions, c.pools, c.workers)
+}
+
+// partitionResult is one case's outcome.
+type partitionResult struct {
+	rate       float64 // events/s
+	duplicates int64   // committed writes beyond one per event
+	statements float64 // per event, every pool together
+}
+
+// runPartitions: scenario 8. A handler that upserts through TxFromContext
+// and then waits 2 ms (I/O-bound) on 1, 4 and 16 partitions, over 1 and 4
+// pools; baseline: n times the unpartitioned rate of the same run. Then the
+// CPU-bound handler (the upsert alone), whose figure 2 cores cap.
+func runPartitions(ctx context.Context, b *bench) ([]Row, error) {
+	sz := b.sizes()
+	n := sz.partitionEvents
+	// Two schemas: the full feed, and a shorter one for the slow cases
+	// (one event at a time, ~2 ms each), whose rate is steady long before.
+	slow := min(n, sz.partitionSlow)
+	full, err := newPartitionSchema(ctx, b, "partitions", n)
+	if err != nil {
+		return nil, err
+	}
+	short, err := newPartitionSchema(ctx, b, "partitions_short", slow)
+	if err != nil {
+		return nil, err
+	}
+
+	io := func(p, pools, workers, events int) partitionCase {
+		return partitionCase{partitions: p, pools: pools, workers: workers, events: events, wait: 2}
+	}
+	schema := func(c partitionCase) *partitionSchema {
+		if c.events < n {
+			return short
+		}
+		return full
+	}
+	base, err := runPartitionCase(ctx, b, short, io(0, 1, 1, slow), "io-base")
+	if err != nil {
+		return nil, err
+	}
+	bname := "n x the unpartitioned rate (same handler, this run)"
+	note := fmt.Sprintf("handler: one upsert through TxFromContext, then a 2 ms sleep; batch 100; events of %d aggregates of 20; unpartitioned rate %.0f ev/s over %d events (%.1f statements/event)",
+		n/20, base.rate, slow, base.statements)
+	var rows []Row
+	for _, c := range []partitionCase{io(1, 1, 1, slow), io(4, 1, 4, n), io(16, 1, 16, n), io(1, 4, 1, slow), io(4, 4, 1, n), io(16, 4, 4, n)} {
+		res, err := runPartitionCase(ctx, b, schema(c), c, fmt.Sprintf("io-%d-%d", c.partitions, c.pools))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", c.label(), err)
+		}
+		want := float64(c.partitions) * base.rate
+		r := newRow("I/O-bound, "+c.label(), res.rate, want, "ev/s", bname).
+			goal(">= 0.8", res.rate >= 0.8*want).
+			note(fmt.Sprintf("%d events; %.2f statements/event (unpartitioned %.2f)", c.events, res.statements, base.statements))
+		if len(rows) == 0 {
+			r = r.note(note)
+		}
+		dup := res.duplicates
+		r.Duplicates = &dup
+		rows = append(rows, r)
+	}
+
+	cpu := func(p, pools, workers int) partitionCase {
+		return partitionCase{partitions: p, pools: pools, workers: workers, events: n}
+	}
+	cbase, err := runPartitionCase(ctx, b, full, cpu(0, 1, 1), "cpu-base")
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range []partitionCase{cpu(4, 1, 4), cpu(16, 4, 4)} {
+		res, err := runPartitionCase(ctx, b, full, c, fmt.Sprintf("cpu-%d-%d", c.partitions, c.pools))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", c.label(), err)
+		}
+		r := newRow("CPU-bound, "+c.label(), res.rate, cbase.rate, "ev/s", "one unpartitioned subscriber, same handler").
+			note(fmt.Sprintf("handler: the upsert alone; %d events; 2 cores are shared with Postgres; %.2f statements/event (unpartitioned %.2f)", c.events, res.statements, cbase.statements))
+		dup := res.duplicates
+		r.Duplicates = &dup
+		rows = append(rows, r)
+	}
+	return rows, nil
+}
+
+// runPartitionCase catches a fresh subscriber name up over positions
+// 1..c.events and checks every event was committed exactly once.
+func runPartitionCase(ctx context.Context, b *bench, sc *partitionSchema, c partitionCase, name string) (partitionResult, error) {
+	var res partitionResult
+	dsn, setup := sc.dsn, sc.setup
+	if err := setup.Exec("TRUNCATE partition_projection").Error; err != nil {
+		return res, err
+	}
+	kinds := &kindCounter{}
+	handler := func(ctx context.Context, ev domain.EventEnvelope[any]) error {
+		tx := subscriptions.TxFromContext(ctx)
+		if tx == nil {
+			return errors.New("no batch transaction")
+		}
+		if err := tx.Exec(`INSERT INTO partition_projection (event_id, calls) VALUES (?, 1)
+			ON CONFLICT (event_id) DO UPDATE SET calls = partition_projection.calls + 1`, ev.ID).Error; err != nil {
+			return err
+		}
+		if c.wait > 0 {
+			time.Sleep(time.Duration(c.wait * float64(time.Millisecond)))
+		}
+		return nil
+	}
+	var subs []*subscriptions.Subscriber
+	for range c.pools {
+		db, err := b.openPG(dsn, c.workers+2, kinds)
+		if err != nil {
+			return res, err
+		}
+		store, err := infrastructure.NewGormEventStore(db)
+		if err != nil {
+			return res, err
+		}
+		cps, err := subscriptions.NewGormCheckpointStore(db)
+		if err != nil {
+			return res, err
+		}
+		opts := []subscriptions.SubscriberOption{subscriptions.WithBatchSize(100), subscriptions.WithPollInterval(100 * time.Millisecond), subscriptions.WithLogger(b.libLogger())}
+		if c.partitions > 0 {
+			opts = append(opts, subscriptions.WithPartitions(c.partitions), subscriptions.WithConcurrency(c.workers))
+		}
+		sub, err := subscriptions.NewSubscriber("parts-"+name, store, cps, handler, opts...)
+		if err != nil {
+			return res, err
+		}
+		subs = append(subs, sub)
+	}
+	counted := func() (int64, error) {
+		var k int64
+		err := setup.Raw("SELECT COUNT(*) FROM partition_projection").Scan(&k).Error
+		return k, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, len(subs))
+	kinds.take()
+	start := time.Now()
+	for _, s := range subs {
+		go func() { errc <- s.Run(rctx) }()
+	}
+	stopAll := func() error {
+		cancel()
+		var errs []error
+		for range subs {
+			errs = append(errs, <-errc)
+		}
+		return errors.Join(errs...)
+	}
+	for {
+		k, err := counted()
+		if err != nil {
+			return res, errors.Join(err, stopAll())
+		}
+		if k >= int64(c.events) {
+			break
+		}
+		if !sleepCtx(ctx, 2*time.Millisecond) {
+			return res, errors.Join(ctx.Err(), stopAll())
+		}
+	}
+	elapsed := time.Since(start)
+	if err := stopAll(); err != nil {
+		return res, err
+	}
+	var total int64
+	for _, v := range kinds.take() {
+		total += v
+	}
+	var agg struct {
+		Rows  int64
+		Calls int64
+	}
+	if err := setup.Raw("SELECT COUNT(*) AS rows, COALESCE(SUM(calls), 0) AS calls FROM partition_projection").Scan(&agg).Error; err != nil {
+		return res, err
+	}
+	if agg.Rows != int64(c.events) {
+		return res, fmt.Errorf("the projection holds %d rows, want %d", agg.Rows, c.events)
+	}
+	res.rate = float64(c.events) / elapsed.Seconds()
+	res.duplicates = agg.Calls - agg.Rows
+	res.statements = float64(total) / float64(c.events)
+	b.logf("  %s: %.0f ev/s, %.2f statements/event", c.label(), res.rate, res.statements)
+	return res, nil
+}
+
+// partitionSchema is a schema filled with the scenario's events and its
+// projection table.
+type partitionSchema struct {
+	dsn   string
+	setup *gorm.DB
+}
+
+func newPartitionSchema(ctx context.Context, b *bench, name string, events int) (*partitionSchema, error) {
+	dsn, err := b.newSchema(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	setup, err := b.openPG(dsn, 4, nil)
+	if err != nil {
+		return nil, err
+	}
+	store, err := infrastructure.NewGormEventStore(setup)
+	if err != nil {
+		return nil, err
+	}
+	// 20 events per aggregate: enough aggregates to spread over 16
+	// partitions, and per-aggregate order still exercised.
+	if err := fillStore(ctx, store, events, 20); err != nil {
+		return nil, err
+	}
+	if err := setup.Exec(`CREATE TABLE partition_projection (event_id text NOT NULL PRIMARY KEY, calls integer NOT NULL)`).Error; err != nil {
+		return nil, err
+	}
+	if err := setup.Exec("ANALYZE").Error; err != nil {
+		return nil, err
+	}
+	if _, err := subscriptions.NewGormCheckpointStore(setup); err != nil {
+		return nil, err
+	}
+	return &partitionSchema{dsn: dsn, setup: setup}, nil
+}
