@@ -162,6 +162,9 @@ type runner struct {
 	// events run one per transaction, so that the failing one is found,
 	// the ones before it commit, and it takes the failure path alone.
 	isolateUntil int64
+	// oneByOneThrough, when positive, is the last position of a batch the
+	// BatchHandler failed: events up to it go one at a time (handleBatch).
+	oneByOneThrough int64
 }
 
 type pendingFailure struct {
@@ -323,7 +326,13 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 	hctx := batch.HandlerContext(tctx)
 	wokenAt := r.wokenAt
 	r.wokenAt = time.Time{}
-	for i, ev := range events {
+	perEvent, out, done, berr := r.handleBatch(hctx, batch, events)
+	if done {
+		finished = true
+		batchErr = berr
+		return out
+	}
+	for i, ev := range perEvent {
 		if i > 0 {
 			wokenAt = time.Time{}
 		}

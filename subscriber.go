@@ -110,6 +110,9 @@ type Subscriber struct {
 	// 0 when not given (unpartitioned: see partition.go).
 	partitions  int
 	concurrency int
+	// batchHandler is WithBatchHandler's; handler is then its per-event
+	// adapter (see batch_handler.go).
+	batchHandler BatchHandler
 
 	// pipelined is set when the checkpoint store can acquire and read the
 	// feed in one round trip for this event store (see pipelinedAcquirer).
@@ -147,6 +150,9 @@ func NewSubscriber(name string, events domain.EventStore, checkpoints Checkpoint
 	if s.logger == nil {
 		s.logger = slog.Default()
 	}
+	if s.batchHandler != nil {
+		s.handler = s.batchHandler.perEvent()
+	}
 	if isNil(s.parking) {
 		s.parking = nil
 	}
@@ -178,8 +184,10 @@ func (s *Subscriber) validate() error {
 		return errors.New("events: nil event store")
 	case isNil(s.checkpoints):
 		return errors.New("checkpoints: nil checkpoint store")
-	case s.handler == nil:
-		return errors.New("handler: nil handler")
+	case s.handler == nil && s.batchHandler == nil:
+		return errors.New("handler: nil handler (and no WithBatchHandler)")
+	case s.handler != nil && s.batchHandler != nil:
+		return errors.New("handler: give a nil Handler with WithBatchHandler, not both")
 	case s.batchSize <= 0:
 		return fmt.Errorf("batch size %d must be positive (WithBatchSize)", s.batchSize)
 	case s.pollInterval <= 0:

@@ -1,0 +1,139 @@
+package subscriptions_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/infrastructure"
+)
+
+// TestBatchHandlerSuite runs WithBatchHandler against every backend,
+// unpartitioned and with partitions: whole batches in one call, and a
+// poison event in the middle of a batch found, retried and parked alone
+// while every other event commits once.
+func TestBatchHandlerSuite(t *testing.T) {
+	const poll = 20 * time.Millisecond
+	for _, b := range envBackends() {
+		for _, parts := range []int{0, 4} {
+			name := b.Name
+			opts := []subscriptions.SubscriberOption{subscriptions.WithBatchSize(20), subscriptions.WithPollInterval(poll)}
+			if parts > 0 {
+				name += "/partitioned"
+				opts = append(opts, subscriptions.WithPartitions(parts), subscriptions.WithConcurrency(2))
+			}
+			t.Run(name, func(t *testing.T) {
+				t.Run("whole batches in one call, each event once", func(t *testing.T) {
+					e := b.New(t)
+					proj := newPartProjection(t, e, "batch_whole")
+					project := proj.handler(true)
+					var mu sync.Mutex
+					sizes := []int{}
+					h := func(ctx context.Context, events []domain.EventEnvelope[any]) error {
+						mu.Lock()
+						sizes = append(sizes, len(events))
+						mu.Unlock()
+						for _, ev := range events {
+							if err := project(ctx, ev); err != nil {
+								return err
+							}
+						}
+						return nil
+					}
+					want := partAppend(t, e.Events, map[string]int{}, 8, 100)
+					sub := coreNewSub(t, "batch-whole", e.Events, e.Checkpoints, nil,
+						append(opts, subscriptions.WithBatchHandler(h))...)
+					coreStart(t, sub)
+					waitCaughtUp(t, sub)
+					handled := proj.handled(t)
+					for _, ev := range want {
+						require.Equal(t, 1, handled[ev.ID], "event %s", ev.ID)
+					}
+					require.Empty(t, proj.orderViolations())
+					mu.Lock()
+					defer mu.Unlock()
+					require.Less(t, len(sizes), len(want), "the handler was called once per event: %v", sizes)
+				})
+
+				t.Run("a poison event in a batch is parked alone", func(t *testing.T) {
+					e := b.New(t)
+					proj := newPartProjection(t, e, "batch_poison")
+					project := proj.handler(false)
+					want := partAppend(t, e.Events, map[string]int{}, 8, 100)
+					poison := want[45]
+					var mu sync.Mutex
+					calls := map[string]int{} // handler calls with the poison event, by batch size
+					h := func(ctx context.Context, events []domain.EventEnvelope[any]) error {
+						for _, ev := range events {
+							if ev.ID == poison.ID {
+								mu.Lock()
+								if len(events) == 1 {
+									calls["alone"]++
+								} else {
+									calls["in a batch"]++
+								}
+								mu.Unlock()
+								return errors.New("poison")
+							}
+							if err := project(ctx, ev); err != nil {
+								return err
+							}
+						}
+						return nil
+					}
+					sub := coreNewSub(t, "batch-poison", e.Events, e.Checkpoints, nil,
+						append(opts, subscriptions.WithBatchHandler(h), subscriptions.WithParkingLot(e.Parking),
+							subscriptions.WithMaxRetries(2), subscriptions.WithRetryBackoff(time.Millisecond, time.Millisecond))...)
+					coreStart(t, sub)
+					waitCaughtUp(t, sub)
+					parked, err := sub.ListParked(context.Background())
+					require.NoError(t, err)
+					require.Len(t, parked, 1)
+					require.Equal(t, poison.ID, parked[0].EventID)
+					require.Equal(t, 3, parked[0].Attempts)
+					mu.Lock()
+					require.Equal(t, map[string]int{"in a batch": 1, "alone": 3}, calls)
+					mu.Unlock()
+
+					handled := proj.handled(t)
+					require.NotContains(t, handled, poison.ID)
+					for _, ev := range want {
+						if ev.ID == poison.ID {
+							continue
+						}
+						if e.DB != nil {
+							// The failed batch's writes were rolled back.
+							require.Equal(t, 1, handled[ev.ID], "event %s", ev.ID)
+						} else {
+							require.Positive(t, handled[ev.ID], "event %s", ev.ID)
+						}
+					}
+				})
+			})
+		}
+	}
+}
+
+// TestBatchHandlerOptionIsValidated: a batch handler replaces the Handler;
+// giving both is refused.
+func TestBatchHandlerOptionIsValidated(t *testing.T) {
+	events, cps := subscriptionsMemory()
+	h := func(context.Context, domain.EventEnvelope[any]) error { return nil }
+	bh := func(context.Context, []domain.EventEnvelope[any]) error { return nil }
+	_, err := subscriptions.NewSubscriber("both", events, cps, h, subscriptions.WithBatchHandler(bh))
+	require.ErrorContains(t, err, "not both")
+	_, err = subscriptions.NewSubscriber("neither", events, cps, nil)
+	require.ErrorContains(t, err, "nil handler")
+	_, err = subscriptions.NewSubscriber("batch", events, cps, nil, subscriptions.WithBatchHandler(bh))
+	require.NoError(t, err)
+}
+
+func subscriptionsMemory() (domain.EventStore, subscriptions.CheckpointStore) {
+	return infrastructure.NewMemoryStore(), subscriptions.NewMemoryCheckpointStore()
+}
