@@ -14,8 +14,8 @@
 //	go run ./cmd/subbench -json -cpuprofile cpu.out
 //
 // Scenarios: memory (1), postgres (2), sqlite (3), latency (4),
-// replicas (5), idle (6), appends (7), telemetry (8), partitions (9);
-// "catchup" selects 1-3.
+// replicas (5), idle (6), appends (7), telemetry (8), partitions (9),
+// batch (10); "catchup" selects 1-3.
 package main
 
 import (
@@ -96,6 +96,7 @@ var scenarios = []scenario{
 	{"appends", "7", "appends, Postgres", runAppends},
 	{"telemetry", "8", "OpenTelemetry SDK installed vs not", runTelemetry},
 	{"partitions", "9", "partitions, Postgres", runPartitions},
+	{"batch", "10", "batch handler rebuild, Postgres", runBatchHandler},
 }
 
 func main() {
@@ -203,7 +204,7 @@ func parseOnly(only string) (map[string]bool, error) {
 			}
 		}
 		if !found {
-			return nil, fmt.Errorf("-only: unknown scenario %q (known: %s, catchup, 1-8)", f, scenarioKeys())
+			return nil, fmt.Errorf("-only: unknown scenario %q (known: %s, catchup, 1-10)", f, scenarioKeys())
 		}
 	}
 	return sel, nil
