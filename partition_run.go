@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -26,12 +27,20 @@ type partitionState struct {
 	recheck bool
 	// seen is the checkpoint as this process last knew it, -1 unknown.
 	seen int64
-	// skipped: another replica held the checkpoint; try again at the next
-	// poll, so that a dead replica's partitions are taken over.
-	skipped bool
-	// retryAt: a transient failure; not before this time.
+	// retryAt: not before this time (a transient failure: a poll interval
+	// later; another replica held the checkpoint: after skipDelay).
 	retryAt time.Time
+	// skipDelay doubles, from partitionSkipRetry up to the poll interval,
+	// while other replicas keep holding the partition, so that idle
+	// workers here pick up a partition another replica released between
+	// its batches (spreading the partitions) without polling it hard. It
+	// is 0 after any other outcome.
+	skipDelay time.Duration
 }
+
+// partitionSkipRetry is the first delay before a partition held by another
+// replica is tried again.
+const partitionSkipRetry = 5 * time.Millisecond
 
 // partitionSet is the state shared by a partitioned Run's coordinator and
 // workers. Work is a FIFO of dirty, unclaimed partitions; kick wakes idle
@@ -95,11 +104,15 @@ func (ps *partitionSet) release(p int, out outcome, pollInterval time.Duration) 
 	st := ps.parts[p]
 	st.claimed = false
 	st.seen = st.r.known
+	if out != outcomeSkipped {
+		st.skipDelay = 0
+	}
 	switch out {
 	case outcomeMore:
 		st.dirty = true
 	case outcomeSkipped:
-		st.skipped, st.dirty = true, false
+		st.skipDelay = min(max(2*st.skipDelay, partitionSkipRetry), pollInterval)
+		st.retryAt, st.dirty = time.Now().Add(st.skipDelay), false
 	case outcomeFailed:
 		st.retryAt, st.dirty = time.Now().Add(pollInterval), false
 	}
@@ -175,10 +188,12 @@ func (s *Subscriber) runPartitioned(ctx context.Context) error {
 		ps.parts[p] = &partitionState{r: r, seen: -1}
 	}
 	// Every partition is looked at once; the probe then starts at the head
-	// read before that, so nothing committed since is missed.
+	// read before that, so nothing committed since is missed. Replicas
+	// start at different partitions, so that they seldom collide.
 	ps.mu.Lock()
-	for p := range ps.parts {
-		ps.mark(p, true)
+	offset := rand.IntN(s.partitions)
+	for i := range ps.parts {
+		ps.mark((offset+i)%s.partitions, true)
 	}
 	ps.mu.Unlock()
 
@@ -251,48 +266,92 @@ func (s *Subscriber) partitionCycle(ctx context.Context, ps *partitionSet, r *ru
 
 // coordinate finds work for the workers until ctx is done: on each poll
 // interval and each wake signal it probes the feed past scanned; on poll
-// intervals it also reads every partition's checkpoint.
+// intervals it also reads every partition's checkpoint (sweep). Between
+// them it re-queues the partitions whose retry delay is over.
 func (s *Subscriber) coordinate(ctx context.Context, ps *partitionSet, scanned int64) {
 	timer := time.NewTimer(s.pollInterval)
 	defer timer.Stop()
 	wake := s.wake
-	rechecks := -1 // quick re-probes after a wake that found nothing, as in Run
 	names := s.partitionNames()
+	nextPoll := time.Now().Add(s.pollInterval)
+	// Quick re-probes after a wake that found nothing, as in Run: rechecks
+	// counts them, -1 when no wake is followed up.
+	rechecks, nextRecheck := -1, time.Time{}
 	for {
-		poll := false
+		now := time.Now()
+		next := nextPoll
+		if rechecks >= 0 && nextRecheck.Before(next) {
+			next = nextRecheck
+		}
+		if r := ps.earliestRetry(); !r.IsZero() && r.Before(next) {
+			next = r
+		}
+		timer.Reset(max(next.Sub(now), 0))
+		woken := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-timer.C:
-			poll = rechecks < 0
 		case _, ok := <-wake:
+			timer.Stop() // Go 1.23+: no stale tick is delivered after Stop
 			if !ok {
 				s.logger.Warn("subscriber: wake signal channel closed; falling back to polling", "subscriber", s.name, "poll_interval", s.pollInterval)
 				wake = nil
 				continue
 			}
-			rechecks = 0
+			woken = true
+		}
+		now = time.Now()
+		ps.requeueDue(now)
+		recheck := rechecks >= 0 && !now.Before(nextRecheck)
+		poll := !now.Before(nextPoll)
+		if !woken && !recheck && !poll {
+			continue
 		}
 		found := s.probe(ctx, ps, &scanned)
 		if poll {
 			s.sweep(ctx, ps, names)
+			nextPoll = now.Add(s.pollInterval)
 		}
-		next := s.pollInterval
+		switch {
+		case woken:
+			rechecks = 0
+		case recheck:
+			rechecks++
+		}
 		if rechecks >= 0 {
 			if found || rechecks >= len(wakeRechecks) {
 				rechecks = -1
 			} else {
-				next = wakeRechecks[rechecks]
-				rechecks++
+				nextRecheck = now.Add(wakeRechecks[rechecks])
 			}
 		}
-		if !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
+	}
+}
+
+// earliestRetry returns the earliest retry time of an unclaimed
+// partition, zero if none waits.
+func (ps *partitionSet) earliestRetry() time.Time {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	var first time.Time
+	for _, st := range ps.parts {
+		if !st.retryAt.IsZero() && !st.claimed && (first.IsZero() || st.retryAt.Before(first)) {
+			first = st.retryAt
 		}
-		timer.Reset(next)
+	}
+	return first
+}
+
+// requeueDue queues the partitions whose retry time has come.
+func (ps *partitionSet) requeueDue(now time.Time) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	for p, st := range ps.parts {
+		if !st.retryAt.IsZero() && !st.claimed && !now.Before(st.retryAt) {
+			st.retryAt = time.Time{}
+			ps.mark(p, true)
+		}
 	}
 }
 
@@ -334,8 +393,7 @@ func (s *Subscriber) probe(ctx context.Context, ps *partitionSet, scanned *int64
 
 // sweep reads every partition's checkpoint in one statement: a partition
 // whose checkpoint moved since this process last saw it (a reset, another
-// replica's batch) is looked at again, as are partitions skipped because
-// another replica held them and partitions whose retry delay is over.
+// replica's batch) is looked at again.
 func (s *Subscriber) sweep(ctx context.Context, ps *partitionSet, names []string) {
 	positions, err := s.storePositions(ctx, names)
 	if err != nil {
@@ -344,23 +402,11 @@ func (s *Subscriber) sweep(ctx context.Context, ps *partitionSet, names []string
 		}
 		return
 	}
-	now := time.Now()
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	for p, st := range ps.parts {
-		if st.claimed {
-			continue
-		}
-		switch {
-		case st.seen != positions[p]:
-			st.skipped = false
+		if !st.claimed && st.retryAt.IsZero() && st.seen != positions[p] {
 			ps.mark(p, true)
-		case st.skipped:
-			st.skipped = false
-			ps.mark(p, true)
-		case !st.retryAt.IsZero() && !now.Before(st.retryAt):
-			st.retryAt = time.Time{}
-			ps.mark(p, false)
 		}
 	}
 }
