@@ -62,6 +62,35 @@
 // Database outages are logged and retried; Run returns only on
 // cancellation or on an event store without a global ordered feed.
 //
+// # Partitions
+//
+// WithPartitions(n) splits the feed by aggregate: partition PartitionOf(id,
+// n) of each event's aggregate ID, a hash that is the same in Go and in
+// Postgres SQL and fixed across versions. Each partition is the ordinary
+// per-name cycle above over the partition's events, with a checkpoint row
+// of its own (named "<name>/partition-<p>-of-<n>"), so everything said
+// here holds per partition: exactly-once through TxFromContext, retries and
+// parking (parked under the subscriber's own name), replicas taking turns
+// with FOR UPDATE SKIP LOCKED. Events of one aggregate are handled in feed
+// order; events of different partitions may be handled out of global
+// order. WithConcurrency(k) runs k partitions at once in one process, and
+// every replica of the name shares the partitions: a worker takes any
+// partition with work whose checkpoint it can lock, and a dead replica's
+// partitions are taken over within a poll interval. Lag is the number of
+// events not yet handled, summed over the partitions (PartitionLags per
+// partition); ResetCheckpoint moves every partition in one transaction.
+// The partition count is recorded with the checkpoints: a Run with another
+// n is refused with ErrPartitionsChanged, and the first partitioned Run of
+// a name that ran unpartitioned starts every partition at its checkpoint.
+// See docs/partitions.md.
+//
+// # Batch handlers
+//
+// WithBatchHandler hands each batch to one call (a multi-row upsert, say),
+// inside the batch transaction. A batch it fails is rolled back whole and
+// its events are then handled one at a time, so the failure handling above
+// applies to exactly the failing event.
+//
 // # Wake-ups
 //
 // An idle subscriber polls every poll interval, at the cost of two indexed
@@ -113,7 +142,9 @@
 // event at a time, and it returns once its context is cancelled and the
 // batch in flight (if any) has drained (see Shutdown). One Subscriber runs
 // one Run at a time (a second concurrent Run returns ErrRunning) and can
-// be run again after Run returned.
+// be run again after Run returned. With WithConcurrency(k), Run also owns
+// k worker goroutines, and the handler runs on up to k of them at once
+// (one event at a time per partition); they end before Run returns.
 //
 // # Other backends
 //

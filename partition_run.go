@@ -36,7 +36,16 @@ type partitionState struct {
 	// its batches (spreading the partitions) without polling it hard. It
 	// is 0 after any other outcome.
 	skipDelay time.Duration
+	// streak counts the batches in a row this process ran on the
+	// partition (partitionStreak).
+	streak int
 }
+
+// partitionStreak is how many batches in a row a partition with more work
+// goes to the front of the queue: a worker keeps its partition for that
+// long (no lock handed to another replica between batches, no skipped
+// attempts at partitions held elsewhere), then lets the others have a turn.
+const partitionStreak = 8
 
 // partitionSkipRetry is the first delay before a partition held by another
 // replica is tried again.
@@ -116,6 +125,17 @@ func (ps *partitionSet) release(p int, out outcome, pollInterval time.Duration) 
 	case outcomeFailed:
 		st.retryAt, st.dirty = time.Now().Add(pollInterval), false
 	}
+	if out == outcomeMore && st.streak < partitionStreak {
+		st.streak++
+		st.dirty, st.queued = true, true
+		ps.queue = append([]int{p}, ps.queue...)
+		select {
+		case ps.kick <- struct{}{}:
+		default:
+		}
+		return
+	}
+	st.streak = 0
 	if st.dirty {
 		st.dirty = false
 		ps.mark(p, false)

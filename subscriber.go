@@ -26,7 +26,8 @@ import (
 // handlers. Handlers with side effects outside that transaction must
 // tolerate at-least-once delivery.
 //
-// A handler runs on the subscriber's goroutine, one event at a time. By
+// A handler runs on the subscriber's goroutine, one event at a time (with
+// WithConcurrency(k), on up to k partition workers at once). By
 // default its context has no deadline and is not cancelled when Run's
 // context is: an in-flight batch is drained on shutdown, so a handler that
 // blocks forever blocks shutdown. WithHandlerTimeout and WithShutdownGrace
@@ -243,7 +244,9 @@ func (s *Subscriber) Name() string { return s.name }
 
 // Lag returns how far the subscriber's committed checkpoint trails the feed
 // head (0 when caught up). Status reports it with its age in time, and the
-// subscriptions.lag gauge exports it (see WithMeterProvider).
+// subscriptions.lag gauge exports it (see WithMeterProvider). For a
+// partitioned subscriber it is the number of events not yet handled,
+// summed over the partitions (see PartitionLags).
 //
 // A checkpoint ahead of the head is reported as an error wrapping
 // ErrCheckpointAhead rather than clamped to 0: it means the events table
@@ -273,7 +276,8 @@ func (s *Subscriber) Lag(ctx context.Context) (int64, error) {
 // batch/checkpoint cycle as live processing. It is safe while the
 // subscriber runs: the checkpoint store serializes with in-flight batches
 // (see CheckpointStore.Reset), so the reset is never silently overwritten.
-// A negative position is an error.
+// A partitioned subscriber's partitions all move, in one transaction with
+// this module's stores. A negative position is an error.
 //
 // Parked events after position stay listed until the subscriber delivers
 // them again: a success removes the entry in the same transaction, a
