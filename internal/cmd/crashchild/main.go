@@ -15,7 +15,7 @@
 // Usage:
 //
 //	crashchild -driver postgres|sqlite -dsn DSN -name SUBSCRIBER [-batch N] [-poll D]
-//	           [-table NAME] [-delay D] [-listen]
+//	           [-table NAME] [-delay D] [-listen] [-partitions N -concurrency K]
 //
 // It prints "READY <pid>" on stdout once its subscriber is about to run.
 package main
@@ -57,15 +57,26 @@ func main() {
 	table := flag.String("table", "fault_projection", "projection table")
 	delay := flag.Duration("delay", 0, "extra time the handler takes per event")
 	listen := flag.Bool("listen", false, "wake on Postgres NOTIFY through a PostgresListener (postgres only)")
+	partitions := flag.Int("partitions", 0, "WithPartitions(N); 0: unpartitioned")
+	concurrency := flag.Int("concurrency", 1, "WithConcurrency(K), with -partitions")
 	flag.Parse()
 
-	if err := run(*driver, *dsn, *name, *batch, *poll, *table, *delay, *listen); err != nil {
+	var extra []subscriptions.SubscriberOption
+	if *partitions > 0 {
+		extra = append(extra, subscriptions.WithPartitions(*partitions), subscriptions.WithConcurrency(*concurrency))
+		pool = *concurrency + 3
+	}
+	if err := run(*driver, *dsn, *name, *batch, *poll, *table, *delay, *listen, extra...); err != nil {
 		fmt.Fprintln(os.Stderr, "crashchild:", err)
 		os.Exit(1)
 	}
 }
 
-func run(driver, dsn, name string, batch int, poll time.Duration, table string, delay time.Duration, listen bool) error {
+// pool is the connection pool's size: a partition worker each, plus the
+// coordinator and a spare.
+var pool = 4
+
+func run(driver, dsn, name string, batch int, poll time.Duration, table string, delay time.Duration, listen bool, extra ...subscriptions.SubscriberOption) error {
 	if dsn == "" {
 		return errors.New("-dsn is required")
 	}
@@ -88,12 +99,12 @@ func run(driver, dsn, name string, batch int, poll time.Duration, table string, 
 	if err != nil {
 		return fmt.Errorf("open: %w", err)
 	}
-	pool, err := db.DB()
+	sqlDB, err := db.DB()
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	pool.SetMaxOpenConns(4)
+	defer sqlDB.Close()
+	sqlDB.SetMaxOpenConns(pool)
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 
@@ -131,6 +142,7 @@ func run(driver, dsn, name string, batch int, poll time.Duration, table string, 
 		subscriptions.WithPollInterval(poll),
 		subscriptions.WithLogger(logger),
 	}
+	opts = append(opts, extra...)
 	listenerDone := make(chan error, 1)
 	if listen {
 		if driver != "postgres" {
