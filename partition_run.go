@@ -192,17 +192,15 @@ func (s *Subscriber) runPartitioned(ctx context.Context) error {
 
 	wctx, abort := context.WithCancel(ctx)
 	defer abort()
+	// One drain context for every worker: batches in flight when ctx is
+	// cancelled drain (or get the shutdown grace), as in Run.
+	drain, stopDrain := s.drainContext(ctx)
+	defer stopDrain()
 	ps := &partitionSet{parts: make([]*partitionState, s.partitions), kick: make(chan struct{}, k), abort: abort}
 	names := s.partitionNames()
 	for p := range ps.parts {
-		child := *s
-		child.name = names[p]
-		child.events = newPartitionFeed(s.events, p, s.partitions)
-		child.partitions, child.concurrency, child.pipelined, child.wake = 0, 0, nil, nil
-		if s.parking != nil {
-			child.parking = partitionLot{ParkingLot: s.parking, name: s.name}
-		}
-		r := &runner{s: &child, timer: time.NewTimer(time.Hour), known: -1}
+		child := s.partitionChild(names[p], p)
+		r := &runner{s: child, timer: time.NewTimer(time.Hour), known: -1, drain: drain}
 		r.timer.Stop()
 		defer r.timer.Stop()
 		ps.parts[p] = &partitionState{r: r, seen: -1}
@@ -235,6 +233,36 @@ func (s *Subscriber) runPartitioned(ctx context.Context) error {
 		return fmt.Errorf("subscriptions: subscriber %q cannot run: %w", s.name, ps.fatal)
 	}
 	return nil
+}
+
+// partitionChild is the subscriber that runs partition p: this one's
+// settings over the partition's view of the feed, its own checkpoint name,
+// parking under this subscriber's name. Every field of Subscriber is
+// listed (TestPartitionChildCopiesEveryField counts them): a copy of the
+// struct would copy its running flag.
+func (s *Subscriber) partitionChild(name string, p int) *Subscriber {
+	c := &Subscriber{
+		name:            name,
+		events:          newPartitionFeed(s.events, p, s.partitions),
+		checkpoints:     s.checkpoints,
+		handler:         s.handler,
+		batchSize:       s.batchSize,
+		pollInterval:    s.pollInterval,
+		logger:          s.logger,
+		maxRetries:      s.maxRetries,
+		retryBackoff:    s.retryBackoff,
+		maxRetryBackoff: s.maxRetryBackoff,
+		handlerTimeout:  s.handlerTimeout,
+		shutdownGrace:   s.shutdownGrace,
+		batchHandler:    s.batchHandler,
+		// Not copied: wake (the coordinator's), running (Run's own),
+		// partitions and concurrency (a partition is unpartitioned),
+		// pipelined (the partition's read is filtered).
+	}
+	if s.parking != nil {
+		c.parking = partitionLot{ParkingLot: s.parking, name: s.name}
+	}
+	return c
 }
 
 // partitionWorker runs one cycle at a time on whichever partition is
