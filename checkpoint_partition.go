@@ -34,18 +34,41 @@ func (g *GormCheckpointStore) positions(ctx context.Context, names []string) ([]
 	return out, nil
 }
 
-// resetAll upserts every row in one transaction. On Postgres the upserts
-// wait for the row locks of in-flight batches, taken in name order (the
-// batches' locks are SKIP LOCKED, so they never wait on the reset); a
-// batch acquired after the reset sees the new position. On SQLite each name
-// is fenced first, as Reset does.
-func (g *GormCheckpointStore) resetAll(ctx context.Context, names []string, position int64) error {
+// resetAll upserts every row, then runs apply, in one transaction. On
+// Postgres the upserts wait for the row locks of in-flight batches, taken
+// in name order (the batches' locks are SKIP LOCKED, so they never wait on
+// the reset), and keep every replica's batches of these names out until
+// the commit. On SQLite each name is fenced first, as Reset does.
+func (g *GormCheckpointStore) resetAll(ctx context.Context, names []string, position int64, apply func(ctx context.Context) error) error {
 	if len(names) == 0 {
 		return nil
 	}
 	if err := validatePosition(names[0], position); err != nil {
 		return err
 	}
+	what := fmt.Sprintf("reset %d checkpoints (%q ...) to %d", len(names), names[0], position)
+	return g.fencedAll(ctx, names, what, func(tx *gorm.DB, name string) error {
+		return tx.Exec(`INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, ?, ?)
+			ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at`,
+			name, position, time.Now().UTC()).Error
+	}, apply)
+}
+
+// deleteAll deletes every row, then runs apply, in one transaction,
+// holding off batches as resetAll does.
+func (g *GormCheckpointStore) deleteAll(ctx context.Context, names []string, apply func(ctx context.Context) error) error {
+	if len(names) == 0 {
+		return nil
+	}
+	what := fmt.Sprintf("delete %d checkpoints (%q ...)", len(names), names[0])
+	return g.fencedAll(ctx, names, what, func(tx *gorm.DB, name string) error {
+		return tx.Exec("DELETE FROM subscriber_checkpoints WHERE subscriber = ?", name).Error
+	}, apply)
+}
+
+// fencedAll is fenced for several names: write runs for each, in name
+// order, before apply, all in one transaction.
+func (g *GormCheckpointStore) fencedAll(ctx context.Context, names []string, what string, write func(tx *gorm.DB, name string) error, apply func(ctx context.Context) error) error {
 	sorted := slices.Clone(names)
 	slices.Sort(sorted)
 	if !g.postgres {
@@ -57,19 +80,22 @@ func (g *GormCheckpointStore) resetAll(ctx context.Context, names []string, posi
 			defer release()
 		}
 	}
-	now := time.Now().UTC()
 	err := g.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		for _, name := range sorted {
-			if err := tx.Exec(`INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, ?, ?)
-				ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at`,
-				name, position, now).Error; err != nil {
+			if err := write(tx, name); err != nil {
 				return fmt.Errorf("%q: %w", name, err)
 			}
+		}
+		if apply == nil {
+			return nil
+		}
+		if err := apply(withTx(ctx, tx, g.pool)); err != nil {
+			return fmt.Errorf("application's statements: %w", err)
 		}
 		return nil
 	}, g.txOptions())
 	if err != nil {
-		return fmt.Errorf("subscriptions: reset %d checkpoints to %d: %w", len(names), position, err)
+		return fmt.Errorf("subscriptions: %s: %w", what, err)
 	}
 	return nil
 }
@@ -122,14 +148,20 @@ func (m *MemoryCheckpointStore) positions(_ context.Context, names []string) ([]
 	return out, nil
 }
 
-// resetAll refuses, changing nothing, while any of the names has a batch
-// in flight (ErrBatchInFlight), as Reset does.
-func (m *MemoryCheckpointStore) resetAll(_ context.Context, names []string, position int64) error {
+// resetAll with a nil apply refuses, changing nothing, while any of the
+// names has a batch in flight (ErrBatchInFlight), as Reset does. With an
+// apply it waits instead, as ResetWith does: every name is fenced (nested,
+// in name order), apply runs, then every checkpoint moves.
+func (m *MemoryCheckpointStore) resetAll(ctx context.Context, names []string, position int64, apply func(ctx context.Context) error) error {
 	if len(names) == 0 {
 		return nil
 	}
 	if err := validatePosition(names[0], position); err != nil {
 		return err
+	}
+	if apply != nil {
+		what := fmt.Sprintf("reset %d checkpoints (%q ...) to %d", len(names), names[0], position)
+		return m.fencedAll(ctx, names, what, apply, func(e *memoryCheckpoint) { e.position = position })
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -142,6 +174,40 @@ func (m *MemoryCheckpointStore) resetAll(_ context.Context, names []string, posi
 		m.entry(name).position = position
 	}
 	return nil
+}
+
+// deleteAll forgets every checkpoint after apply, holding off batches as
+// resetAll with an apply does.
+func (m *MemoryCheckpointStore) deleteAll(ctx context.Context, names []string, apply func(ctx context.Context) error) error {
+	if len(names) == 0 {
+		return nil
+	}
+	what := fmt.Sprintf("delete %d checkpoints (%q ...)", len(names), names[0])
+	return m.fencedAll(ctx, names, what, apply, func(e *memoryCheckpoint) {
+		for name, entry := range m.entries {
+			if entry == e {
+				delete(m.entries, name)
+			}
+		}
+	})
+}
+
+// fencedAll nests fenced over the names in order, so that apply runs once
+// every name's batches are held off, and each change is made after it.
+func (m *MemoryCheckpointStore) fencedAll(ctx context.Context, names []string, what string, apply func(ctx context.Context) error, change func(e *memoryCheckpoint)) error {
+	sorted := slices.Clone(names)
+	slices.Sort(sorted)
+	var nest func(i int, ctx context.Context) error
+	nest = func(i int, ctx context.Context) error {
+		if i == len(sorted) {
+			if apply == nil {
+				return nil
+			}
+			return apply(ctx)
+		}
+		return m.fenced(ctx, sorted[i], what, func(ctx context.Context) error { return nest(i+1, ctx) }, change)
+	}
+	return nest(0, ctx)
 }
 
 func (m *MemoryCheckpointStore) initPartitions(_ context.Context, marker, plain string, parts []string, n int64) (int64, error) {

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // MaxPartitions bounds WithPartitions. Each partition is one checkpoint row
@@ -113,8 +114,12 @@ type partitionStore interface {
 	// in one read.
 	positions(ctx context.Context, names []string) ([]int64, error)
 	// resetAll sets every named checkpoint to position atomically,
-	// serialized against in-flight batches as Reset is.
-	resetAll(ctx context.Context, names []string, position int64) error
+	// serialized against in-flight batches as Reset is (with a nil apply)
+	// or as CheckpointResetter.ResetWith is, apply included.
+	resetAll(ctx context.Context, names []string, position int64, apply func(ctx context.Context) error) error
+	// deleteAll deletes every named checkpoint and runs apply atomically,
+	// as CheckpointResetter.Delete does.
+	deleteAll(ctx context.Context, names []string, apply func(ctx context.Context) error) error
 	// initPartitions records n in marker unless it already holds a count,
 	// which it then returns; on first use it seeds every partition (that
 	// has no row yet) at plain's checkpoint, in the same transaction.
@@ -228,7 +233,7 @@ func (s *Subscriber) partitionedLag(ctx context.Context) (int64, error) {
 func (s *Subscriber) resetPartitions(ctx context.Context, position int64) error {
 	names := s.partitionNames()
 	if ps, ok := s.checkpoints.(partitionStore); ok {
-		return ps.resetAll(ctx, names, position)
+		return ps.resetAll(ctx, names, position, nil)
 	}
 	for _, name := range names {
 		if err := s.checkpoints.Reset(ctx, name, position); err != nil {
@@ -248,4 +253,73 @@ type partitionLot struct {
 func (l partitionLot) Park(ctx context.Context, parked ParkedEvent) error {
 	parked.Subscriber = l.name
 	return l.ParkingLot.Park(ctx, parked)
+}
+
+// resetPartitionsWith is ResetCheckpointWith for a partitioned subscriber:
+// apply and every partition's move in one transaction.
+func (s *Subscriber) resetPartitionsWith(ctx context.Context, position int64, apply func(ctx context.Context) error) error {
+	ps, ok := s.checkpoints.(partitionStore)
+	if !ok {
+		return fmt.Errorf("subscriptions: reset %q to %d with the application's statements: checkpoint store %T cannot move partitions atomically: %w", s.name, position, s.checkpoints, errors.ErrUnsupported)
+	}
+	return ps.resetAll(ctx, s.partitionNames(), position, apply)
+}
+
+// deletePartitions is DeleteState's checkpoint part for a partitioned
+// subscriber: every partition's row and the partition count, with purge,
+// in one transaction.
+func (s *Subscriber) deletePartitions(ctx context.Context, purge func(ctx context.Context) error) error {
+	ps, ok := s.checkpoints.(partitionStore)
+	if !ok {
+		return fmt.Errorf("subscriptions: delete the state of %q: checkpoint store %T cannot delete partitions atomically: %w", s.name, s.checkpoints, errors.ErrUnsupported)
+	}
+	return ps.deleteAll(ctx, append(s.partitionNames(), partitionMarker(s.name)), purge)
+}
+
+// waitPartitionsCaughtUp is WaitCaughtUp for a partitioned subscriber: it
+// waits until no partition has an event at or below the head read at the
+// start past its checkpoint.
+func (s *Subscriber) waitPartitionsCaughtUp(ctx context.Context) (int64, error) {
+	head, err := s.events.HeadPosition(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("subscriptions: wait for %q to catch up: %w", s.name, err)
+	}
+	names := s.partitionNames()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("subscriptions: wait for %q to catch up to position %d: %w", s.name, head, ctx.Err())
+		case <-timer.C:
+		}
+		positions, err := s.storePositions(ctx, names)
+		if err != nil {
+			if ctx.Err() == nil {
+				return 0, err // the store names the subscriber
+			}
+			continue
+		}
+		behind := false
+		for p, position := range positions {
+			if position >= head {
+				continue
+			}
+			n, err := newPartitionFeed(s.events, p, s.partitions).countAfter(ctx, position, head)
+			if err != nil {
+				if ctx.Err() == nil {
+					return 0, fmt.Errorf("subscriptions: wait for %q to catch up: partition %d of %d: %w", s.name, p, s.partitions, err)
+				}
+				break
+			}
+			if n > 0 {
+				behind = true
+				break
+			}
+		}
+		if !behind && ctx.Err() == nil {
+			return head, nil
+		}
+		timer.Reset(min(caughtUpPoll, s.pollInterval))
+	}
 }

@@ -281,6 +281,58 @@ func TestPartitionsSuite(t *testing.T) {
 				}
 			})
 
+			t.Run("reset with cleanup while partitions run, wait caught up, delete state", func(t *testing.T) {
+				e := b.New(t)
+				proj := newPartProjection(t, e, "part_rebuild")
+				seq := map[string]int{}
+				want := partAppend(t, e.Events, seq, 16, 200)
+				sub := coreNewSub(t, "part-rebuild", e.Events, e.Checkpoints, proj.handler(true),
+					subscriptions.WithPartitions(4), subscriptions.WithConcurrency(4), subscriptions.WithParkingLot(e.Parking),
+					subscriptions.WithBatchSize(5), subscriptions.WithPollInterval(poll))
+				run := coreStart(t, sub)
+				require.Eventually(t, func() bool { return len(proj.handled(t)) >= 40 }, 30*time.Second, time.Millisecond)
+				// The rebuild empties the projection and moves every partition
+				// to 0 at once: afterwards each event is projected once, in
+				// order per aggregate (the handler checks it).
+				require.NoError(t, sub.ResetCheckpointWith(context.Background(), 0, func(ctx context.Context) error {
+					if tx := subscriptions.TxFromContext(ctx); tx != nil {
+						return tx.Exec("DELETE FROM part_rebuild").Error
+					}
+					proj.mu.Lock()
+					defer proj.mu.Unlock()
+					proj.counts, proj.last = map[string]int{}, map[string]int{}
+					return nil
+				}))
+				want = append(want, partAppend(t, e.Events, seq, 16, 40)...)
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				head, err := sub.WaitCaughtUp(ctx)
+				require.NoError(t, err)
+				feed := coreFeed(t, e.Events)
+				require.Equal(t, feed[len(feed)-1].Position, head)
+				handled := proj.handled(t)
+				require.Len(t, handled, len(want))
+				for _, ev := range want {
+					require.Equal(t, 1, handled[ev.ID], "event %s", ev.ID)
+				}
+				require.Empty(t, proj.orderViolations())
+
+				run.stop(t)
+				require.NoError(t, sub.DeleteState(context.Background()))
+				lags, err := sub.PartitionLags(context.Background())
+				require.NoError(t, err)
+				var total int64
+				for _, l := range lags {
+					total += l
+				}
+				require.Equal(t, int64(len(want)), total, "every partition starts again at 0")
+				// The partition count is forgotten too: another n may run.
+				other := coreNewSub(t, "part-rebuild", e.Events, e.Checkpoints, func(context.Context, domain.EventEnvelope[any]) error { return nil },
+					subscriptions.WithPartitions(2), subscriptions.WithPollInterval(poll))
+				coreStart(t, other)
+				waitCaughtUp(t, other)
+			})
+
 			t.Run("another partition count is refused", func(t *testing.T) {
 				e := b.New(t)
 				h := func(context.Context, domain.EventEnvelope[any]) error { return nil }

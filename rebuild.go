@@ -36,11 +36,19 @@ func (s *Subscriber) ResetCheckpointWith(ctx context.Context, position int64, ap
 	if err := validatePosition(s.name, position); err != nil {
 		return err
 	}
-	r, ok := s.checkpoints.(CheckpointResetter)
-	if !ok {
-		return fmt.Errorf("subscriptions: reset %q to %d with the application's statements: checkpoint store %T does not implement CheckpointResetter: %w", s.name, position, s.checkpoints, errors.ErrUnsupported)
+	resetWith := func(ctx context.Context, name string, position int64, apply func(ctx context.Context) error) error {
+		r, ok := s.checkpoints.(CheckpointResetter)
+		if !ok {
+			return fmt.Errorf("subscriptions: reset %q to %d with the application's statements: checkpoint store %T does not implement CheckpointResetter: %w", s.name, position, s.checkpoints, errors.ErrUnsupported)
+		}
+		return r.ResetWith(ctx, name, position, apply)
 	}
-	if err := r.ResetWith(ctx, s.name, position, apply); err != nil {
+	if s.partitions > 0 {
+		resetWith = func(ctx context.Context, _ string, position int64, apply func(ctx context.Context) error) error {
+			return s.resetPartitionsWith(ctx, position, apply)
+		}
+	}
+	if err := resetWith(ctx, s.name, position, apply); err != nil {
 		return err // the store names the subscriber and the position
 	}
 	s.logger.Info("subscriber checkpoint reset with the application's statements", "subscriber", s.name, "position", position)
@@ -66,6 +74,9 @@ const caughtUpPoll = 20 * time.Millisecond
 // handler keeps failing halts the checkpoint, and WaitCaughtUp then waits
 // until ctx ends. It returns ctx's error wrapped when ctx ends first.
 func (s *Subscriber) WaitCaughtUp(ctx context.Context) (int64, error) {
+	if s.partitions > 0 {
+		return s.waitPartitionsCaughtUp(ctx)
+	}
 	head, err := s.events.HeadPosition(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("subscriptions: wait for %q to catch up: %w", s.name, err)
@@ -135,7 +146,13 @@ func (s *Subscriber) DeleteState(ctx context.Context) error {
 			return nil
 		}
 	}
-	if err := r.Delete(ctx, s.name, purge); err != nil {
+	del := r.Delete
+	if s.partitions > 0 {
+		del = func(ctx context.Context, _ string, purge func(ctx context.Context) error) error {
+			return s.deletePartitions(ctx, purge)
+		}
+	}
+	if err := del(ctx, s.name, purge); err != nil {
 		return err // the store names the subscriber
 	}
 	s.logger.Info("subscriber state deleted", "subscriber", s.name)
