@@ -78,8 +78,10 @@
 // partition with work whose checkpoint it can lock, and a dead replica's
 // partitions are taken over within a poll interval. Lag is the number of
 // events not yet handled, summed over the partitions (PartitionLags per
-// partition); ResetCheckpoint moves every partition in one transaction.
-// The partition count is recorded with the checkpoints: a Run with another
+// partition); ResetCheckpoint and ResetCheckpointWith move every
+// partition in one transaction, WaitCaughtUp waits for every partition and
+// DeleteState deletes them all. An idle partitioned subscriber costs two
+// statements per poll interval whatever n is. The partition count is recorded with the checkpoints: a Run with another
 // n is refused with ErrPartitionsChanged, and the first partitioned Run of
 // a name that ran unpartitioned starts every partition at its checkpoint.
 // See docs/partitions.md.
