@@ -323,3 +323,40 @@ func (s *Subscriber) waitPartitionsCaughtUp(ctx context.Context) (int64, error) 
 		timer.Reset(min(caughtUpPoll, s.pollInterval))
 	}
 }
+
+// partitionStatus fills Status's database figures for a partitioned
+// subscriber: Lag is the events not yet handled over every partition (as
+// Lag), LagSeconds the age of the oldest of them, and Position the lowest
+// checkpoint of a partition with events behind it (the head when every
+// partition is caught up): every event at or below it is handled.
+func (s *Subscriber) partitionStatus(ctx context.Context, st *Status, now time.Time) error {
+	positions, err := s.storePositions(ctx, s.partitionNames())
+	if err != nil {
+		return err // the store names the subscriber
+	}
+	st.Position = st.Head
+	for p, position := range positions {
+		if position > st.Head {
+			st.Position = position
+			return nil // the caller reports ErrCheckpointAhead
+		}
+		feed := newPartitionFeed(s.events, p, s.partitions)
+		n, err := feed.countAfter(ctx, position, st.Head)
+		if err != nil {
+			return fmt.Errorf("subscriptions: status of %q: partition %d of %d: %w", s.name, p, s.partitions, err)
+		}
+		if n == 0 {
+			continue
+		}
+		st.Lag += n
+		st.Position = min(st.Position, position)
+		oldest, err := feed.ReadAfter(ctx, position, 1)
+		if err != nil {
+			return fmt.Errorf("subscriptions: status of %q: partition %d of %d: oldest unhandled event: %w", s.name, p, s.partitions, err)
+		}
+		if len(oldest) > 0 && !oldest[0].Created.IsZero() {
+			st.LagSeconds = max(st.LagSeconds, now.Sub(oldest[0].Created).Seconds())
+		}
+	}
+	return nil
+}

@@ -28,7 +28,7 @@ type partitionFeed struct {
 
 func newPartitionFeed(events domain.EventStore, partition, partitions int) *partitionFeed {
 	f := &partitionFeed{EventStore: events, partition: partition, partitions: partitions}
-	if store, ok := events.(*infrastructure.GormEventStore); ok && store.DB().Name() == "postgres" {
+	if store, ok := undecorated(events).(*infrastructure.GormEventStore); ok && store.DB().Name() == "postgres" {
 		f.pg = store
 	}
 	return f

@@ -189,6 +189,9 @@ func (s *Subscriber) runPartitioned(ctx context.Context) error {
 	s.logger.Info("subscriber started", "subscriber", s.name, "batch_size", s.batchSize, "poll_interval", s.pollInterval,
 		"partitions", s.partitions, "concurrency", k)
 	defer s.logger.Info("subscriber stopped", "subscriber", s.name)
+	s.tel.started()
+	defer s.tel.setState(StateStopped)
+	defer s.tel.observe(s)()
 
 	wctx, abort := context.WithCancel(ctx)
 	defer abort()
@@ -255,6 +258,14 @@ func (s *Subscriber) partitionChild(name string, p int) *Subscriber {
 		handlerTimeout:  s.handlerTimeout,
 		shutdownGrace:   s.shutdownGrace,
 		batchHandler:    s.batchHandler,
+		stuckThreshold:  s.stuckThreshold,
+		maxLagTime:      s.maxLagTime,
+		meterProvider:   s.meterProvider,
+		tracerProvider:  s.tracerProvider,
+		noTelemetry:     s.noTelemetry,
+		// The partitions share the subscriber's instruments and live state
+		// (safe for concurrent use): metrics carry the subscriber's name.
+		tel: s.tel,
 		// Not copied: wake (the coordinator's), running (Run's own),
 		// partitions and concurrency (a partition is unpartitioned),
 		// pipelined (the partition's read is filtered).

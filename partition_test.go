@@ -333,6 +333,24 @@ func TestPartitionsSuite(t *testing.T) {
 				waitCaughtUp(t, other)
 			})
 
+			t.Run("status counts the events not yet handled", func(t *testing.T) {
+				e := b.New(t)
+				want := partAppend(t, e.Events, map[string]int{}, 12, 60)
+				sub := coreNewSub(t, "part-status", e.Events, e.Checkpoints, func(context.Context, domain.EventEnvelope[any]) error { return nil },
+					subscriptions.WithPartitions(4), subscriptions.WithConcurrency(2), subscriptions.WithPollInterval(poll))
+				st, err := sub.Status(context.Background())
+				require.NoError(t, err)
+				require.Equal(t, int64(len(want)), st.Lag)
+				require.Zero(t, st.Position)
+				require.Positive(t, st.LagSeconds)
+				coreStart(t, sub)
+				waitCaughtUp(t, sub)
+				st, err = sub.Status(context.Background())
+				require.NoError(t, err)
+				require.Zero(t, st.Lag)
+				require.Equal(t, st.Head, st.Position)
+			})
+
 			t.Run("another partition count is refused", func(t *testing.T) {
 				e := b.New(t)
 				h := func(context.Context, domain.EventEnvelope[any]) error { return nil }

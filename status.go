@@ -99,7 +99,12 @@ func (s *Subscriber) Status(ctx context.Context) (Status, error) {
 	}
 	now := time.Now()
 	st := Status{Subscriber: s.name, Position: position, Head: head, Parked: -1, CheckedAt: now.UTC()}
-	if head > position {
+	if s.partitions > 0 {
+		if err := s.partitionStatus(ctx, &st, now); err != nil {
+			return Status{}, err
+		}
+		position = st.Position
+	} else if head > position {
 		st.Lag = head - position
 		oldest, err := s.events.ReadAfter(ctx, position, 1)
 		if err != nil {

@@ -14,10 +14,10 @@ import (
 	"github.com/eventfeed/subscriptions/infrastructure"
 )
 
-// batchRebuildSize is the batch of every variant of scenario 9.
+// batchRebuildSize is the batch of every variant of scenario 10.
 const batchRebuildSize = 1000
 
-// runBatchHandler: scenario 9. A rebuild on Postgres with a multi-row
+// runBatchHandler: scenario 10. A rebuild on Postgres with a multi-row
 // upsert batch handler (WithBatchHandler), next to the per-event handler
 // and a plain loop doing the same multi-row upserts in transactions of
 // the same size. The variants run one after the other, twice in

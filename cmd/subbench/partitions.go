@@ -37,7 +37,7 @@ type partitionResult struct {
 	statements float64 // per event, every pool together
 }
 
-// runPartitions: scenario 8. A handler that upserts through TxFromContext
+// runPartitions: scenario 9. A handler that upserts through TxFromContext
 // and then waits 2 ms (I/O-bound) on 1, 4 and 16 partitions, over 1 and 4
 // pools; baseline: n times the unpartitioned rate of the same run. Then the
 // CPU-bound handler (the upsert alone), whose figure 2 cores cap.
