@@ -59,8 +59,10 @@ func (r *runner) handleBatch(hctx context.Context, batch Batch, events []domain.
 		return events, 0, false, nil
 	}
 	r.oneByOneThrough = 0
-	if len(events) == 1 {
-		return events, 0, false, nil // the per-event path finds, retries and parks it
+	if len(events) == 1 || r.graceExpired() {
+		// The per-event path finds, retries and parks a lone event, and
+		// stops at once when the shutdown grace has run out.
+		return events, 0, false, nil
 	}
 	ctx := hctx
 	if s.handlerTimeout > 0 {
@@ -69,12 +71,15 @@ func (r *runner) handleBatch(hctx context.Context, batch Batch, events []domain.
 		defer cancel()
 	}
 	err = s.batchHandler(ctx, events)
-	if err == nil {
+	if err == nil && !r.graceExpired() {
 		return nil, 0, false, nil
 	}
 	r.rollback(batch)
 	last := events[len(events)-1]
-	if context.Cause(hctx) == ErrShutdownGrace {
+	if r.graceExpired() { // whatever the handler returned, as in handle
+		if err == nil {
+			err = ErrShutdownGrace
+		}
 		s.logger.Warn("subscriber: shutdown grace period expired; the batch is rolled back and delivered again after a restart",
 			"subscriber", s.name, "from_position", events[0].Position, "to_position", last.Position, "grace", s.shutdownGrace, "error", err)
 		return nil, outcomeStopped, true, err

@@ -73,7 +73,7 @@ func (g *GormCheckpointStore) fencedAll(ctx context.Context, names []string, wha
 	slices.Sort(sorted)
 	if !g.postgres {
 		for _, name := range sorted {
-			release, err := g.fenceSQLite(ctx, name)
+			release, err := g.fenceSQLite(ctx, name, what)
 			if err != nil {
 				return err
 			}
@@ -166,7 +166,7 @@ func (m *MemoryCheckpointStore) resetAll(ctx context.Context, names []string, po
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, name := range names {
-		if e := m.entries[name]; e != nil && e.active != nil {
+		if e := m.entries[name]; (e != nil && e.active != nil) || m.fences[name] != nil {
 			return fmt.Errorf("subscriptions: reset checkpoint of %q to %d: %w", name, position, ErrBatchInFlight)
 		}
 	}
