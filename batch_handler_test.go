@@ -137,3 +137,50 @@ func TestBatchHandlerOptionIsValidated(t *testing.T) {
 func subscriptionsMemory() (domain.EventStore, subscriptions.CheckpointStore) {
 	return infrastructure.NewMemoryStore(), subscriptions.NewMemoryCheckpointStore()
 }
+
+// TestBatchHandlerShutdownGrace: a batch handler still running when the
+// shutdown grace runs out has its batch rolled back, even if it then
+// returns nil, and Run returns; the events are handled after a restart.
+func TestBatchHandlerShutdownGrace(t *testing.T) {
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			e := b.New(t)
+			proj := newPartProjection(t, e, "batch_grace")
+			project := proj.handler(false)
+			want := partAppend(t, e.Events, map[string]int{}, 4, 10)
+			entered := make(chan struct{}, 1)
+			block := true
+			h := func(ctx context.Context, events []domain.EventEnvelope[any]) error {
+				for _, ev := range events {
+					if err := project(ctx, ev); err != nil {
+						return err
+					}
+				}
+				if block {
+					entered <- struct{}{}
+					<-ctx.Done()
+				}
+				return nil // the grace's cut must roll back even a nil
+			}
+			opts := []subscriptions.SubscriberOption{subscriptions.WithBatchHandler(h), subscriptions.WithShutdownGrace(20 * time.Millisecond)}
+			sub := coreNewSub(t, "batch-grace", e.Events, e.Checkpoints, nil, opts...)
+			run := coreStart(t, sub)
+			<-entered
+			run.stop(t)
+			lag, err := sub.Lag(context.Background())
+			require.NoError(t, err)
+			require.Equal(t, int64(len(want)), lag, "the cut batch committed")
+
+			block = false
+			sub = coreNewSub(t, "batch-grace", e.Events, e.Checkpoints, nil, opts...)
+			coreStart(t, sub)
+			waitCaughtUp(t, sub)
+			if e.DB != nil {
+				handled := proj.handled(t)
+				for _, ev := range want {
+					require.Equal(t, 1, handled[ev.ID], "event %s", ev.ID)
+				}
+			}
+		})
+	}
+}
