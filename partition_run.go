@@ -268,7 +268,10 @@ func (s *Subscriber) partitionChild(name string, p int) *Subscriber {
 		tel: s.tel,
 		// Not copied: wake (the coordinator's), running (Run's own),
 		// partitions and concurrency (a partition is unpartitioned),
-		// pipelined (the partition's read is filtered).
+		// pipelined (the partition's read is filtered), and clearer: a
+		// partition's batch spans positions of other partitions' events,
+		// so clearing parked entries by position range would remove
+		// theirs (docs/partitions.md says what partitions keep instead).
 	}
 	if s.parking != nil {
 		c.parking = partitionLot{ParkingLot: s.parking, name: s.name}

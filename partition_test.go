@@ -393,8 +393,12 @@ func TestPartitionsSuite(t *testing.T) {
 				poison := evs[13]
 				var mu sync.Mutex
 				seen := map[string]int{}
+				fixed := false
 				sub := coreNewSub(t, "part-poison", e.Events, e.Checkpoints, func(ctx context.Context, ev domain.EventEnvelope[any]) error {
-					if ev.ID == poison.ID {
+					mu.Lock()
+					broken := !fixed
+					mu.Unlock()
+					if ev.ID == poison.ID && broken {
 						return errors.New("poison")
 					}
 					mu.Lock()
@@ -413,6 +417,15 @@ func TestPartitionsSuite(t *testing.T) {
 				require.Equal(t, "part-poison", parked[0].Subscriber)
 				mu.Lock()
 				require.Len(t, seen, len(evs)-1)
+				fixed = true
+				mu.Unlock()
+				// The replay checks the poison event's partition's checkpoint.
+				require.NoError(t, sub.ReplayParked(context.Background(), poison.ID))
+				parked, err = sub.ListParked(context.Background())
+				require.NoError(t, err)
+				require.Empty(t, parked)
+				mu.Lock()
+				require.Len(t, seen, len(evs))
 				mu.Unlock()
 			})
 		})

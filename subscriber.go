@@ -360,7 +360,11 @@ func (s *Subscriber) ReplayParked(ctx context.Context, eventID string) error {
 // (ErrEventNotParked). The checkpoint is read before the replay begins: a
 // Reset that races the replay is not caught.
 func (s *Subscriber) refuseAfterCheckpoint(ctx context.Context, event domain.EventEnvelope[any]) error {
-	position, err := s.checkpoints.Position(ctx, s.name)
+	checkpoint := s.name
+	if s.partitions > 0 { // the checkpoint of the event's partition
+		checkpoint = partitionName(s.name, PartitionOf(event.AggregateID, s.partitions), s.partitions)
+	}
+	position, err := s.checkpoints.Position(ctx, checkpoint)
 	if err != nil {
 		return fmt.Errorf("subscriptions: replay event %q: %w", event.ID, err) // the store names the subscriber
 	}
