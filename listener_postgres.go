@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/internal/ident"
 	"github.com/eventfeed/subscriptions/internal/secret"
 )
 
@@ -34,11 +34,6 @@ const (
 	// listenerCloseTimeout bounds the polite Terminate message sent when the
 	// connection is closed; the socket is closed regardless.
 	listenerCloseTimeout = 5 * time.Second
-
-	// maxChannelBytes is Postgres's identifier limit (NAMEDATALEN-1). LISTEN
-	// silently truncates a longer name while pg_notify refuses it, so a
-	// longer channel could never be notified.
-	maxChannelBytes = 63
 )
 
 // listenerKeepAlive makes a silently dead connection (a crashed host, a
@@ -137,15 +132,11 @@ func NewPostgresListener(dsn string, opts ...PostgresListenerOption) (*PostgresL
 	if l.logger == nil {
 		l.logger = slog.Default()
 	}
-	switch {
-	case l.reconnectDelay <= 0:
+	if l.reconnectDelay <= 0 {
 		return nil, fmt.Errorf("subscriptions: NewPostgresListener: reconnect delay %v must be positive (WithListenerReconnectDelay)", l.reconnectDelay)
-	case l.channel == "":
-		return nil, errors.New("subscriptions: NewPostgresListener: empty channel name (WithListenerChannel)")
-	case len(l.channel) > maxChannelBytes:
-		return nil, fmt.Errorf("subscriptions: NewPostgresListener: channel name %q is %d bytes, longer than Postgres's %d-byte identifier limit (WithListenerChannel)", l.channel, len(l.channel), maxChannelBytes)
-	case strings.ContainsRune(l.channel, 0):
-		return nil, fmt.Errorf("subscriptions: NewPostgresListener: channel name %q contains a NUL byte (WithListenerChannel)", l.channel)
+	}
+	if err := ident.CheckChannel(l.channel); err != nil {
+		return nil, fmt.Errorf("subscriptions: NewPostgresListener: %w (WithListenerChannel)", err)
 	}
 	l.ident = pgx.Identifier{l.channel}.Sanitize()
 

@@ -15,6 +15,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
 )
@@ -438,4 +439,92 @@ func TestPostgresListenerRunLifecycle(t *testing.T) {
 			wakeBound, 5*time.Millisecond, "Run closes its connection")
 		goleak.VerifyNone(t, baseline)
 	}
+}
+
+// TestPostgresChannelPerStore: two event stores in two schemas of one
+// database, each subscribed to through its own listener. With a channel
+// per store (infrastructure.WithNotifyChannel matched by
+// WithListenerChannel), appends to one store never wake the other's
+// subscriber: its feed reads stay at zero while the busy store's
+// subscriber handles every event. The control case, both stores on one
+// channel, shows that the count does see cross-schema wake-ups.
+func TestPostgresChannelPerStore(t *testing.T) {
+	const appends = 5
+	for _, c := range []struct {
+		name       string
+		oneChannel bool
+	}{
+		{"own channels", false},
+		{"one channel", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			quietPG, busyPG := dbtest.NewPostgres(t), dbtest.NewPostgres(t)
+			quietChannel, busyChannel := "quiet_"+quietPG.Schema, "busy_"+busyPG.Schema
+			if c.oneChannel {
+				busyChannel = quietChannel
+			}
+			// Each side is one service: its store NOTIFYs its channel, its
+			// listener LISTENs on it, its subscriber polls once a minute.
+			side := func(pg *dbtest.Postgres, channel string, handled *wakeHandled) (domain.EventStore, *wakeCountingStore) {
+				store, err := infrastructure.NewGormEventStore(pg.DB, infrastructure.WithNotifyChannel(channel))
+				require.NoError(t, err)
+				cps, err := subscriptions.NewGormCheckpointStore(pg.DB)
+				require.NoError(t, err)
+				logger, logs := newLogger()
+				listener, err := subscriptions.NewPostgresListener(pg.DSN, subscriptions.WithListenerChannel(channel),
+					subscriptions.WithListenerLogger(logger))
+				require.NoError(t, err)
+				counting := &wakeCountingStore{EventStore: store}
+				sub, err := subscriptions.NewSubscriber("channel-"+pg.Schema, counting, cps, handled.handler(pg.Schema),
+					subscriptions.WithPollInterval(wakePoll), subscriptions.WithWakeSignal(listener.Subscribe()),
+					subscriptions.WithLogger(quietLogger()))
+				require.NoError(t, err)
+				wakeRunListener(t, listener)
+				wakeWaitLog(t, logs, "postgres listener: listening", 1)
+				start(t, sub)
+				return store, counting
+			}
+			quietHandled, busyHandled := newWakeHandled(appends), newWakeHandled(appends)
+			_, quiet := side(quietPG, quietChannel, quietHandled)
+			busy, busyCounting := side(busyPG, busyChannel, busyHandled)
+			// Startup reads (the first cycle, the wake sent on connecting)
+			// are over once both subscribers have stayed idle a while.
+			wakeQuiet(t, quiet, 200*time.Millisecond, true)
+			wakeQuiet(t, busyCounting, 200*time.Millisecond, true)
+			before := quiet.reads.Load()
+
+			for i := range appends {
+				id, _ := wakeAppendOne(t, busy, i)
+				require.Equal(t, id, busyHandled.next(t).id, "the busy store's own subscriber is woken")
+			}
+			wakeQuiet(t, quiet, 300*time.Millisecond, true)
+			woken := quiet.reads.Load() - before
+			t.Logf("%s: %d appends to the busy store made the quiet subscriber read its feed %d times", c.name, appends, woken)
+			if c.oneChannel {
+				require.Positive(t, woken, "one channel: the busy store's NOTIFYs wake the quiet subscriber")
+			} else {
+				require.Zero(t, woken, "own channels: the busy store's NOTIFYs must not wake the quiet subscriber")
+			}
+			select {
+			case ev := <-quietHandled.ch:
+				t.Fatalf("the quiet subscriber handled %s, an event of another schema", ev.id)
+			default:
+			}
+		})
+	}
+}
+
+// TestGormEventStoreRejectsUnusableChannel: WithNotifyChannel refuses the
+// names LISTEN and pg_notify would not treat alike, as the listener does.
+func TestGormEventStoreRejectsUnusableChannel(t *testing.T) {
+	db := dbtest.NewSQLiteMemory(t)
+	for _, channel := range []string{"", strings.Repeat("c", 64), "bad\x00channel"} {
+		_, err := infrastructure.NewGormEventStore(db, infrastructure.WithNotifyChannel(channel))
+		require.ErrorContains(t, err, "channel name")
+		require.ErrorContains(t, err, "WithNotifyChannel")
+		_, err = subscriptions.NewPostgresListener(dbtest.DefaultPostgresDSN, subscriptions.WithListenerChannel(channel))
+		require.ErrorContains(t, err, "channel name")
+	}
+	_, err := infrastructure.NewGormEventStore(db, infrastructure.WithNotifyChannel(strings.Repeat("c", 63)))
+	require.NoError(t, err)
 }

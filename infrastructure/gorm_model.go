@@ -2,9 +2,10 @@ package infrastructure
 
 import "time"
 
-// PostgresNotifyChannel is the channel on which GormEventStore NOTIFYs
-// after every committed append on Postgres. It keeps the documented
-// original's name: subscriptions.WithListenerChannel defaults to it.
+// PostgresNotifyChannel is the default channel on which GormEventStore
+// NOTIFYs after every committed append on Postgres (WithNotifyChannel
+// chooses another). It keeps the documented original's name:
+// subscriptions.WithListenerChannel defaults to it.
 const PostgresNotifyChannel = "pericarp_events"
 
 // GormEventModel is the row layout of the events table. The table is

@@ -272,7 +272,7 @@ func (s *GormEventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, members
 		write.Queue(p.insert.sql, p.insert.args...)
 	}
 	if notify {
-		write.Queue(notifyIfWritten, PostgresNotifyChannel)
+		write.Queue(notifyIfWritten, s.channel)
 	}
 	write.Queue("COMMIT")
 	br := pc.SendBatch(ctx, write)

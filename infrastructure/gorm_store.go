@@ -55,9 +55,10 @@ import (
 // in the README (WAL, a busy timeout, _txlock=immediate) so that concurrent
 // appends queue instead of failing with "database is locked".
 //
-// On Postgres each append also runs pg_notify(PostgresNotifyChannel, ”)
-// in its transaction, delivered at commit, for subscriptions'
-// PostgresListener.
+// On Postgres each append also runs pg_notify(channel, ”) in its
+// transaction, delivered at commit, for subscriptions' PostgresListener;
+// the channel is PostgresNotifyChannel unless WithNotifyChannel says
+// otherwise.
 type GormEventStore struct {
 	db   *gorm.DB
 	pool *sql.DB // Postgres: for the pipelined append; nil on a caller's transaction
@@ -68,7 +69,8 @@ type GormEventStore struct {
 	portableOnly bool
 	notPgx       atomic.Bool // the pool's driver is not pgx: portable path
 	postgres     bool
-	lockKey      int64 // Postgres: the append lock's key
+	lockKey      int64  // Postgres: the append lock's key
+	channel      string // Postgres: the NOTIFY channel
 	coalescer    appendCoalescer
 }
 
@@ -79,13 +81,17 @@ var _ domain.EventStore = (*GormEventStore)(nil)
 // the table exists, and concurrent constructors take turns. Dialects other
 // than Postgres and SQLite are refused with an error wrapping
 // domain.ErrGlobalOrderingNotSupported.
-func NewGormEventStore(db *gorm.DB) (*GormEventStore, error) {
+func NewGormEventStore(db *gorm.DB, opts ...GormEventStoreOption) (*GormEventStore, error) {
 	if db == nil || db.Config == nil || db.Dialector == nil {
 		return nil, errors.New("infrastructure: NewGormEventStore: nil or unopened *gorm.DB (use gorm.Open)")
 	}
 	dialect := db.Name()
 	if dialect != sqlschema.Postgres && dialect != sqlschema.SQLite {
 		return nil, fmt.Errorf("infrastructure: NewGormEventStore: dialect %q: %w (use postgres or sqlite)", dialect, domain.ErrGlobalOrderingNotSupported)
+	}
+	cfg, err := newGormEventStoreConfig(opts)
+	if err != nil {
+		return nil, fmt.Errorf("infrastructure: NewGormEventStore: %w", err)
 	}
 	ctx := context.Background()
 	if err := sqlschema.Ensure(ctx, db, sqlschema.Objects{
@@ -95,7 +101,7 @@ func NewGormEventStore(db *gorm.DB) (*GormEventStore, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("infrastructure: create events table: %w", err)
 	}
-	s := &GormEventStore{db: db, postgres: dialect == sqlschema.Postgres, inTx: inTransaction(db)}
+	s := &GormEventStore{db: db, postgres: dialect == sqlschema.Postgres, inTx: inTransaction(db), channel: cfg.channel}
 	if s.postgres {
 		var qualified string
 		err := db.WithContext(ctx).Raw(`SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
@@ -280,7 +286,7 @@ func (s *GormEventStore) appendOnce(ctx context.Context, aggregateID string, exp
 			}
 		}
 		if notify {
-			if err := tx.Exec("SELECT pg_notify(?, '')", PostgresNotifyChannel).Error; err != nil {
+			if err := tx.Exec("SELECT pg_notify(?, '')", s.channel).Error; err != nil {
 				return notifyError{err}
 			}
 		}

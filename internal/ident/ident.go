@@ -30,3 +30,24 @@ func Check(what, value string) error {
 	}
 	return nil
 }
+
+// MaxChannelBytes is Postgres's identifier limit (NAMEDATALEN-1) as it
+// applies to NOTIFY channels: LISTEN silently truncates a longer name
+// while pg_notify refuses it, so a longer channel could never be notified.
+const MaxChannelBytes = 63
+
+// CheckChannel rejects a NOTIFY channel name that LISTEN and pg_notify
+// would not treat alike: empty, longer than MaxChannelBytes, or containing
+// a NUL byte. The event store and the listener both check with it, so
+// that any name one accepts, the other accepts too.
+func CheckChannel(channel string) error {
+	switch {
+	case channel == "":
+		return fmt.Errorf("empty channel name")
+	case len(channel) > MaxChannelBytes:
+		return fmt.Errorf("channel name %q is %d bytes, longer than Postgres's %d-byte identifier limit", channel, len(channel), MaxChannelBytes)
+	case strings.IndexByte(channel, 0) >= 0:
+		return fmt.Errorf("channel name %q contains a NUL byte", channel)
+	}
+	return nil
+}
