@@ -132,7 +132,9 @@ type batchTx struct {
 //   - keep it open long (idle_in_transaction_session_timeout ends the
 //     session) or use it from another goroutine or after returning.
 //
-// Each call returns a new session on the same transaction.
+// Each call returns a new session on the same transaction. Handlers
+// written against database/sql or sqlc get the same transaction from
+// SQLTxFromContext.
 func TxFromContext(ctx context.Context) *gorm.DB {
 	if ctx == nil {
 		return nil

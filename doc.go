@@ -18,7 +18,8 @@
 //
 // With a GormCheckpointStore each batch is one database transaction. A
 // handler that writes its projection through that transaction
-// (TxFromContext) commits atomically with the checkpoint advance:
+// (TxFromContext for GORM, SQLTxFromContext for database/sql and sqlc)
+// commits atomically with the checkpoint advance:
 // exactly-once, for writes to the same database. Anything else a handler
 // does (HTTP calls, messages, writes elsewhere) is at-least-once: a batch
 // that fails or crashes is delivered again. MemoryCheckpointStore offers

@@ -110,6 +110,27 @@ func project(ctx context.Context, table string, ev domain.EventEnvelope[any]) er
 	return tx.Exec("INSERT INTO "+table+" (event_id, position) VALUES (?, ?)", ev.ID, ev.Position).Error
 }
 
+// projectSQL is project through the batch transaction's database/sql
+// handle (SQLTxFromContext), with plain placeholders.
+func projectSQL(ctx context.Context, table string, ev domain.EventEnvelope[any]) error {
+	tx := subscriptions.SQLTxFromContext(ctx)
+	if tx == nil {
+		return fmt.Errorf("no batch transaction in the handler's context")
+	}
+	_, err := tx.ExecContext(ctx, "INSERT INTO "+table+" (event_id, position) VALUES ($1, $2)", ev.ID, ev.Position)
+	return err
+}
+
+// projectors are the two ways a handler writes through the batch
+// transaction; exactly-once tests run with each.
+var projectors = []struct {
+	Name    string
+	Project func(ctx context.Context, table string, ev domain.EventEnvelope[any]) error
+}{
+	{"gorm", project},
+	{"database-sql", projectSQL},
+}
+
 // projected returns the event IDs in table ordered by position.
 func projected(t testing.TB, db *gorm.DB, table string) []string {
 	t.Helper()

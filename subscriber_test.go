@@ -110,56 +110,61 @@ func TestSubscriberHandlerSeesBatchTx(t *testing.T) {
 // projection through TxFromContext and then fails mid-batch leaves no trace
 // of the failed batch; after a restart with a healthy handler every event
 // is in the projection exactly once (the primary key on event_id would
-// make any duplicate write fail).
+// make any duplicate write fail). The handler writes through GORM
+// (TxFromContext) or through database/sql (SQLTxFromContext); on Postgres
+// the catch-up batches take the pipelined path and the others the
+// ordinary one.
 func TestSubscriberExactlyOnceWithFailingHandler(t *testing.T) {
 	for _, b := range gormEnvs() {
-		t.Run(b.Name, func(t *testing.T) {
-			e := b.New(t)
-			ctx := context.Background()
-			table := coreProjection(t, e.DB, "exactly_once")
-			const name = "core-exactly-once"
-			appendN(t, e.Events, "core.once", 0, 30)
-			feed := coreFeed(t, e.Events)
-			ids := coreIDs(feed)
+		for _, p := range projectors {
+			t.Run(b.Name+"/"+p.Name, func(t *testing.T) {
+				e := b.New(t)
+				ctx := context.Background()
+				table := coreProjection(t, e.DB, "exactly_once")
+				const name = "core-exactly-once"
+				appendN(t, e.Events, "core.once", 0, 30)
+				feed := coreFeed(t, e.Events)
+				ids := coreIDs(feed)
 
-			var failures atomic.Int32
-			failing := func(ctx context.Context, ev coreEnvelope) error {
-				if err := project(ctx, table, ev); err != nil {
-					return err
+				var failures atomic.Int32
+				failing := func(ctx context.Context, ev coreEnvelope) error {
+					if err := p.Project(ctx, table, ev); err != nil {
+						return err
+					}
+					if ev.ID == ids[15] {
+						failures.Add(1)
+						return errors.New("core: handler fails after writing") // the write above must vanish
+					}
+					return nil
 				}
-				if ev.ID == ids[15] {
-					failures.Add(1)
-					return errors.New("core: handler fails after writing") // the write above must vanish
-				}
-				return nil
-			}
-			logger, logs := newLogger()
-			sub := coreNewSub(t, name, e.Events, e.Checkpoints, failing,
-				subscriptions.WithBatchSize(10), subscriptions.WithLogger(logger))
-			run := coreStart(t, sub)
-			// Batch 10..19 fails at 15, the events before it commit on their
-			// own, then 15 keeps failing as the first of its batch.
-			require.Eventually(t, func() bool { return failures.Load() >= 3 }, 30*time.Second, time.Millisecond)
-			run.stop(t)
+				logger, logs := newLogger()
+				sub := coreNewSub(t, name, e.Events, e.Checkpoints, failing,
+					subscriptions.WithBatchSize(10), subscriptions.WithLogger(logger))
+				run := coreStart(t, sub)
+				// Batch 10..19 fails at 15, the events before it commit on their
+				// own, then 15 keeps failing as the first of its batch.
+				require.Eventually(t, func() bool { return failures.Load() >= 3 }, 30*time.Second, time.Millisecond)
+				run.stop(t)
 
-			pos, err := e.Checkpoints.Position(ctx, name)
-			require.NoError(t, err)
-			require.Equal(t, feed[14].Position, pos, "the checkpoint stops before the failing event")
-			require.Equal(t, ids[:15], projected(t, e.DB, table), "the failed attempts left no trace")
-			require.Contains(t, logs.String(), "processing the event failed")
-			require.Contains(t, logs.String(), ids[15], "the log names the failing event")
+				pos, err := e.Checkpoints.Position(ctx, name)
+				require.NoError(t, err)
+				require.Equal(t, feed[14].Position, pos, "the checkpoint stops before the failing event")
+				require.Equal(t, ids[:15], projected(t, e.DB, table), "the failed attempts left no trace")
+				require.Contains(t, logs.String(), "processing the event failed")
+				require.Contains(t, logs.String(), ids[15], "the log names the failing event")
 
-			// Restart with the bug fixed, from a fresh checkpoint store.
-			cps, err := subscriptions.NewGormCheckpointStore(e.DB)
-			require.NoError(t, err)
-			sub2 := coreNewSub(t, name, e.Events, cps, func(ctx context.Context, ev coreEnvelope) error {
-				return project(ctx, table, ev)
-			}, subscriptions.WithBatchSize(10))
-			run2 := coreStart(t, sub2)
-			waitCaughtUp(t, sub2)
-			run2.stop(t)
-			require.Equal(t, ids, projected(t, e.DB, table), "every event projected exactly once, in order")
-		})
+				// Restart with the bug fixed, from a fresh checkpoint store.
+				cps, err := subscriptions.NewGormCheckpointStore(e.DB)
+				require.NoError(t, err)
+				sub2 := coreNewSub(t, name, e.Events, cps, func(ctx context.Context, ev coreEnvelope) error {
+					return p.Project(ctx, table, ev)
+				}, subscriptions.WithBatchSize(10))
+				run2 := coreStart(t, sub2)
+				waitCaughtUp(t, sub2)
+				run2.stop(t)
+				require.Equal(t, ids, projected(t, e.DB, table), "every event projected exactly once, in order")
+			})
+		}
 	}
 }
 
