@@ -105,4 +105,3 @@ func projectedOrNil(t testing.TB, e *env, table string) []string {
 	}
 	return ids
 }
-
