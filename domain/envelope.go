@@ -36,7 +36,9 @@ type identifiable interface {
 // NewEventEnvelope creates an envelope with a fresh UUIDv7 ID (unique and
 // time-ordered, so IDs sort roughly by creation), Created set to now and an
 // empty, non-nil Metadata map. If payload has a GetID() string method, its
-// result is the aggregate ID and aggregateID is ignored.
+// result is the aggregate ID and aggregateID is ignored. sequenceNo 0 lets
+// the store number the event on Append (see EventStore.Append); any other
+// value is checked to be the aggregate's next number.
 func NewEventEnvelope[T any](payload T, aggregateID, eventType string, sequenceNo int) EventEnvelope[T] {
 	if p, ok := any(payload).(identifiable); ok && p != nil {
 		if id := safeGetID(p); id != "" {

@@ -15,6 +15,16 @@ type EventStore interface {
 	// the aggregate's current version the caller saw; -1 skips the check.
 	// A mismatch returns ErrConcurrencyConflict and persists nothing.
 	//
+	// Sequence numbers: an aggregate's events are numbered 1, 2, 3, ...
+	// without gaps, and its version is the number of its last event. An
+	// envelope whose SequenceNo is 0 is given the next number (the stored
+	// version plus its place in this append), which is what
+	// NewEventEnvelope(payload, id, type, 0) asks for. A non-zero SequenceNo
+	// is checked instead: a number already stored returns
+	// ErrConcurrencyConflict (another writer appended first), a negative
+	// one or any other than the next returns ErrInvalidEvent. Envelopes read
+	// back always carry their stored number.
+	//
 	// An error does not always mean nothing was stored: when the connection
 	// drops during the commit, or ctx expires while the commit is under way,
 	// Append can return that error (context.DeadlineExceeded, say) although

@@ -123,6 +123,8 @@ func NewGormEventStore(db *gorm.DB, opts ...GormEventStoreOption) (*GormEventSto
 
 // Append stores events for one aggregate atomically; see domain.EventStore.
 // Nothing is stored when any event is invalid or the version check fails.
+// Sequence numbers are assigned or checked as domain.EventStore.Append
+// says, inside the append's transaction.
 func (s *GormEventStore) Append(ctx context.Context, aggregateID string, expectedVersion int, events ...domain.EventEnvelope[any]) error {
 	// Validate what can be checked without the database first, so bad
 	// input never takes the append lock. The aggregate's version is not
