@@ -14,7 +14,8 @@ import (
 )
 
 // GormCheckpointModel is the GORM model for subscriber checkpoints. The
-// table is owned and created by NewGormCheckpointStore.
+// table is owned by this module and created by its migrations (package
+// migrations), which NewGormCheckpointStore applies.
 type GormCheckpointModel struct {
 	Subscriber string    `gorm:"primaryKey;column:subscriber"`
 	Position   int64     `gorm:"column:position;not null"`
@@ -23,20 +24,6 @@ type GormCheckpointModel struct {
 
 // TableName returns the table name for the checkpoint model.
 func (GormCheckpointModel) TableName() string { return "subscriber_checkpoints" }
-
-var checkpointObjects = sqlschema.Objects{
-	Names: []string{"subscriber_checkpoints"},
-	Postgres: []string{`CREATE TABLE IF NOT EXISTS subscriber_checkpoints (
-		subscriber text        NOT NULL PRIMARY KEY,
-		position   bigint      NOT NULL,
-		updated_at timestamptz
-	)`},
-	SQLite: []string{`CREATE TABLE IF NOT EXISTS subscriber_checkpoints (
-		subscriber text     NOT NULL PRIMARY KEY,
-		position   integer  NOT NULL,
-		updated_at datetime
-	)`},
-}
 
 // GormCheckpointStore is a database-backed CheckpointStore. Each batch runs
 // inside one database transaction: handlers that write to the same database
@@ -87,18 +74,20 @@ func registryFor(pool *sql.DB) *batchRegistry {
 
 var _ CheckpointStore = (*GormCheckpointStore)(nil)
 
-// NewGormCheckpointStore creates a checkpoint store and creates the
-// subscriber_checkpoints table if needed (safely while other processes use
-// it). Like the event feed itself, it supports Postgres and SQLite: replica
+// NewGormCheckpointStore creates a checkpoint store, applying the module's
+// schema migrations if the database lacks any (migrations.Migrate: safe
+// while other processes use the tables; no lock once the schema is up to
+// date). With WithSchemaVerifyOnly it runs no DDL and only checks the
+// schema. Like the event feed itself, it supports Postgres and SQLite: replica
 // coordination relies on row locking (Postgres) or serialized writers
 // (SQLite), and other engines would silently double-process events.
-func NewGormCheckpointStore(db *gorm.DB) (*GormCheckpointStore, error) {
+func NewGormCheckpointStore(db *gorm.DB, opts ...GormStoreOption) (*GormCheckpointStore, error) {
 	pool, postgres, err := gormHandle("NewGormCheckpointStore", db)
 	if err != nil {
 		return nil, err
 	}
-	if err := sqlschema.Ensure(context.Background(), db, checkpointObjects); err != nil {
-		return nil, fmt.Errorf("subscriptions: create subscriber_checkpoints table: %w", err)
+	if err := ensureSchema("NewGormCheckpointStore", db, opts); err != nil {
+		return nil, err
 	}
 	g := &GormCheckpointStore{db: db, pool: pool, postgres: postgres}
 	if !postgres {

@@ -17,7 +17,9 @@ import (
 )
 
 // GormParkedEventModel is the GORM model for parked events. The table is
-// owned and created by NewGormParkingLot.
+// owned by this module and created by its migrations (package migrations),
+// which NewGormParkingLot applies. On Postgres the table also has the
+// digest columns key and subscriber_key, which the lot fills in.
 type GormParkedEventModel struct {
 	Subscriber string    `gorm:"primaryKey;column:subscriber"`
 	EventID    string    `gorm:"primaryKey;column:event_id"`
@@ -30,43 +32,6 @@ type GormParkedEventModel struct {
 
 // TableName returns the table name for the parked event model.
 func (GormParkedEventModel) TableName() string { return "parked_events" }
-
-var parkedObjects = sqlschema.Objects{
-	Names: []string{"parked_events", "idx_parked_events_position"},
-	// SQLite keeps its primary key on the columns (no entry size limit).
-	// On Postgres the key is a SHA-256 digest of (subscriber, event ID)
-	// computed by the library, not a primary key over the two columns: a
-	// B-tree entry holds at most ~2.7 kB, and a subscriber name and an event
-	// ID may each be up to 2 kB. (A digest index in SQL would need md5, whose
-	// collisions an attacker can choose, or a non-immutable conversion.)
-	Postgres: []string{
-		`CREATE TABLE IF NOT EXISTS parked_events (
-			key            bytea       NOT NULL PRIMARY KEY,
-			subscriber_key bytea       NOT NULL,
-			subscriber     text        NOT NULL,
-			event_id       text        NOT NULL,
-			event_type     text        NOT NULL DEFAULT '',
-			position       bigint      NOT NULL DEFAULT 0,
-			error          text        NOT NULL DEFAULT '',
-			attempts       integer     NOT NULL DEFAULT 0,
-			parked_at      timestamptz
-		)`,
-		`CREATE INDEX IF NOT EXISTS idx_parked_events_position ON parked_events (subscriber_key, position)`,
-	},
-	SQLite: []string{
-		`CREATE TABLE IF NOT EXISTS parked_events (
-			subscriber text     NOT NULL,
-			event_id   text     NOT NULL,
-			event_type text     NOT NULL DEFAULT '',
-			position   integer  NOT NULL DEFAULT 0,
-			error      text     NOT NULL DEFAULT '',
-			attempts   integer  NOT NULL DEFAULT 0,
-			parked_at  datetime,
-			PRIMARY KEY (subscriber, event_id)
-		)`,
-		`CREATE INDEX IF NOT EXISTS idx_parked_events_position ON parked_events (subscriber, position)`,
-	},
-}
 
 // GormParkingLot is a database-backed ParkingLot. When parking happens
 // inside a subscriber batch, the row is written through the batch
@@ -83,19 +48,20 @@ type GormParkingLot struct {
 
 var _ ParkingLot = (*GormParkingLot)(nil)
 
-// NewGormParkingLot creates a parking lot and creates the parked_events
-// table if needed. Construct it with the same *gorm.DB as the
+// NewGormParkingLot creates a parking lot, applying the module's schema
+// migrations if the database lacks any (see NewGormCheckpointStore and
+// WithSchemaVerifyOnly). Construct it with the same *gorm.DB as the
 // GormCheckpointStore: that is what lets Park join the batch transaction
 // and commit atomically with the checkpoint advance. A lot built on a
 // different handle still works, but parks non-transactionally through its
 // own connection.
-func NewGormParkingLot(db *gorm.DB) (*GormParkingLot, error) {
+func NewGormParkingLot(db *gorm.DB, opts ...GormStoreOption) (*GormParkingLot, error) {
 	pool, postgres, err := gormHandle("NewGormParkingLot", db)
 	if err != nil {
 		return nil, err
 	}
-	if err := sqlschema.Ensure(context.Background(), db, parkedObjects); err != nil {
-		return nil, fmt.Errorf("subscriptions: create parked_events table: %w", err)
+	if err := ensureSchema("NewGormParkingLot", db, opts); err != nil {
+		return nil, err
 	}
 	lot := &GormParkingLot{db: db, pool: pool, postgres: postgres}
 	if !postgres {

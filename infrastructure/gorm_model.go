@@ -9,8 +9,8 @@ import "time"
 const PostgresNotifyChannel = "pericarp_events"
 
 // GormEventModel is the row layout of the events table. The table is
-// created by NewGormEventStore (see the DDL in gorm_store.go; GORM's
-// AutoMigrate is deliberately not used, see internal/sqlschema).
+// created by the module's migrations (package migrations, applied by
+// NewGormEventStore), not by GORM's AutoMigrate.
 type GormEventModel struct {
 	ID            string    `gorm:"column:id;primaryKey"`
 	AggregateID   string    `gorm:"column:aggregate_id;not null;uniqueIndex:events_aggregate_sequence_key"`
@@ -25,42 +25,3 @@ type GormEventModel struct {
 
 // TableName returns "events".
 func (GormEventModel) TableName() string { return "events" }
-
-var eventTableObjects = struct {
-	names            []string
-	postgres, sqlite []string
-}{
-	names: []string{"events", "idx_events_transaction_id"},
-	postgres: []string{
-		`CREATE TABLE IF NOT EXISTS events (
-			id             text        NOT NULL PRIMARY KEY,
-			aggregate_id   text        NOT NULL,
-			event_type     text        NOT NULL,
-			sequence_no    bigint      NOT NULL,
-			transaction_id text        NOT NULL DEFAULT '',
-			position       bigint      NOT NULL,
-			payload        jsonb,
-			metadata       jsonb,
-			created_at     timestamptz NOT NULL,
-			CONSTRAINT events_aggregate_sequence_key UNIQUE (aggregate_id, sequence_no),
-			CONSTRAINT events_position_key UNIQUE (position)
-		)`,
-		`CREATE INDEX IF NOT EXISTS idx_events_transaction_id ON events (transaction_id)`,
-	},
-	sqlite: []string{
-		`CREATE TABLE IF NOT EXISTS events (
-			id             text     NOT NULL PRIMARY KEY,
-			aggregate_id   text     NOT NULL,
-			event_type     text     NOT NULL,
-			sequence_no    integer  NOT NULL,
-			transaction_id text     NOT NULL DEFAULT '',
-			position       integer  NOT NULL,
-			payload        text,
-			metadata       text,
-			created_at     datetime NOT NULL,
-			CONSTRAINT events_aggregate_sequence_key UNIQUE (aggregate_id, sequence_no),
-			CONSTRAINT events_position_key UNIQUE (position)
-		)`,
-		`CREATE INDEX IF NOT EXISTS idx_events_transaction_id ON events (transaction_id)`,
-	},
-}

@@ -12,7 +12,8 @@ import (
 type GormEventStoreOption func(*gormEventStoreConfig)
 
 type gormEventStoreConfig struct {
-	channel string
+	channel    string
+	verifyOnly bool
 }
 
 func newGormEventStoreConfig(opts []GormEventStoreOption) (gormEventStoreConfig, error) {
@@ -43,4 +44,13 @@ func newGormEventStoreConfig(opts []GormEventStoreOption) (gormEventStoreConfig,
 // stores do not notify and ignore the channel.
 func WithNotifyChannel(channel string) GormEventStoreOption {
 	return func(c *gormEventStoreConfig) { c.channel = channel }
+}
+
+// WithSchemaVerifyOnly makes NewGormEventStore run no DDL: it only checks
+// (migrations.Verify) that the schema is complete, and fails with one error
+// naming whatever is missing and the migration file that adds it. Use it
+// when the schema is managed by a migration tool applying migrations.FS
+// and the application's role may not create tables.
+func WithSchemaVerifyOnly() GormEventStoreOption {
+	return func(c *gormEventStoreConfig) { c.verifyOnly = true }
 }

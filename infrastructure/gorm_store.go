@@ -15,6 +15,7 @@ import (
 
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/internal/sqlschema"
+	"github.com/eventfeed/subscriptions/migrations"
 )
 
 // GormEventStore is a domain.EventStore on Postgres or SQLite through GORM.
@@ -76,11 +77,14 @@ type GormEventStore struct {
 
 var _ domain.EventStore = (*GormEventStore)(nil)
 
-// NewGormEventStore creates the events table if needed and returns a store.
-// Construction is safe while other processes append: it takes no lock when
-// the table exists, and concurrent constructors take turns. Dialects other
-// than Postgres and SQLite are refused with an error wrapping
-// domain.ErrGlobalOrderingNotSupported.
+// NewGormEventStore applies the module's schema migrations if the database
+// lacks any (migrations.Migrate: the events table and the subscriptions
+// tables beside it) and returns a store. Construction is safe while other
+// processes append: it takes no lock when the schema is up to date, and
+// concurrent constructors take turns. With WithSchemaVerifyOnly it runs
+// no DDL and fails, wrapping migrations.ErrSchemaMismatch, when the schema
+// is not complete. Dialects other than Postgres and SQLite are refused
+// with an error wrapping domain.ErrGlobalOrderingNotSupported.
 func NewGormEventStore(db *gorm.DB, opts ...GormEventStoreOption) (*GormEventStore, error) {
 	if db == nil || db.Config == nil || db.Dialector == nil {
 		return nil, errors.New("infrastructure: NewGormEventStore: nil or unopened *gorm.DB (use gorm.Open)")
@@ -94,12 +98,13 @@ func NewGormEventStore(db *gorm.DB, opts ...GormEventStoreOption) (*GormEventSto
 		return nil, fmt.Errorf("infrastructure: NewGormEventStore: %w", err)
 	}
 	ctx := context.Background()
-	if err := sqlschema.Ensure(ctx, db, sqlschema.Objects{
-		Names:    eventTableObjects.names,
-		Postgres: eventTableObjects.postgres,
-		SQLite:   eventTableObjects.sqlite,
-	}); err != nil {
-		return nil, fmt.Errorf("infrastructure: create events table: %w", err)
+	if cfg.verifyOnly {
+		err = migrations.Verify(ctx, db)
+	} else {
+		err = migrations.Migrate(ctx, db)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("infrastructure: NewGormEventStore: %w", err)
 	}
 	s := &GormEventStore{db: db, postgres: dialect == sqlschema.Postgres, inTx: inTransaction(db), channel: cfg.channel}
 	if s.postgres {

@@ -1,69 +1,26 @@
-// Package sqlschema creates this module's tables safely while other
-// processes use them.
-//
-// GORM's AutoMigrate is not used for the module's own tables: on an
-// existing table it may issue ALTER statements that take exclusive locks,
-// and two processes creating the same table at once can fail on Postgres's
-// catalog unique indexes. Apps start replicas while traffic flows, so
-// construction must never make a running process's statements fail. Ensure
-// therefore does nothing (and takes no lock) when every object exists, and
-// otherwise creates them with IF NOT EXISTS DDL inside a transaction that
-// holds an advisory lock, so concurrent constructors take turns.
+// Package sqlschema holds what the module's database code shares about
+// engines: the dialect names it supports, the schema new tables go to, and
+// the derivation of its advisory-lock keys. The schema itself lives in
+// package migrations.
 package sqlschema
 
 import (
-	"context"
 	"fmt"
 	"hash/fnv"
 
 	"gorm.io/gorm"
 )
 
-// Dialect names the databases this module supports.
+// Dialect names the databases this module supports (gorm.DB.Name()).
 const (
 	Postgres = "postgres"
 	SQLite   = "sqlite"
 )
 
-// Objects describes the tables and indexes one store owns.
-type Objects struct {
-	// Names of every table and index, checked for existence first.
-	Names []string
-	// DDL per dialect: IF NOT EXISTS statements run in order.
-	Postgres []string
-	SQLite   []string
-}
-
-// Ensure creates the objects that do not exist yet. db must be a Postgres
-// or SQLite handle.
-func Ensure(ctx context.Context, db *gorm.DB, objs Objects) error {
-	db = db.WithContext(ctx)
-	switch db.Name() {
-	case Postgres:
-		if exists, err := allExistPostgres(db, objs.Names); err != nil || exists {
-			return err
-		}
-		return db.Transaction(func(tx *gorm.DB) error {
-			schema, err := currentSchema(tx)
-			if err != nil {
-				return err
-			}
-			if err := tx.Exec("SELECT pg_advisory_xact_lock(?)", Key("migrate", schema)).Error; err != nil {
-				return fmt.Errorf("take migration lock: %w", err)
-			}
-			return execAll(tx, objs.Postgres)
-		})
-	case SQLite:
-		return db.Transaction(func(tx *gorm.DB) error { return execAll(tx, objs.SQLite) })
-	default:
-		return fmt.Errorf("unsupported dialect %q", db.Name())
-	}
-}
-
-// currentSchema returns the schema new tables go to: the first schema of
-// search_path that exists. A search_path that names none (a typo, or a
-// schema not created yet) is an error that says so.
-func currentSchema(tx *gorm.DB) (string, error) {
+// CurrentSchema returns the Postgres schema new tables go to: the first
+// schema of search_path that exists. A search_path that names none (a
+// typo, or a schema not created yet) is an error that says so.
+func CurrentSchema(tx *gorm.DB) (string, error) {
 	var row struct {
 		Schema *string
 		Path   string
@@ -75,28 +32,6 @@ func currentSchema(tx *gorm.DB) (string, error) {
 		return "", fmt.Errorf("no schema to create tables in: search_path (%s) names no schema that exists; create the schema or correct search_path", row.Path)
 	}
 	return *row.Schema, nil
-}
-
-func allExistPostgres(db *gorm.DB, names []string) (bool, error) {
-	for _, name := range names {
-		var exists bool
-		if err := db.Raw("SELECT to_regclass(?) IS NOT NULL", name).Scan(&exists).Error; err != nil {
-			return false, fmt.Errorf("check for %s: %w", name, err)
-		}
-		if !exists {
-			return false, nil
-		}
-	}
-	return true, nil
-}
-
-func execAll(tx *gorm.DB, stmts []string) error {
-	for _, stmt := range stmts {
-		if err := tx.Exec(stmt).Error; err != nil {
-			return fmt.Errorf("%s: %w", stmt, err)
-		}
-	}
-	return nil
 }
 
 // Key derives a stable advisory-lock key from a purpose and a name (a
