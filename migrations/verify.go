@@ -56,9 +56,11 @@ var manifest = map[string]map[int64][]object{
 	sqlschema.Postgres: {
 		1: concat(
 			columns(VersionTable, "version", "applied_at"),
+			indexes(VersionTable, VersionTable+"_pkey"),
 			columns("events", "id", "aggregate_id", "event_type", "sequence_no", "transaction_id", "position", "payload", "metadata", "created_at"),
-			indexes("events", "events_aggregate_sequence_key", "events_position_key", "idx_events_transaction_id"),
+			indexes("events", "events_pkey", "events_aggregate_sequence_key", "events_position_key", "idx_events_transaction_id"),
 			columns("subscriber_checkpoints", "subscriber", "position", "updated_at"),
+			indexes("subscriber_checkpoints", "subscriber_checkpoints_pkey"),
 			columns("parked_events", "key", "subscriber_key", "subscriber", "event_id", "event_type", "position", "error", "attempts", "parked_at"),
 			indexes("parked_events", "parked_events_pkey", "idx_parked_events_position"),
 		),

@@ -1,0 +1,68 @@
+package dbtest
+
+import (
+	"context"
+	"io/fs"
+	"testing"
+	"time"
+
+	"github.com/pressly/goose/v3"
+	"gorm.io/gorm"
+
+	"github.com/eventfeed/subscriptions/migrations"
+)
+
+// ApplyWithGoose applies the module's migration files (migrations.FS) to
+// db with goose, a migration tool teams use, exactly as such a team would:
+// goose reads the files and records them in its own goose_db_version
+// table; the module's code is not involved. It returns goose's count of
+// applied files.
+func ApplyWithGoose(t testing.TB, db *gorm.DB) int {
+	t.Helper()
+	dialect := goose.DialectSQLite3
+	if db.Name() == "postgres" {
+		dialect = goose.DialectPostgres
+	}
+	dir, err := migrations.Dir(db.Name())
+	if err != nil {
+		t.Fatalf("dbtest: %v", err)
+	}
+	files, err := fs.Sub(migrations.FS, dir)
+	if err != nil {
+		t.Fatalf("dbtest: %v", err)
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		t.Fatalf("dbtest: %v", err)
+	}
+	provider, err := goose.NewProvider(dialect, sqlDB, files)
+	if err != nil {
+		t.Fatalf("dbtest: goose: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	results, err := provider.Up(ctx)
+	if err != nil {
+		t.Fatalf("dbtest: goose up: %v", err)
+	}
+	return len(results)
+}
+
+// GooseBackends lists a SQLite file and a Postgres schema, each empty
+// until goose has applied the migration files to it (ApplyWithGoose). The
+// stores' behavioural suites run on them too: the files alone, applied by
+// a real migration tool, give the module everything it needs.
+func GooseBackends() []Backend {
+	return []Backend{
+		{Name: "sqlite-file-goose", Open: func(t testing.TB) *gorm.DB {
+			db := NewSQLiteFile(t)
+			ApplyWithGoose(t, db)
+			return db
+		}},
+		{Name: "postgres-goose", Open: func(t testing.TB) *gorm.DB {
+			db := NewPostgres(t).DB
+			ApplyWithGoose(t, db)
+			return db
+		}, Postgres: true},
+	}
+}

@@ -1,0 +1,9 @@
+package migrations_test
+
+import (
+	"testing"
+
+	"github.com/eventfeed/subscriptions/internal/dbtest"
+)
+
+func TestMain(m *testing.M) { dbtest.VerifyTestMain(m) }

@@ -1,0 +1,200 @@
+package migrations_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+
+	"github.com/eventfeed/subscriptions/internal/dbtest"
+	"github.com/eventfeed/subscriptions/migrations"
+)
+
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// TestStatements: the splitter runs files the way goose does: the Up
+// section only, a statement per semicolon-terminated run of lines,
+// StatementBegin/End blocks whole, comment lines dropped.
+func TestStatements(t *testing.T) {
+	cases := []struct {
+		name string
+		sql  string
+		want []string
+	}{
+		{"plain", "-- +goose Up\nCREATE TABLE a (x int);\nCREATE INDEX i ON a (x);\n", []string{"CREATE TABLE a (x int);", "CREATE INDEX i ON a (x);"}},
+		{"multi-line with comments", "-- +goose Up\n-- a comment\nCREATE TABLE a (\n\tx int, -- trailing\n\ty int\n);\n\n-- another\nINSERT INTO a VALUES (1, 2);\n",
+			[]string{"CREATE TABLE a (\n\tx int, -- trailing\n\ty int\n);", "INSERT INTO a VALUES (1, 2);"}},
+		{"block", "-- +goose Up\n-- +goose StatementBegin\nDO $$ BEGIN\n  PERFORM 1;\nEND $$;\n-- +goose StatementEnd\nSELECT 1;\n",
+			[]string{"DO $$ BEGIN\n  PERFORM 1;\nEND $$;", "SELECT 1;"}},
+		{"down section ignored", "-- +goose Up\nSELECT 1;\n-- +goose Down\nDROP TABLE a;\n", []string{"SELECT 1;"}},
+		{"no trailing semicolon", "-- +goose Up\nSELECT 1", []string{"SELECT 1"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			require.Equal(t, c.want, migrations.StatementsForTest(c.sql))
+		})
+	}
+}
+
+// TestFilesAreToolReadable: every file is NNNNN_name.up.sql with goose's
+// Up annotation first (goose, golang-migrate and atlas read that), ends by
+// recording its own version, and the two engines have the same versions.
+func TestFilesAreToolReadable(t *testing.T) {
+	pgVersions, pgNames, pgBodies, err := migrations.FilesForTest("postgres")
+	require.NoError(t, err)
+	liteVersions, liteNames, liteBodies, err := migrations.FilesForTest("sqlite")
+	require.NoError(t, err)
+	require.Equal(t, pgVersions, liteVersions, "both engines have the same migrations")
+	require.Equal(t, pgNames, liteNames)
+	for i, v := range pgVersions {
+		require.EqualValues(t, i+1, v, "versions are 1, 2, 3, ... without gaps")
+		for _, body := range []string{pgBodies[i], liteBodies[i]} {
+			require.Regexp(t, `^\d{5}_[a-z0-9_]+\.up\.sql$`, pgNames[i])
+			require.True(t, strings.HasPrefix(body, "-- +goose Up\n"), "%s starts with the goose annotation", pgNames[i])
+			stmts := migrations.StatementsForTest(body)
+			require.Equal(t, fmt.Sprintf("INSERT INTO %s (version) VALUES (%d) ON CONFLICT DO NOTHING;", migrations.VersionTable, v),
+				stmts[len(stmts)-1], "%s records its version last", pgNames[i])
+		}
+	}
+	_, err = migrations.Dir("mysql")
+	require.Error(t, err)
+}
+
+// catalog lists the tables, columns and indexes of the database's current
+// schema, in Verify's words ("table x", "column x.y", "index z").
+func catalog(t testing.TB, db *gorm.DB) []string {
+	t.Helper()
+	var out []string
+	q := `SELECT 'table ' || c.relname FROM pg_class c WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r'
+		UNION ALL SELECT 'index ' || c.relname FROM pg_class c WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'i'
+		UNION ALL SELECT 'column ' || c.relname || '.' || a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+			WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped`
+	if db.Name() == "sqlite" {
+		q = `SELECT type || ' ' || name FROM sqlite_master WHERE type IN ('table', 'index') AND name NOT LIKE 'sqlite_%'
+			UNION ALL SELECT 'column ' || m.name || '.' || p.name FROM sqlite_master m, pragma_table_info(m.name) p
+				WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite_%'`
+	}
+	require.NoError(t, db.Raw(q).Scan(&out).Error)
+	if db.Name() == "sqlite" {
+		// SQLite names the indexes of UNIQUE constraints itself
+		// (sqlite_autoindex_*, filtered above); Verify checks named ones.
+		sort.Strings(out)
+	}
+	return out
+}
+
+// TestManifestMatchesFiles: applying the files one at a time to an empty
+// database, each creates exactly the objects Verify expects of it, no
+// more, no fewer: Verify's list and the files cannot drift apart.
+func TestManifestMatchesFiles(t *testing.T) {
+	for _, b := range dbtest.GormBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			db := b.Open(t)
+			require.Empty(t, catalog(t, db))
+			versions, names, bodies, err := migrations.FilesForTest(db.Name())
+			require.NoError(t, err)
+			manifest := migrations.ManifestForTest(db.Name())
+			var want []string
+			for i, v := range versions {
+				for _, stmt := range migrations.StatementsForTest(bodies[i]) {
+					require.NoError(t, db.Exec(stmt).Error, "%s: %s", names[i], stmt)
+				}
+				require.NotEmpty(t, manifest[v], "%s has no manifest entry", names[i])
+				want = append(want, manifest[v]...)
+				require.ElementsMatch(t, want, catalog(t, db), "after %s", names[i])
+			}
+			require.Len(t, manifest, len(versions), "a manifest entry without a file")
+		})
+	}
+}
+
+// TestMigrateAndVerify: Verify names what is missing and the file that
+// adds it, in one error wrapping ErrSchemaMismatch; Migrate creates the
+// schema once and is then a no-op; a schema changed behind the module's
+// back is reported precisely.
+func TestMigrateAndVerify(t *testing.T) {
+	for _, b := range dbtest.GormBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := testCtx(t)
+			file := b.Name
+			if b.Postgres {
+				file = "postgres/00001_create_tables.up.sql"
+			} else {
+				file = "sqlite/00001_create_tables.up.sql"
+			}
+
+			t.Run("empty database", func(t *testing.T) {
+				db := b.Open(t)
+				err := migrations.Verify(ctx, db)
+				require.ErrorIs(t, err, migrations.ErrSchemaMismatch)
+				for _, want := range []string{
+					"missing table events (added by " + file + ")",
+					"missing table subscriber_checkpoints (added by " + file + ")",
+					"missing table parked_events (added by " + file + ")",
+					"migration " + file + " is not recorded",
+					"migrations.Migrate",
+				} {
+					require.ErrorContains(t, err, want)
+				}
+				require.NotContains(t, err.Error(), "missing column events.", "a missing table is reported once, not per column")
+				require.Empty(t, catalog(t, db), "Verify changes nothing")
+
+				require.NoError(t, migrations.Migrate(ctx, db))
+				require.NoError(t, migrations.Verify(ctx, db))
+				before := catalog(t, db)
+				require.NoError(t, migrations.Migrate(ctx, db), "a second Migrate is a no-op")
+				require.Equal(t, before, catalog(t, db))
+			})
+
+			tampered := []struct {
+				name   string
+				change string
+				want   string
+			}{
+				{"index dropped", "DROP INDEX idx_events_transaction_id", "missing index idx_events_transaction_id (added by " + file + ")"},
+				{"column dropped", "ALTER TABLE subscriber_checkpoints DROP COLUMN updated_at", "missing column subscriber_checkpoints.updated_at (added by " + file + ")"},
+				{"table dropped", "DROP TABLE parked_events", "missing table parked_events (added by " + file + ")"},
+				{"migration not recorded", "DELETE FROM " + migrations.VersionTable, "migration " + file + " is not recorded in " + migrations.VersionTable},
+			}
+			for _, c := range tampered {
+				t.Run(c.name, func(t *testing.T) {
+					db := b.Open(t)
+					require.NoError(t, migrations.Migrate(ctx, db))
+					require.NoError(t, db.Exec(c.change).Error)
+					err := migrations.Verify(ctx, db)
+					require.ErrorIs(t, err, migrations.ErrSchemaMismatch)
+					require.ErrorContains(t, err, c.want)
+					require.Equal(t, 1, strings.Count(err.Error(), "missing ")+strings.Count(err.Error(), "is not recorded"), "only the change is reported: %v", err)
+				})
+			}
+		})
+	}
+}
+
+// TestMigrateConcurrently: processes starting at once on an empty
+// database all succeed, and the schema is created once.
+func TestMigrateConcurrently(t *testing.T) {
+	pg := dbtest.NewPostgres(t)
+	const n = 6
+	errs := make(chan error, n)
+	for range n {
+		db := pg.Open(t)
+		go func() { errs <- migrations.Migrate(context.Background(), db) }()
+	}
+	for range n {
+		require.NoError(t, <-errs)
+	}
+	require.NoError(t, migrations.Verify(testCtx(t), pg.DB))
+	var versions []int64
+	require.NoError(t, pg.DB.Raw("SELECT version FROM "+migrations.VersionTable).Scan(&versions).Error)
+	require.Equal(t, []int64{1}, versions)
+}
