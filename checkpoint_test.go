@@ -27,7 +27,8 @@ func coreAdvance(t *testing.T, cps subscriptions.CheckpointStore, name string, p
 // TestCheckpointStoreContract runs the exported CheckpointStore
 // conformance suite against MemoryCheckpointStore and GormCheckpointStore
 // on in-memory SQLite, file SQLite and Postgres (where the competing store
-// is on a second pool, as another process's would be).
+// is on a second pool, as another process's would be), and on schemas
+// goose applied from migrations.FS.
 func TestCheckpointStoreContract(t *testing.T) {
 	subscriptionstest.RunCheckpointStoreSuite(t, subscriptionstest.CheckpointStoreHarness{
 		Name: "memory",
@@ -49,6 +50,22 @@ func TestCheckpointStoreContract(t *testing.T) {
 			},
 			Transactional:     true,
 			SerializesWriters: !b.Postgres,
+		})
+	}
+	for _, b := range gooseEnvBackends() {
+		subscriptionstest.RunCheckpointStoreSuite(t, subscriptionstest.CheckpointStoreHarness{
+			Name: b.Name,
+			New: func(t *testing.T) (subscriptions.CheckpointStore, subscriptions.CheckpointStore) {
+				e := b.New(t)
+				if !e.Postgres() {
+					return e.Checkpoints, e.Checkpoints
+				}
+				other, err := subscriptions.NewGormCheckpointStore(e.PG.Open(t), subscriptions.WithSchemaVerifyOnly())
+				require.NoError(t, err)
+				return e.Checkpoints, other
+			},
+			Transactional:     true,
+			SerializesWriters: !strings.HasPrefix(b.Name, "postgres"),
 		})
 	}
 }

@@ -11,7 +11,9 @@ import (
 )
 
 // TestParkingLotSuite runs the exported ParkingLot conformance suite
-// against MemoryParkingLot and GormParkingLot on every database.
+// against MemoryParkingLot and GormParkingLot on every database, and on
+// schemas goose applied from migrations.FS (the lot then built without
+// DDL of its own).
 func TestParkingLotSuite(t *testing.T) {
 	subscriptionstest.RunParkingLotSuite(t, subscriptionstest.ParkingLotHarness{
 		Name: "memory",
@@ -23,6 +25,17 @@ func TestParkingLotSuite(t *testing.T) {
 			Transactional: true,
 			New: func(t *testing.T) subscriptions.ParkingLot {
 				lot, err := subscriptions.NewGormParkingLot(b.Open(t))
+				require.NoError(t, err)
+				return lot
+			},
+		})
+	}
+	for _, b := range dbtest.GooseBackends() {
+		subscriptionstest.RunParkingLotSuite(t, subscriptionstest.ParkingLotHarness{
+			Name:          b.Name,
+			Transactional: true,
+			New: func(t *testing.T) subscriptions.ParkingLot {
+				lot, err := subscriptions.NewGormParkingLot(b.Open(t), subscriptions.WithSchemaVerifyOnly())
 				require.NoError(t, err)
 				return lot
 			},

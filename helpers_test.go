@@ -66,6 +66,32 @@ func envBackends() []envBackend {
 	return out
 }
 
+// gooseEnvBackends lists a SQLite file and a Postgres schema whose schema
+// goose applied from migrations.FS, with stores built by the verify-only
+// constructors (no DDL of their own): suites run on them too, to show that
+// the migration files alone give the module what it needs.
+func gooseEnvBackends() []envBackend {
+	open := func(t *testing.T, name string, db *gorm.DB, pg *dbtest.Postgres) *env {
+		dbtest.ApplyWithGoose(t, db)
+		events, err := infrastructure.NewGormEventStore(db, infrastructure.WithSchemaVerifyOnly())
+		require.NoError(t, err)
+		cps, err := subscriptions.NewGormCheckpointStore(db, subscriptions.WithSchemaVerifyOnly())
+		require.NoError(t, err)
+		lot, err := subscriptions.NewGormParkingLot(db, subscriptions.WithSchemaVerifyOnly())
+		require.NoError(t, err)
+		return &env{Name: name, DB: db, PG: pg, Events: events, Checkpoints: cps, Parking: lot}
+	}
+	return []envBackend{
+		{Name: "sqlite-file-goose", New: func(t *testing.T) *env {
+			return open(t, "sqlite-file-goose", dbtest.NewSQLiteFile(t), nil)
+		}},
+		{Name: "postgres-goose", New: func(t *testing.T) *env {
+			pg := dbtest.NewPostgres(t)
+			return open(t, "postgres-goose", pg.DB, pg)
+		}},
+	}
+}
+
 // gormEnvs lists only the database backends (SQLite memory, file, Postgres).
 func gormEnvs() []envBackend { return envBackends()[1:] }
 

@@ -115,7 +115,7 @@ func TestSubscriberHandlerSeesBatchTx(t *testing.T) {
 // the catch-up batches take the pipelined path and the others the
 // ordinary one.
 func TestSubscriberExactlyOnceWithFailingHandler(t *testing.T) {
-	for _, b := range gormEnvs() {
+	for _, b := range append(gormEnvs(), gooseEnvBackends()...) {
 		for _, p := range projectors {
 			t.Run(b.Name+"/"+p.Name, func(t *testing.T) {
 				e := b.New(t)

@@ -52,12 +52,23 @@ func storeBackends() []storeBackend {
 			})
 		}
 	}
+	// Schemas applied by goose from migrations.FS, the store built without
+	// DDL of its own.
+	for _, b := range dbtest.GooseBackends() {
+		out = append(out, storeBackend{
+			name:     b.Name,
+			postgres: b.Postgres,
+			open: func(t testing.TB) domain.EventStore {
+				return newGormStore(t, b.Open(t), infrastructure.WithSchemaVerifyOnly())
+			},
+		})
+	}
 	return out
 }
 
-func newGormStore(t testing.TB, db *gorm.DB) *infrastructure.GormEventStore {
+func newGormStore(t testing.TB, db *gorm.DB, opts ...infrastructure.GormEventStoreOption) *infrastructure.GormEventStore {
 	t.Helper()
-	s, err := infrastructure.NewGormEventStore(db)
+	s, err := infrastructure.NewGormEventStore(db, opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	return s
