@@ -69,26 +69,35 @@ func TestFilesAreToolReadable(t *testing.T) {
 	require.Error(t, err)
 }
 
-// catalog lists the tables, columns and indexes of the database's current
-// schema, in Verify's words ("table x", "column x.y", "index z").
+// catalog lists the tables, columns, indexes and triggers of the
+// database's current schema, in Verify's words ("table x", "column x.y",
+// "index z", "unique index on x (a, b)", "trigger t on x").
 func catalog(t testing.TB, db *gorm.DB) []string {
 	t.Helper()
 	var out []string
 	q := `SELECT 'table ' || c.relname FROM pg_class c WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r'
-		UNION ALL SELECT 'index ' || c.relname FROM pg_class c WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'i'
 		UNION ALL SELECT 'column ' || c.relname || '.' || a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
-			WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped`
+			WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped
+		UNION ALL SELECT CASE WHEN i.indisunique AND i.indpred IS NULL
+				THEN 'unique index on ' || t.relname || ' (' || (SELECT string_agg(a.attname, ', ' ORDER BY k.ord)
+					FROM unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum) || ')'
+				ELSE 'index ' || c.relname END
+			FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_class t ON t.oid = i.indrelid
+			WHERE c.relnamespace = current_schema()::regnamespace
+		UNION ALL SELECT 'trigger ' || g.tgname || ' on ' || c.relname FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid
+			WHERE c.relnamespace = current_schema()::regnamespace AND NOT g.tgisinternal`
 	if db.Name() == "sqlite" {
-		q = `SELECT type || ' ' || name FROM sqlite_master WHERE type IN ('table', 'index') AND name NOT LIKE 'sqlite_%'
+		q = `SELECT 'table ' || name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'
 			UNION ALL SELECT 'column ' || m.name || '.' || p.name FROM sqlite_master m, pragma_table_info(m.name) p
-				WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite_%'`
+				WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite_%'
+			UNION ALL SELECT CASE WHEN l."unique" = 1 AND l.partial = 0
+					THEN 'unique index on ' || m.name || ' (' || (SELECT group_concat(name, ', ') FROM (SELECT name FROM pragma_index_info(l.name) ORDER BY seqno)) || ')'
+					ELSE 'index ' || l.name END
+				FROM sqlite_master m, pragma_index_list(m.name) l WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite_%'
+			UNION ALL SELECT 'trigger ' || name || ' on ' || tbl_name FROM sqlite_master WHERE type = 'trigger'`
 	}
 	require.NoError(t, db.Raw(q).Scan(&out).Error)
-	if db.Name() == "sqlite" {
-		// SQLite names the indexes of UNIQUE constraints itself
-		// (sqlite_autoindex_*, filtered above); Verify checks named ones.
-		sort.Strings(out)
-	}
+	sort.Strings(out)
 	return out
 }
 
@@ -156,16 +165,23 @@ func TestMigrateAndVerify(t *testing.T) {
 			})
 
 			tampered := []struct {
-				name   string
-				change string
-				want   string
+				name         string
+				change       string
+				want         string
+				postgresOnly bool
 			}{
-				{"index dropped", "DROP INDEX idx_events_transaction_id", "missing index idx_events_transaction_id (added by " + file + ")"},
-				{"column dropped", "ALTER TABLE subscriber_checkpoints DROP COLUMN updated_at", "missing column subscriber_checkpoints.updated_at (added by " + file + ")"},
-				{"table dropped", "DROP TABLE parked_events", "missing table parked_events (added by " + file + ")"},
-				{"migration not recorded", "DELETE FROM " + migrations.VersionTable, "migration " + file + " is not recorded in " + migrations.VersionTable},
+				{"index dropped", "DROP INDEX idx_events_transaction_id", "missing index idx_events_transaction_id (added by " + file + ")", false},
+				{"other index dropped", "DROP INDEX idx_parked_events_position", "missing index idx_parked_events_position (added by " + file + ")", false},
+				{"unique constraint dropped", "ALTER TABLE events DROP CONSTRAINT events_position_key", "missing unique index on events (position) (added by " + file + ")", true},
+				{"trigger dropped", "DROP TRIGGER parked_events_keys ON parked_events", "missing trigger parked_events_keys on parked_events (added by " + file + ")", true},
+				{"column dropped", "ALTER TABLE subscriber_checkpoints DROP COLUMN updated_at", "missing column subscriber_checkpoints.updated_at (added by " + file + ")", false},
+				{"table dropped", "DROP TABLE parked_events", "missing table parked_events (added by " + file + ")", false},
+				{"migration not recorded", "DELETE FROM " + migrations.VersionTable, "migration " + file + " is not recorded in " + migrations.VersionTable, false},
 			}
 			for _, c := range tampered {
+				if c.postgresOnly && !b.Postgres {
+					continue // SQLite cannot drop it without rebuilding the table
+				}
 				t.Run(c.name, func(t *testing.T) {
 					db := b.Open(t)
 					require.NoError(t, migrations.Migrate(ctx, db))

@@ -17,17 +17,24 @@ import (
 // so an application can tell "apply the migrations" from other failures.
 var ErrSchemaMismatch = errors.New("database schema is not the one this module needs")
 
-// object is a table, column or index that a migration creates and Verify
-// looks for.
+// object is a table, column, index or trigger that a migration creates and
+// Verify looks for. Unique indexes are found by their columns, not their
+// names: a table taken over from the original module has the same keys
+// under the names GORM gave them.
 type object struct {
-	kind  string // "table", "column" or "index"
-	table string // for columns: the table
-	name  string
+	kind  string // "table", "column", "index", "unique" or "trigger"
+	table string // the table, for all kinds but "table"
+	name  string // for "unique": the columns, comma-separated, in order
 }
 
 func (o object) String() string {
-	if o.kind == "column" {
+	switch o.kind {
+	case "column":
 		return "column " + o.table + "." + o.name
+	case "unique":
+		return "unique index on " + o.table + " (" + strings.ReplaceAll(o.name, ",", ", ") + ")"
+	case "trigger":
+		return "trigger " + o.name + " on " + o.table
 	}
 	return o.kind + " " + o.name
 }
@@ -48,6 +55,11 @@ func indexes(table string, names ...string) []object {
 	return out
 }
 
+// unique is a unique index (or primary key) on table over the columns.
+func unique(table string, columns ...string) []object {
+	return []object{{kind: "unique", table: table, name: strings.Join(columns, ",")}}
+}
+
 // manifest lists, per dialect and migration version, what the migration
 // creates: what Verify checks. A test applies the files one by one and
 // checks that each adds exactly its entry, so the two cannot drift apart.
@@ -56,22 +68,32 @@ var manifest = map[string]map[int64][]object{
 	sqlschema.Postgres: {
 		1: concat(
 			columns(VersionTable, "version", "applied_at"),
-			indexes(VersionTable, VersionTable+"_pkey"),
+			unique(VersionTable, "version"),
 			columns("events", "id", "aggregate_id", "event_type", "sequence_no", "transaction_id", "position", "payload", "metadata", "created_at"),
-			indexes("events", "events_pkey", "events_aggregate_sequence_key", "events_position_key", "idx_events_transaction_id"),
+			unique("events", "id"),
+			unique("events", "aggregate_id", "sequence_no"),
+			unique("events", "position"),
+			indexes("events", "idx_events_transaction_id"),
 			columns("subscriber_checkpoints", "subscriber", "position", "updated_at"),
-			indexes("subscriber_checkpoints", "subscriber_checkpoints_pkey"),
+			unique("subscriber_checkpoints", "subscriber"),
 			columns("parked_events", "key", "subscriber_key", "subscriber", "event_id", "event_type", "position", "error", "attempts", "parked_at"),
-			indexes("parked_events", "parked_events_pkey", "idx_parked_events_position"),
+			unique("parked_events", "key"),
+			indexes("parked_events", "idx_parked_events_position"),
+			[]object{{kind: "trigger", table: "parked_events", name: "parked_events_keys"}},
 		),
 	},
 	sqlschema.SQLite: {
 		1: concat(
 			columns(VersionTable, "version", "applied_at"),
 			columns("events", "id", "aggregate_id", "event_type", "sequence_no", "transaction_id", "position", "payload", "metadata", "created_at"),
+			unique("events", "id"),
+			unique("events", "aggregate_id", "sequence_no"),
+			unique("events", "position"),
 			indexes("events", "idx_events_transaction_id"),
 			columns("subscriber_checkpoints", "subscriber", "position", "updated_at"),
+			unique("subscriber_checkpoints", "subscriber"),
 			columns("parked_events", "subscriber", "event_id", "event_type", "position", "error", "attempts", "parked_at"),
+			unique("parked_events", "subscriber", "event_id"),
 			indexes("parked_events", "idx_parked_events_position"),
 		),
 	},
@@ -140,22 +162,33 @@ func Verify(ctx context.Context, db *gorm.DB) error {
 // exists looks one object up in the catalog, through the search path on
 // Postgres (where the module's own statements will find their tables).
 func exists(db *gorm.DB, o object) (bool, error) {
-	var n int64
-	var err error
+	var q string
+	args := []any{o.table, o.name}
+	postgres := db.Name() == sqlschema.Postgres
 	switch {
-	case db.Name() == sqlschema.Postgres && o.kind == "column":
-		err = db.Raw(`SELECT count(*) FROM pg_attribute
-			WHERE attrelid = to_regclass(?) AND attname = ? AND attnum > 0 AND NOT attisdropped`, o.table, o.name).Scan(&n).Error
-	case db.Name() == sqlschema.Postgres:
-		relkind := "r"
-		if o.kind == "index" {
-			relkind = "i"
-		}
-		err = db.Raw("SELECT count(*) FROM pg_class WHERE oid = to_regclass(?) AND relkind = ?", o.name, relkind).Scan(&n).Error
+	case postgres && o.kind == "table":
+		q, args = "SELECT count(*) FROM pg_class WHERE oid = to_regclass(?) AND relkind IN ('r', 'p')", []any{o.name}
+	case postgres && o.kind == "index":
+		q, args = "SELECT count(*) FROM pg_class WHERE oid = to_regclass(?) AND relkind = 'i'", []any{o.name}
+	case postgres && o.kind == "column":
+		q = "SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass(?) AND attname = ? AND attnum > 0 AND NOT attisdropped"
+	case postgres && o.kind == "unique":
+		q = `SELECT count(*) FROM pg_index i WHERE i.indrelid = to_regclass(?) AND i.indisunique AND i.indpred IS NULL
+			AND (SELECT string_agg(a.attname, ',' ORDER BY k.ord) FROM unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+				JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum) = ?`
+	case postgres && o.kind == "trigger":
+		q = "SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass(?) AND tgname = ? AND NOT tgisinternal"
+	case o.kind == "table" || o.kind == "index":
+		q, args = "SELECT count(*) FROM sqlite_master WHERE type = ? AND name = ?", []any{o.kind, o.name}
 	case o.kind == "column":
-		err = db.Raw("SELECT count(*) FROM pragma_table_info(?) WHERE name = ?", o.table, o.name).Scan(&n).Error
+		q = "SELECT count(*) FROM pragma_table_info(?) WHERE name = ?"
+	case o.kind == "unique":
+		q = `SELECT count(*) FROM pragma_index_list(?) l WHERE l."unique" = 1 AND l.partial = 0
+			AND (SELECT group_concat(name, ',') FROM (SELECT name FROM pragma_index_info(l.name) ORDER BY seqno)) = ?`
 	default:
-		err = db.Raw("SELECT count(*) FROM sqlite_master WHERE type = ? AND name = ?", o.kind, o.name).Scan(&n).Error
+		return false, fmt.Errorf("no catalog check for %s on %s", o.kind, db.Name())
 	}
+	var n int64
+	err := db.Raw(q, args...).Scan(&n).Error
 	return n > 0, err
 }
