@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -66,30 +67,46 @@ func envBackends() []envBackend {
 	return out
 }
 
-// gooseEnvBackends lists a SQLite file and a Postgres schema whose schema
-// goose applied from migrations.FS, with stores built by the verify-only
-// constructors (no DDL of their own): suites run on them too, to show that
-// the migration files alone give the module what it needs.
+// gooseEnvBackends lists SQLite files and Postgres schemas whose schema
+// goose applied from migrations.FS, empty or over the original module's
+// tables, with stores built by the verify-only constructors (no DDL of
+// their own): suites run on them too, to show that the migration files
+// alone give the module what it needs.
 func gooseEnvBackends() []envBackend {
-	open := func(t *testing.T, name string, db *gorm.DB, pg *dbtest.Postgres) *env {
-		dbtest.ApplyWithGoose(t, db)
-		events, err := infrastructure.NewGormEventStore(db, infrastructure.WithSchemaVerifyOnly())
-		require.NoError(t, err)
-		cps, err := subscriptions.NewGormCheckpointStore(db, subscriptions.WithSchemaVerifyOnly())
-		require.NoError(t, err)
-		lot, err := subscriptions.NewGormParkingLot(db, subscriptions.WithSchemaVerifyOnly())
-		require.NoError(t, err)
-		return &env{Name: name, DB: db, PG: pg, Events: events, Checkpoints: cps, Parking: lot}
+	var out []envBackend
+	for _, original := range []bool{false, true} {
+		for _, postgres := range []bool{false, true} {
+			name := "sqlite-file-goose"
+			if postgres {
+				name = "postgres-goose"
+			}
+			if original {
+				name = strings.Replace(name, "-goose", "-original-goose", 1)
+			}
+			out = append(out, envBackend{Name: name, New: func(t *testing.T) *env {
+				var db *gorm.DB
+				var pg *dbtest.Postgres
+				if postgres {
+					pg = dbtest.NewPostgres(t)
+					db = pg.DB
+				} else {
+					db = dbtest.NewSQLiteFile(t)
+				}
+				if original {
+					dbtest.CreateOriginalSchema(t, db, false)
+				}
+				dbtest.ApplyWithGoose(t, db)
+				events, err := infrastructure.NewGormEventStore(db, infrastructure.WithSchemaVerifyOnly())
+				require.NoError(t, err)
+				cps, err := subscriptions.NewGormCheckpointStore(db, subscriptions.WithSchemaVerifyOnly())
+				require.NoError(t, err)
+				lot, err := subscriptions.NewGormParkingLot(db, subscriptions.WithSchemaVerifyOnly())
+				require.NoError(t, err)
+				return &env{Name: name, DB: db, PG: pg, Events: events, Checkpoints: cps, Parking: lot}
+			}})
+		}
 	}
-	return []envBackend{
-		{Name: "sqlite-file-goose", New: func(t *testing.T) *env {
-			return open(t, "sqlite-file-goose", dbtest.NewSQLiteFile(t), nil)
-		}},
-		{Name: "postgres-goose", New: func(t *testing.T) *env {
-			pg := dbtest.NewPostgres(t)
-			return open(t, "postgres-goose", pg.DB, pg)
-		}},
-	}
+	return out
 }
 
 // gormEnvs lists only the database backends (SQLite memory, file, Postgres).

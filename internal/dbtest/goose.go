@@ -48,12 +48,23 @@ func ApplyWithGoose(t testing.TB, db *gorm.DB) int {
 	return len(results)
 }
 
-// GooseBackends lists a SQLite file and a Postgres schema, each empty
-// until goose has applied the migration files to it (ApplyWithGoose). The
+// GooseBackends lists SQLite files and Postgres schemas to which goose has
+// applied the migration files (ApplyWithGoose): empty ones, and ones with
+// the original module's (empty) tables, taken over by the files. The
 // stores' behavioural suites run on them too: the files alone, applied by
 // a real migration tool, give the module everything it needs.
 func GooseBackends() []Backend {
+	original := func(open func(testing.TB) *gorm.DB) func(testing.TB) *gorm.DB {
+		return func(t testing.TB) *gorm.DB {
+			db := open(t)
+			CreateOriginalSchema(t, db, false)
+			ApplyWithGoose(t, db)
+			return db
+		}
+	}
 	return []Backend{
+		{Name: "sqlite-file-original-goose", Open: original(NewSQLiteFile)},
+		{Name: "postgres-original-goose", Open: original(func(t testing.TB) *gorm.DB { return NewPostgres(t).DB }), Postgres: true},
 		{Name: "sqlite-file-goose", Open: func(t testing.TB) *gorm.DB {
 			db := NewSQLiteFile(t)
 			ApplyWithGoose(t, db)
