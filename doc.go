@@ -138,6 +138,13 @@
 // event's metadata, and the handler spans link to it. docs/observability.md
 // names every metric and span.
 //
+// # Schema
+//
+// The GORM stores' tables are defined by the ordered SQL files of package
+// migrations, which the constructors apply when the database lacks any
+// and which a migration tool can apply instead; WithSchemaVerifyOnly
+// starts a store without DDL.
+//
 // # Concurrency
 //
 // Subscribers, checkpoint stores, parking lots, notifiers and listeners are

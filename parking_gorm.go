@@ -19,7 +19,8 @@ import (
 // GormParkedEventModel is the GORM model for parked events. The table is
 // owned by this module and created by its migrations (package migrations),
 // which NewGormParkingLot applies. On Postgres the table also has the
-// digest columns key and subscriber_key, which the lot fills in.
+// digest columns key and subscriber_key, filled in by a trigger, so a row
+// written through this model is one the lot reads.
 type GormParkedEventModel struct {
 	Subscriber string    `gorm:"primaryKey;column:subscriber"`
 	EventID    string    `gorm:"primaryKey;column:event_id"`
