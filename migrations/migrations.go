@@ -195,8 +195,8 @@ func pending(all []migration, done map[int64]bool) []migration {
 // first schema of search_path on Postgres) when anything is pending. It is
 // safe for concurrent use; db is not retained.
 func Migrate(ctx context.Context, db *gorm.DB) error {
-	if db == nil {
-		return fmt.Errorf("migrations: Migrate: nil *gorm.DB")
+	if db == nil || db.Config == nil || db.Dialector == nil {
+		return fmt.Errorf("migrations: Migrate: nil or unopened *gorm.DB (use gorm.Open)")
 	}
 	all, err := load(db.Name())
 	if err != nil {

@@ -69,6 +69,14 @@ func TestFilesAreToolReadable(t *testing.T) {
 	require.Error(t, err)
 }
 
+// TestBadHandles: a nil or unopened handle is an error, never a panic.
+func TestBadHandles(t *testing.T) {
+	for _, db := range []*gorm.DB{nil, {}} {
+		require.ErrorContains(t, migrations.Migrate(context.Background(), db), "unopened")
+		require.ErrorContains(t, migrations.Verify(context.Background(), db), "unopened")
+	}
+}
+
 // catalog lists the tables, columns, indexes and triggers of the
 // database's current schema, in Verify's words ("table x", "column x.y",
 // "index z", "unique index on x (a, b)", "trigger t on x").

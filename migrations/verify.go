@@ -118,8 +118,8 @@ func concat(parts ...[]object) []object {
 // It reads the catalog only, so any role that can read the tables can run
 // it; it is safe for concurrent use.
 func Verify(ctx context.Context, db *gorm.DB) error {
-	if db == nil {
-		return fmt.Errorf("migrations: Verify: nil *gorm.DB")
+	if db == nil || db.Config == nil || db.Dialector == nil {
+		return fmt.Errorf("migrations: Verify: nil or unopened *gorm.DB (use gorm.Open)")
 	}
 	all, err := load(db.Name())
 	if err != nil {
