@@ -14,7 +14,8 @@ import (
 // Acquire and the pipelined one wake-ups use): it sees the batch's GORM
 // writes and GORM sees its writes, prepared statements run inside it, a
 // rollback discards its writes and a commit keeps them with the
-// checkpoint. Outside a database batch there is none.
+// checkpoint; a parking lot's Replay hands it over too. Outside a database
+// batch there is none.
 func TestSQLTxFromContext(t *testing.T) {
 	require.Nil(t, subscriptions.SQLTxFromContext(context.Background()))
 	for _, b := range envBackends() {
@@ -29,7 +30,7 @@ func TestSQLTxFromContext(t *testing.T) {
 				require.NoError(t, batch.Rollback())
 				return
 			}
-			ids := appendN(t, e.Events, "core.sqltx", 0, 4)
+			ids := appendN(t, e.Events, "core.sqltx", 0, 5)
 			events := coreFeed(t, e.Events)
 			table := coreProjection(t, e.DB, "sqltx")
 			const name = "core-sqltx"
@@ -92,6 +93,19 @@ func TestSQLTxFromContext(t *testing.T) {
 				})
 			}
 			require.Equal(t, ids[:2*len(paths)], want)
+
+			// GormParkingLot.Replay hands the handler its transaction the
+			// same way.
+			ev := events[4]
+			require.NoError(t, e.Parking.Park(ctx, subscriptions.ParkedEvent{Subscriber: name, EventID: ev.ID,
+				EventType: ev.EventType, Position: ev.Position, Error: "parked by the test", Attempts: 1}))
+			require.NoError(t, e.Parking.Replay(ctx, name, ev.ID, ev, func(ctx context.Context, ev coreEnvelope) error {
+				return projectSQL(ctx, table, ev)
+			}))
+			require.Equal(t, append(want, ev.ID), projectedOrNil(t, e, table))
+			parked, err := e.Parking.List(ctx, name)
+			require.NoError(t, err)
+			require.Empty(t, parked)
 		})
 	}
 }
