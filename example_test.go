@@ -146,9 +146,7 @@ func Example_projection() {
 	done := make(chan error, 1)
 	go func() { done <- sub.Run(runCtx) }()
 
-	// An aggregate's events are numbered 1, 2, 3, ... (SequenceNo) and its
-	// version is the last number. Each append expects the version it saw
-	// and numbers its event version+1; 0 would let the store number it.
+	// SequenceNo numbers an aggregate's events 1, 2, 3, ...; 0 lets the store pick.
 	for version, amount := range []int{100, 250, 50} {
 		event := domain.NewEventEnvelope[any](Deposited{Amount: amount}, "acc-1", "account.deposited", version+1)
 		check(events.Append(ctx, "acc-1", version, event))
