@@ -61,6 +61,12 @@ func TestFilesAreToolReadable(t *testing.T) {
 			require.Regexp(t, `^\d{5}_[a-z0-9_]+\.up\.sql$`, pgNames[i])
 			require.True(t, strings.HasPrefix(body, "-- +goose Up\n"), "%s starts with the goose annotation", pgNames[i])
 			stmts := migrations.StatementsForTest(body)
+			for _, stmt := range stmts {
+				// Migrate runs statements through GORM, which reads ? and @name
+				// as placeholders.
+				require.NotContains(t, stmt, "?", "%s: a ? would be taken for a placeholder", pgNames[i])
+				require.NotRegexp(t, `@[A-Za-z_]`, stmt, "%s: an @name would be taken for a placeholder", pgNames[i])
+			}
 			require.Equal(t, fmt.Sprintf("INSERT INTO %s (version) VALUES (%d) ON CONFLICT DO NOTHING;", migrations.VersionTable, v),
 				stmts[len(stmts)-1], "%s records its version last", pgNames[i])
 		}
