@@ -35,16 +35,6 @@ CREATE TABLE IF NOT EXISTS subscriber_checkpoints (
 	updated_at timestamptz
 );
 
--- The failed attempts at each subscriber's failing event, kept beside its
--- checkpoint so that WithMaxRetries counts the attempts of every replica
--- and restart together. A table of this module's own: a database taken
--- over from the original module only gains it.
-CREATE TABLE IF NOT EXISTS subscriber_retries (
-	subscriber text     NOT NULL PRIMARY KEY,
-	position   bigint   NOT NULL,
-	attempts   integer  NOT NULL
-);
-
 -- Poison events (subscriptions.GormParkingLot). The row key is key, a
 -- SHA-256 digest of (subscriber, NUL, event ID), and rows are listed
 -- through subscriber_key, a digest of the subscriber name: a B-tree entry

@@ -35,16 +35,6 @@ CREATE TABLE IF NOT EXISTS subscriber_checkpoints (
 	updated_at datetime
 );
 
--- The failed attempts at each subscriber's failing event, kept beside its
--- checkpoint so that WithMaxRetries counts the attempts of every replica
--- and restart together. A table of this module's own: a database taken
--- over from the original module only gains it.
-CREATE TABLE IF NOT EXISTS subscriber_retries (
-	subscriber text     NOT NULL PRIMARY KEY,
-	position   integer  NOT NULL,
-	attempts   integer  NOT NULL
-);
-
 -- Poison events (subscriptions.GormParkingLot). SQLite has no index entry
 -- size limit, so the key is the two columns themselves.
 CREATE TABLE IF NOT EXISTS parked_events (
