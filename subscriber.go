@@ -244,7 +244,7 @@ func (s *Subscriber) Name() string { return s.name }
 
 // Lag returns how far the subscriber's committed checkpoint trails the feed
 // head (0 when caught up). Status reports it with its age in time, and the
-// subscriptions.lag gauge exports it (see WithMeterProvider). For a
+// subscriptions.lag.events gauge exports it (see WithMeterProvider). For a
 // partitioned subscriber it is the number of events not yet handled,
 // summed over the partitions (see PartitionLags).
 //
@@ -257,18 +257,34 @@ func (s *Subscriber) Lag(ctx context.Context) (int64, error) {
 	if s.partitions > 0 {
 		return s.partitionedLag(ctx)
 	}
-	position, err := s.checkpoints.Position(ctx, s.name)
+	position, head, err := s.positions(ctx, "lag")
 	if err != nil {
-		return 0, err // the store names the subscriber
-	}
-	head, err := s.events.HeadPosition(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("subscriptions: lag of %q: %w", s.name, err)
-	}
-	if position > head {
-		return 0, fmt.Errorf("subscriptions: lag of %q: checkpoint %d, feed head %d: %w", s.name, position, head, ErrCheckpointAhead)
+		return 0, err
 	}
 	return head - position, nil
+}
+
+// positions reads the committed checkpoint and the feed head for Lag and
+// Status (op names the caller in errors). A checkpoint ahead of the head
+// returns both positions with an error wrapping ErrCheckpointAhead.
+func (s *Subscriber) positions(ctx context.Context, op string) (position, head int64, err error) {
+	position, err = s.checkpoints.Position(ctx, s.name)
+	if err != nil {
+		return 0, 0, err // the store names the subscriber
+	}
+	head, err = s.events.HeadPosition(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("subscriptions: %s of %q: %w", op, s.name, err)
+	}
+	if position > head {
+		return position, head, s.checkpointAhead(op, position, head)
+	}
+	return position, head, nil
+}
+
+// checkpointAhead is the error of a checkpoint ahead of the feed head.
+func (s *Subscriber) checkpointAhead(op string, position, head int64) error {
+	return fmt.Errorf("subscriptions: %s of %q: checkpoint %d, feed head %d: %w", op, s.name, position, head, ErrCheckpointAhead)
 }
 
 // ResetCheckpoint sets the subscriber's checkpoint. Resetting to 0 replays

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/eventfeed/subscriptions/domain"
 )
 
@@ -28,7 +30,7 @@ func BenchmarkTelemetryHooks(b *testing.B) {
 		}
 		t.off = off
 		b.Run("per event/"+name, func(b *testing.B) {
-			_, span := t.startBatch(ctx, events, 0)
+			_, span := t.startBatch(ctx, events, 0, trace.SpanContext{})
 			b.ReportAllocs()
 			for b.Loop() {
 				if err := span.handle(ctx, h, events[0], 1, time.Time{}); err != nil {
@@ -39,7 +41,7 @@ func BenchmarkTelemetryHooks(b *testing.B) {
 		b.Run("per batch/"+name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				bctx, span := t.startBatch(ctx, events, 0)
+				bctx, span := t.startBatch(ctx, events, 0, trace.SpanContext{})
 				t.committed(1)
 				t.count(bctx, OutcomeHandled, 100)
 				span.end(bctx, nil)

@@ -103,28 +103,46 @@ func telemetryHistCount(t testing.TB, ms map[string]metricdata.Aggregation, name
 	return 0
 }
 
-// telemetryGauge returns a gauge's value for a subscriber as float64;
-// false when it has no data point.
+// telemetryGauge returns an observable instrument's value for a
+// subscriber as float64 (a gauge, or the non-monotonic sum of an up-down
+// counter); false when it has no data point. It fails the test when the
+// subscriber has more than one series.
 func telemetryGauge(t testing.TB, ms map[string]metricdata.Aggregation, name, subscriber string) (float64, bool) {
 	t.Helper()
+	var values []float64
+	match := func(attrs attribute.Set) bool {
+		s, _ := attrs.Value(subscriptions.AttrSubscriber)
+		return s.AsString() == subscriber
+	}
 	switch g := ms[name].(type) {
 	case metricdata.Gauge[int64]:
 		for _, dp := range g.DataPoints {
-			if s, _ := dp.Attributes.Value(subscriptions.AttrSubscriber); s.AsString() == subscriber {
-				return float64(dp.Value), true
+			if match(dp.Attributes) {
+				values = append(values, float64(dp.Value))
 			}
 		}
 	case metricdata.Gauge[float64]:
 		for _, dp := range g.DataPoints {
-			if s, _ := dp.Attributes.Value(subscriptions.AttrSubscriber); s.AsString() == subscriber {
-				return dp.Value, true
+			if match(dp.Attributes) {
+				values = append(values, dp.Value)
+			}
+		}
+	case metricdata.Sum[int64]:
+		require.False(t, g.IsMonotonic, "%s is an up-down counter", name)
+		for _, dp := range g.DataPoints {
+			if match(dp.Attributes) {
+				values = append(values, float64(dp.Value))
 			}
 		}
 	case nil:
 	default:
 		t.Fatalf("%s is a %T", name, g)
 	}
-	return 0, false
+	require.LessOrEqual(t, len(values), 1, "%s: %d series for %q", name, len(values), subscriber)
+	if len(values) == 0 {
+		return 0, false
+	}
+	return values[0], true
 }
 
 func spanAttr(s sdktrace.ReadOnlySpan, key attribute.Key) attribute.Value {
@@ -216,8 +234,8 @@ func TestTelemetrySuite(t *testing.T) {
 			// batch) + 2 attempts at the poison + 2 after it.
 			require.EqualValues(t, 8, telemetryHistCount(t, ms, subscriptions.MetricHandlerDuration, name))
 			require.GreaterOrEqual(t, telemetryHistCount(t, ms, subscriptions.MetricBatchDuration, name), uint64(4))
-			require.EqualValues(t, 1, telemetryHistCount(t, ms, subscriptions.MetricWakeLatency, name), "one wake led to handler calls")
-			lag, ok := telemetryGauge(t, ms, subscriptions.MetricLag, name)
+			require.EqualValues(t, 1, telemetryHistCount(t, ms, subscriptions.MetricWakeDuration, name), "one wake led to handler calls")
+			lag, ok := telemetryGauge(t, ms, subscriptions.MetricLagEvents, name)
 			require.True(t, ok)
 			require.Zero(t, lag)
 			parked, ok := telemetryGauge(t, ms, subscriptions.MetricParked, name)
@@ -281,22 +299,22 @@ func TestTelemetrySuite(t *testing.T) {
 			// once woken, every event is handled again.
 			require.NoError(t, sub.ResetCheckpoint(ctx, 0))
 			ms = kit.collect(t)
-			lag, _ = telemetryGauge(t, ms, subscriptions.MetricLag, name)
+			lag, _ = telemetryGauge(t, ms, subscriptions.MetricLagEvents, name)
 			require.EqualValues(t, 5, lag)
-			age, ok := telemetryGauge(t, ms, subscriptions.MetricLagTime, name)
+			age, ok := telemetryGauge(t, ms, subscriptions.MetricLagAge, name)
 			require.True(t, ok)
 			require.GreaterOrEqual(t, age, 60.0)
 			notifier.Notify()
 			waitState(subscriptions.StateIdle, 0)
 			ms = kit.collect(t)
 			require.EqualValues(t, 9, telemetryCount(t, ms, name, subscriptions.OutcomeHandled))
-			age, _ = telemetryGauge(t, ms, subscriptions.MetricLagTime, name)
+			age, _ = telemetryGauge(t, ms, subscriptions.MetricLagAge, name)
 			require.Zero(t, age)
 
 			// Once Run has returned, the gauges are no longer reported.
 			run.stop(t)
 			ms = kit.collect(t)
-			_, ok = telemetryGauge(t, ms, subscriptions.MetricLag, name)
+			_, ok = telemetryGauge(t, ms, subscriptions.MetricLagEvents, name)
 			require.False(t, ok)
 		})
 	}
