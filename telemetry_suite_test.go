@@ -319,3 +319,113 @@ func TestTelemetrySuite(t *testing.T) {
 		})
 	}
 }
+
+// TestTelemetryGauges: the observable instruments report one series per
+// subscriber whatever Run is asked twice, and keep reporting (lag 0, as
+// Status does) with the checkpoint ahead of the feed head, on every
+// backend.
+func TestTelemetryGauges(t *testing.T) {
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			e := b.New(t)
+			ctx := context.Background()
+			kit := newTelemetryKit(t)
+			const name = "tele-gauges"
+			sub := coreNewSub(t, name, e.Events, e.Checkpoints, coreNoop,
+				append(kit.options(), subscriptions.WithParkingLot(e.Parking), subscriptions.WithPollInterval(5*time.Millisecond))...)
+			appendN(t, e.Events, "tele.ok", 0, 2)
+
+			for round := range 2 {
+				run := start(t, sub)
+				statusWait(t, sub, "caught up", func(st subscriptions.Status) bool {
+					return st.State == subscriptions.StateIdle && st.Lag == 0 && st.Position == 2
+				})
+				require.ErrorIs(t, sub.Run(ctx), subscriptions.ErrRunning, "round %d", round)
+				ms := kit.collect(t) // fails on a second series
+				for _, m := range []string{subscriptions.MetricLagEvents, subscriptions.MetricLagAge, subscriptions.MetricParked} {
+					v, ok := telemetryGauge(t, ms, m, name)
+					require.True(t, ok, "round %d: %s reported", round, m)
+					require.Zero(t, v, "round %d: %s", round, m)
+				}
+				run.stop(t)
+			}
+
+			run := start(t, sub)
+			defer run.stop(t)
+			statusWait(t, sub, "running", func(st subscriptions.Status) bool { return st.State == subscriptions.StateIdle })
+			require.NoError(t, sub.ResetCheckpoint(ctx, 10))
+			_, err := sub.Status(ctx)
+			require.ErrorIs(t, err, subscriptions.ErrCheckpointAhead)
+			ms := kit.collect(t) // Collect succeeds
+			for _, m := range []string{subscriptions.MetricLagEvents, subscriptions.MetricLagAge, subscriptions.MetricParked} {
+				v, ok := telemetryGauge(t, ms, m, name)
+				require.True(t, ok, "%s reported with the checkpoint ahead", m)
+				require.Zero(t, v, m)
+			}
+		})
+	}
+}
+
+// TestTelemetryBatchSpans: a batch span is the root of its own trace, not
+// a child of the span in Run's context (it links to it); a batch that
+// fails on its first event ends before its retries start, and the retry
+// batch links to it. On every backend.
+func TestTelemetryBatchSpans(t *testing.T) {
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			e := b.New(t)
+			kit := newTelemetryKit(t)
+			var calls atomic.Int32
+			handler := func(ctx context.Context, ev domain.EventEnvelope[any]) error {
+				if calls.Add(1) == 1 {
+					return errors.New("first attempt fails")
+				}
+				return nil
+			}
+			const name = "tele-spans"
+			sub := coreNewSub(t, name, e.Events, e.Checkpoints, handler,
+				append(kit.options(), subscriptions.WithParkingLot(e.Parking), subscriptions.WithMaxRetries(2),
+					subscriptions.WithRetryBackoff(50*time.Millisecond, 50*time.Millisecond))...)
+			appendN(t, e.Events, "tele.ok", 0, 1)
+
+			runCtx, startup := kit.traces.Tracer("app").Start(context.Background(), "startup")
+			startup.End()
+			ctx, cancel := context.WithCancel(runCtx)
+			done := make(chan error, 1)
+			go func() { done <- sub.Run(ctx) }()
+			defer func() {
+				cancel()
+				select {
+				case err := <-done:
+					require.NoError(t, err)
+				case <-time.After(30 * time.Second):
+					t.Fatal("Run did not return")
+				}
+			}()
+			waitCaughtUp(t, sub)
+
+			var batches []sdktrace.ReadOnlySpan
+			require.Eventually(t, func() bool {
+				batches = batches[:0]
+				for _, s := range kit.spans.Ended() {
+					if s.Name() == subscriptions.SpanBatch {
+						batches = append(batches, s)
+					}
+				}
+				return len(batches) >= 2
+			}, 30*time.Second, 2*time.Millisecond)
+			first, retry := batches[0], batches[1]
+			require.Zero(t, spanAttr(first, subscriptions.AttrAttempt).AsInt64(), "the ordinary batch")
+			require.EqualValues(t, 2, spanAttr(retry, subscriptions.AttrAttempt).AsInt64())
+			for _, s := range batches {
+				require.False(t, s.Parent().IsValid(), "a batch span is a root")
+				require.NotEqual(t, startup.SpanContext().TraceID(), s.SpanContext().TraceID())
+				require.Equal(t, startup.SpanContext().SpanID(), s.Links()[0].SpanContext.SpanID(), "linked to Run's span")
+			}
+			require.Equal(t, codes.Error, first.Status().Code)
+			require.False(t, first.EndTime().After(retry.StartTime()), "the failed batch ends before its retry starts")
+			require.Len(t, retry.Links(), 2)
+			require.Equal(t, first.SpanContext().SpanID(), retry.Links()[1].SpanContext.SpanID(), "the retry links to the failed batch")
+		})
+	}
+}
