@@ -432,3 +432,45 @@ func TestTelemetryBatchSpans(t *testing.T) {
 		})
 	}
 }
+
+// blockingHeadStore makes HeadPosition wait for its context's end while
+// block is set: a database that does not answer.
+type blockingHeadStore struct {
+	domain.EventStore
+	block atomic.Bool
+}
+
+func (s *blockingHeadStore) HeadPosition(ctx context.Context) (int64, error) {
+	if s.block.Load() {
+		<-ctx.Done()
+		return 0, ctx.Err()
+	}
+	return s.EventStore.HeadPosition(ctx)
+}
+
+// TestTelemetryGaugeDeadline: a collection whose context has no deadline
+// (as the Prometheus exporter's) still returns when the database does not
+// answer: the callback's reads run under a deadline of their own. The
+// deadline is the store's business, not the backend's: memory only.
+func TestTelemetryGaugeDeadline(t *testing.T) {
+	e := envBackends()[0].New(t)
+	store := &blockingHeadStore{EventStore: e.Events}
+	kit := newTelemetryKit(t)
+	sub := coreNewSub(t, "tele-deadline", store, e.Checkpoints, coreNoop, kit.options()...)
+	start(t, sub)
+	statusWait(t, sub, "idle", func(st subscriptions.Status) bool { return st.State == subscriptions.StateIdle })
+	store.block.Store(true)
+	defer store.block.Store(false)
+	collected := make(chan error, 1)
+	go func() {
+		var rm metricdata.ResourceMetrics
+		collected <- kit.reader.Collect(context.Background(), &rm)
+	}()
+	select {
+	case err := <-collected:
+		require.ErrorContains(t, err, context.DeadlineExceeded.Error())
+		require.ErrorContains(t, err, "tele-deadline")
+	case <-time.After(60 * time.Second):
+		t.Fatal("the collection did not return: no deadline on the gauges' reads")
+	}
+}
