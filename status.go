@@ -38,7 +38,8 @@ type EventRef struct {
 // Status is a snapshot of one subscriber: what the database says (its
 // checkpoint, the feed head, the lag) and what this process's Run knows
 // (its state, the last error, the last commit). It is a plain value, safe
-// to copy and to serve as JSON.
+// to copy and to serve as JSON; the EventRefs it points to are copies
+// owned by the caller.
 //
 // The database figures are shared by every replica of the subscriber's
 // name; State, the failure and LastCommitAt are this process's only: a
