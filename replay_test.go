@@ -19,9 +19,10 @@ import (
 
 // TestReplayParked parks a poison event through a running subscriber and
 // replays it: the event is loaded from the store and handed to the handler
-// inside the replay transaction; a failed replay leaves the entry and rolls
-// back the handler's writes; a successful one commits them and clears the
-// entry; an event that is not parked is ErrEventNotParked.
+// inside the replay transaction; a failed replay leaves the entry (with
+// one more attempt, its error and time) and rolls back the handler's
+// writes; a successful one commits them and clears the entry; an event
+// that is not parked is ErrEventNotParked.
 func TestReplayParked(t *testing.T) {
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
@@ -78,8 +79,10 @@ func TestReplayParked(t *testing.T) {
 				still, err := sub.ListParked(ctx)
 				require.NoError(t, err)
 				require.Len(t, still, 1, "a failed replay leaves the entry")
-				require.Equal(t, parked[0].Attempts, still[0].Attempts)
-				require.Equal(t, parked[0].Error, still[0].Error)
+				require.Equal(t, parked[0].Attempts+1, still[0].Attempts, "a failed replay counts as an attempt")
+				require.Contains(t, still[0].Error, errParkPoison.Error(), "a failed replay records its error")
+				require.False(t, still[0].ParkedAt.Before(parked[0].ParkedAt), "a failed replay records its time")
+				require.Equal(t, poison.AggregateID, still[0].AggregateID)
 				if e.DB != nil {
 					require.Equal(t, parkConcat(before, after), projected(t, e.DB, parkProjection), "the failed replay's write was rolled back")
 				}

@@ -599,13 +599,14 @@ func (r *runner) parkIn(tctx, bctx context.Context, batch Batch, ev domain.Event
 		}
 	}()
 	parked := ParkedEvent{
-		Subscriber: s.name,
-		EventID:    ev.ID,
-		EventType:  ev.EventType,
-		Position:   ev.Position,
-		Error:      cause.Error(),
-		Attempts:   attempts,
-		ParkedAt:   time.Now().UTC(),
+		Subscriber:  s.name,
+		EventID:     ev.ID,
+		EventType:   ev.EventType,
+		Position:    ev.Position,
+		Error:       cause.Error(),
+		Attempts:    attempts,
+		ParkedAt:    time.Now().UTC(),
+		AggregateID: ev.AggregateID,
 	}
 	if err := s.parking.Park(batch.HandlerContext(tctx), parked); err != nil {
 		finished = true

@@ -326,10 +326,11 @@ func (s *Subscriber) ListParked(ctx context.Context) ([]ParkedEvent, error) {
 }
 
 // ReplayParked re-runs the handler for one parked event and clears it on
-// success (a failed replay leaves the event parked). The event is loaded
-// fresh from the event store; database-backed parking lots run the handler
-// and the row deletion in one transaction, exposed via TxFromContext
-// exactly like a live batch. Requires a ParkingLot (WithParkingLot).
+// success (a failed replay leaves the event parked; with a
+// ManagedParkingLot it records the replay as one more attempt, with its
+// error and time). The event is loaded fresh from the event store;
+// database-backed parking lots run the handler and the row deletion in one
+// transaction, exposed via TxFromContext exactly like a live batch. Requires a ParkingLot (WithParkingLot).
 //
 // An event that is not parked for this subscriber returns an error wrapping
 // ErrEventNotParked; one whose replay is already running, an error wrapping
@@ -363,7 +364,19 @@ func (s *Subscriber) ReplayParked(ctx context.Context, eventID string) error {
 	if err := s.refuseAfterCheckpoint(ctx, event); err != nil {
 		return err
 	}
-	if err := s.parking.Replay(ctx, s.name, eventID, event, s.tel.replayHandler(s.handler)); err != nil {
+	// herr tells the handler's own failure apart from the lot's.
+	var herr error
+	traced := s.tel.replayHandler(s.handler)
+	handler := func(hctx context.Context, ev domain.EventEnvelope[any]) error {
+		herr = traced(hctx, ev)
+		return herr
+	}
+	if err := s.parking.Replay(ctx, s.name, eventID, event, handler); err != nil {
+		if herr != nil {
+			if rerr := s.recordReplayFailure(ctx, event, herr); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+		}
 		return err // the lot names the event and the subscriber
 	}
 	s.tel.count(ctx, OutcomeReplayed, 1)

@@ -58,13 +58,14 @@ func parkAt(offset time.Duration) time.Time {
 
 func parkEntry(subscriber, eventID string, position int64) subscriptions.ParkedEvent {
 	return subscriptions.ParkedEvent{
-		Subscriber: subscriber,
-		EventID:    eventID,
-		EventType:  "park.suite",
-		Position:   position,
-		Error:      "park: failed at " + eventID,
-		Attempts:   3,
-		ParkedAt:   parkAt(time.Duration(position) * time.Second),
+		Subscriber:  subscriber,
+		EventID:     eventID,
+		EventType:   "park.suite",
+		Position:    position,
+		Error:       "park: failed at " + eventID,
+		Attempts:    3,
+		ParkedAt:    parkAt(time.Duration(position) * time.Second),
+		AggregateID: "agg-" + eventID,
 	}
 }
 
@@ -357,6 +358,8 @@ func RunParkingLotSuite(t *testing.T, h ParkingLotHarness) {
 				require.Len(t, got, 1, "another subscriber's entries stay")
 				require.NoError(t, purger.Purge(ctx, "park-nobody"), "purging nothing is not an error")
 			})
+
+			t.Run("managed", func(t *testing.T) { parkManagedSuite(t, b) })
 		})
 	}
 }
