@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
 
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
@@ -170,4 +171,46 @@ func parkedIDs(ps []subscriptions.ParkedEvent) []string {
 		out = append(out, p.EventID)
 	}
 	return out
+}
+
+// TestDiscardParkedDuringReplay: a discard never removes an entry from
+// under a running replay. The memory lot refuses it (ErrReplayInProgress);
+// the database lots make it wait for the replay's transaction (seen
+// waiting on the row lock on Postgres), after which the entry is gone.
+func TestDiscardParkedDuringReplay(t *testing.T) {
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			var e *env
+			var admin *gorm.DB
+			var app string
+			if b.Name == "postgres" {
+				e, admin, app = parkPGEnv(t)
+			} else {
+				e = b.New(t)
+			}
+			ev := parkStoredEvent(t, e)
+			gate := newParkGate()
+			sub := parkSubscriber(t, e, "park-discard-race", gate.handler, subscriptions.WithParkingLot(e.Parking))
+			require.NoError(t, e.Parking.Park(context.Background(), parkEntry("park-discard-race", ev.ID, ev.Position)))
+			ctx := context.Background()
+
+			replay := parkAsync(func() error { return sub.ReplayParked(ctx, ev.ID) })
+			gate.waitEntered(t)
+			discard := parkAsync(func() error { _, err := sub.DiscardParked(ctx, ev.ID, "op"); return err })
+			switch b.Name {
+			case "memory":
+				require.ErrorIs(t, parkResult(t, discard), subscriptions.ErrReplayInProgress)
+			case "postgres":
+				parkWaitLockWait(t, admin, app, "%DELETE FROM parked_events%")
+			}
+			close(gate.release)
+			require.NoError(t, parkResult(t, replay))
+			if b.Name != "memory" {
+				require.ErrorIs(t, parkResult(t, discard), subscriptions.ErrEventNotParked, "the discard finds the entry replayed")
+			}
+			left, err := sub.ListParked(ctx)
+			require.NoError(t, err)
+			require.Empty(t, left)
+		})
+	}
 }
