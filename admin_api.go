@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -94,6 +95,9 @@ func (h *adminHandler) api(action AdminAction, f apiFunc) http.HandlerFunc {
 		if !ok {
 			writeJSONError(w, http.StatusNotFound, "unknown subscriber "+strconv.Quote(name))
 			return
+		}
+		if action == AdminRead {
+			h.cfg.logger.Debug("admin read", "caller", caller, "subscriber", name, "path", r.URL.Path, "remote", r.RemoteAddr)
 		}
 		f(w, r, s, caller)
 	}
@@ -251,7 +255,7 @@ func (h *adminHandler) apiParkedShow(w http.ResponseWriter, r *http.Request, s *
 func (h *adminHandler) replayOne(r *http.Request, s *Subscriber, caller, id string) (status int, err error) {
 	unlock, ok := h.replayLock(s.name)
 	if !ok {
-		err = errors.New("subscriptions: a replay of " + strconv.Quote(s.name) + " is already in progress: " + ErrReplayInProgress.Error())
+		err = fmt.Errorf("subscriptions: replay event %q for %q: another replay of this subscriber is running: %w", id, s.name, ErrReplayInProgress)
 		h.audit(r, caller, AdminReplay, s.name, err, "event_id", id)
 		return http.StatusConflict, err
 	}

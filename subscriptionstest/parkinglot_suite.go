@@ -81,7 +81,9 @@ func parkRequireSame(t *testing.T, want, got subscriptions.ParkedEvent) {
 // subscriptions.ParkingLot against the lot h builds, as subtests of t
 // named h.Name/<case>. Every case gets a fresh lot from h.New. Cases run
 // one after another; a case may run goroutines of its own, all ended
-// before it returns.
+// before it returns. A lot that also implements
+// subscriptions.ManagedParkingLot runs the "managed" cases (get, filtered
+// and paged listing, discard, recorded replay failures); others skip them.
 func RunParkingLotSuite(t *testing.T, h ParkingLotHarness) {
 	ctx := context.Background()
 	// One backend; the loop keeps the cases where they were written.
