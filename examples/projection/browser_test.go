@@ -1,13 +1,10 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"io"
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,46 +34,8 @@ func TestAdminPageInBrowser(t *testing.T) {
 	chromium, err := exec.LookPath("chromium")
 	require.NoError(t, err, "%s=1 needs Debian's chromium package", BrowserEnv)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	pr, pw := io.Pipe()
-	exited := make(chan int, 1)
-	errs := &lockedBuffer{}
-	go func() {
-		code := run(ctx, []string{"-postgres", dbtest.PostgresDSN(), "-admin", "127.0.0.1:0"}, pw, errs)
-		pw.Close()
-		exited <- code
-	}()
-	lines := make(chan string, 64)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-	}()
-	defer func() {
-		cancel()
-		for range lines {
-		}
-		require.Equal(t, 0, <-exited, "the example's exit status; stderr:\n%s", errs.String())
-	}()
-	var adminURL string
-	deadline := time.After(2 * time.Minute)
-	for adminURL == "" {
-		select {
-		case line, ok := <-lines:
-			require.True(t, ok, "the example exited early:\n%s", errs.String())
-			if rest, ok := strings.CutPrefix(line, "admin: "); ok && strings.HasPrefix(rest, "http://") {
-				adminURL, _, _ = strings.Cut(rest, " ")
-			}
-		case <-deadline:
-			t.Fatalf("the example did not serve the admin page within 2 minutes:\n%s", errs.String())
-		}
-	}
-	go func() { // keep draining the example's output
-		for range lines {
-		}
-	}()
+	ctx := context.Background()
+	adminURL := serveExample(t, "-postgres", dbtest.PostgresDSN())
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(chromium),
@@ -126,23 +85,4 @@ func TestAdminPageInBrowser(t *testing.T) {
 	require.Contains(t, text(ctx2, `p.notice`), "Replayed")
 	require.Equal(t, "0", text(ctx2, `tr[data-subscriber="balances"] td.parked-count`), "the subscribers table shows the replay")
 	require.Equal(t, "caught up", text(ctx2, `tr[data-subscriber="balances"] td:nth-child(2)`))
-}
-
-// lockedBuffer collects output written by the example's goroutine while
-// the test may read it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
