@@ -370,3 +370,35 @@ func TestAdminPage(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{f.poison[2].ID}, parkedIDs(left))
 }
+
+// TestAdminHostileNames: subscriber names with markup, slashes and
+// quotes are escaped on the page and addressable through the API.
+func TestAdminHostileNames(t *testing.T) {
+	e := envBackends()[0].New(t)
+	nop := func(context.Context, domain.EventEnvelope[any]) error { return nil }
+	names := []string{`<script>alert("x")</script>`, "a/b/../c", `q"uote'&amp;`, "パーク 🚗"}
+	var subs []*subscriptions.Subscriber
+	for _, n := range names {
+		subs = append(subs, parkSubscriber(t, e, n, nop, subscriptions.WithParkingLot(e.Parking)))
+		require.NoError(t, e.Parking.Park(context.Background(), subscriptions.ParkedEvent{Subscriber: n, EventID: "<b>ev</b>/1", Position: 1, Error: "<img src=x onerror=alert(1)>"}))
+	}
+	h, err := subscriptions.NewAdminHandler(subs, adminAuth)
+	require.NoError(t, err)
+	f := &adminFixture{mux: http.NewServeMux()}
+	f.mux.Handle("/ops/", http.StripPrefix("/ops", h))
+	for _, n := range names {
+		w := f.do("GET", "/ops/?subscriber="+url.QueryEscape(n), "alice", "", "", nil)
+		require.Equal(t, 200, w.Code, n)
+		body := w.Body.String()
+		require.NotContains(t, body, "<script>")
+		require.NotContains(t, body, "<img")
+		require.NotContains(t, body, "<b>ev")
+		require.Contains(t, body, `data-event-id="&lt;b&gt;ev&lt;/b&gt;/1"`, n)
+
+		w = f.do("GET", adminPath(n, "parked", "<b>ev</b>/1"), "alice", "", "", nil)
+		require.Equal(t, 200, w.Code, "%s: %s", n, w.Body.String())
+		got := decodeJSON[struct{ Parked subscriptions.ParkedEvent }](t, w)
+		require.Equal(t, n, got.Parked.Subscriber)
+		require.Equal(t, "<b>ev</b>/1", got.Parked.EventID)
+	}
+}
