@@ -527,12 +527,19 @@ func ensureParkedAggregateColumn(ctx context.Context, db *gorm.DB, postgres bool
 	if err := db.Raw(q).Scan(&n).Error; err != nil || n > 0 {
 		return err
 	}
-	stmt := "ALTER TABLE parked_events ADD COLUMN aggregate_id text NOT NULL DEFAULT ''"
 	if postgres {
-		stmt = "ALTER TABLE parked_events ADD COLUMN IF NOT EXISTS aggregate_id text NOT NULL DEFAULT ''"
+		// The ALTER's exclusive lock queues behind running transactions and
+		// blocks every statement queued after it: give up after a while
+		// rather than stall the application's traffic.
+		return db.Transaction(func(tx *gorm.DB) error {
+			if err := tx.Exec("SET LOCAL lock_timeout = '5s'").Error; err != nil {
+				return err
+			}
+			return tx.Exec("ALTER TABLE parked_events ADD COLUMN IF NOT EXISTS aggregate_id text NOT NULL DEFAULT ''").Error
+		})
 	}
-	err := db.Exec(stmt).Error
-	if err != nil && !postgres && strings.Contains(err.Error(), "duplicate column") {
+	err := db.Exec("ALTER TABLE parked_events ADD COLUMN aggregate_id text NOT NULL DEFAULT ''").Error
+	if err != nil && strings.Contains(err.Error(), "duplicate column") {
 		return nil // another process added it meanwhile
 	}
 	return err
