@@ -143,6 +143,12 @@ func (h *adminHandler) uiAction(action AdminAction) http.HandlerFunc {
 		case AdminReplay:
 			status, err = h.replayOne(r, s, caller, id)
 		case AdminDiscard:
+			// The form's checkbox is required by the browser; a request
+			// without it (a misfired script, an old page) changes nothing.
+			if r.PostFormValue("confirm") != "yes" {
+				h.renderPage(w, r, caller, http.StatusBadRequest, "", "Not discarded: tick \"sure\" next to Discard to confirm.")
+				return
+			}
 			var p ParkedEvent
 			p, err = s.DiscardParked(r.Context(), id, caller)
 			h.audit(r, caller, AdminDiscard, s.name, err, "event_id", id, "event_type", p.EventType, "position", p.Position, "parked_error", p.Error)

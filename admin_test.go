@@ -333,10 +333,16 @@ func TestAdminPage(t *testing.T) {
 	m := csrfField.FindStringSubmatch(body)
 	require.NotNil(t, m, "the forms carry a token")
 	token := m[1]
+	// form posts a page form; hdr holds headers, and "confirm" the
+	// discard's confirmation box.
 	form := func(action, id, tok, user string, hdr map[string]string) *httptest.ResponseRecorder {
 		v := url.Values{"subscriber": {"admin-sub"}, "event_id": {id}, "csrf": {tok}}
 		h := map[string]string{"Content-Type": "application/x-www-form-urlencoded"}
 		for k, x := range hdr {
+			if k == "confirm" {
+				v.Set(k, x)
+				continue
+			}
 			h[k] = x
 		}
 		return f.do("POST", "/ops/ui/"+action, user, "", v.Encode(), h)
@@ -364,6 +370,9 @@ func TestAdminPage(t *testing.T) {
 	require.NotContains(t, w.Body.String(), `data-event-id="`+id+`"`)
 
 	w = form("discard", f.poison[1].ID, token, "alice", nil)
+	require.Equal(t, http.StatusBadRequest, w.Code, "a discard needs its confirmation box")
+	require.Contains(t, w.Body.String(), "Not discarded")
+	w = form("discard", f.poison[1].ID, token, "alice", map[string]string{"confirm": "yes"})
 	require.Equal(t, http.StatusSeeOther, w.Code, w.Body.String())
 	require.Contains(t, f.logs.String(), "action=discard caller=alice")
 	left, err := f.sub.ListParked(context.Background())
