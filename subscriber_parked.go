@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/eventfeed/subscriptions/domain"
@@ -67,7 +68,7 @@ func (s *Subscriber) ListParkedPage(ctx context.Context, filter ParkedFilter) (P
 		return ParkedPage{}, err
 	}
 	query := filter
-	if filter.Limit > 0 {
+	if filter.Limit > 0 && filter.Limit < math.MaxInt {
 		query.Limit = filter.Limit + 1 // one more tells whether a next page exists
 	}
 	events, err := lot.ListFiltered(ctx, s.name, query)

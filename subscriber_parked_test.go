@@ -3,6 +3,7 @@ package subscriptions_test
 import (
 	"context"
 	"errors"
+	"math"
 	"sync"
 	"testing"
 
@@ -94,6 +95,10 @@ func TestManageParked(t *testing.T) {
 				require.NoError(t, err)
 				require.Equal(t, []string{poison[0].ID, poison[3].ID}, parkedIDs(page.Events))
 				require.False(t, page.More, "exactly a full page is the last one")
+				page, err = sub.ListParkedPage(ctx, subscriptions.ParkedFilter{Limit: math.MaxInt})
+				require.NoError(t, err)
+				require.Len(t, page.Events, len(poison), "the largest limit does not overflow")
+				require.False(t, page.More)
 			})
 
 			t.Run("replay matching stops at the first failure", func(t *testing.T) {
