@@ -7,8 +7,6 @@ import (
 	"net/http"
 	"net/url"
 	"time"
-
-	"github.com/eventfeed/subscriptions/internal/opstatus"
 )
 
 //go:embed admin_page.html
@@ -37,7 +35,7 @@ func parseAdminPage() (*template.Template, error) {
 type adminPageData struct {
 	Caller      string
 	Token       string
-	Subscribers []opstatus.Status
+	Subscribers []adminStatus
 	Selected    string
 	Parked      *ParkedPage
 	ParkedError string

@@ -2,29 +2,29 @@ package subscriptions
 
 import (
 	"context"
-	"time"
-
-	"github.com/eventfeed/subscriptions/internal/opstatus"
 )
 
-// adminSubscriberStatus is the one place the admin surfaces read a
-// subscriber's status (see internal/opstatus): switch it to
-// Subscriber.Status once that exists.
-func adminSubscriberStatus(ctx context.Context, s *Subscriber) opstatus.Status {
-	src := opstatus.Sources{Events: s.events, Position: func(ctx context.Context) (int64, error) {
-		return s.checkpoints.Position(ctx, s.name)
-	}}
-	if s.parking != nil {
-		src.Parked = func(ctx context.Context) (int, error) {
-			p, err := s.parking.List(ctx, s.name)
-			return len(p), err
-		}
-	}
-	return opstatus.Read(ctx, s.name, src, time.Now())
+// adminStatus is one row of the admin surfaces' status table: the
+// subscriber's Status, with the error that reading it met (the Status is
+// then as far as it got; a table shows every subscriber, including the
+// ones it cannot read).
+type adminStatus struct {
+	Status
+	Error string `json:"error,omitempty"`
 }
 
-func (h *adminHandler) statuses(ctx context.Context) []opstatus.Status {
-	out := make([]opstatus.Status, 0, len(h.names))
+// adminSubscriberStatus reads s.Status for the admin surfaces.
+func adminSubscriberStatus(ctx context.Context, s *Subscriber) adminStatus {
+	st, err := s.Status(ctx)
+	out := adminStatus{Status: st}
+	if err != nil {
+		out.Subscriber, out.Error = s.name, err.Error()
+	}
+	return out
+}
+
+func (h *adminHandler) statuses(ctx context.Context) []adminStatus {
+	out := make([]adminStatus, 0, len(h.names))
 	for _, name := range h.names {
 		out = append(out, adminSubscriberStatus(ctx, h.subs[name]))
 	}

@@ -223,11 +223,11 @@ func TestAdminHandler(t *testing.T) {
 				require.Equal(t, "admin-other", got[0].Subscriber)
 				require.Equal(t, got[0].Head, got[0].Lag, "a subscriber that never ran lags by the whole feed")
 				require.Greater(t, got[0].LagSeconds, 0.0)
-				require.Equal(t, "behind", got[0].State)
+				require.Equal(t, "stopped", got[0].State, "its Run never ran in this process")
 				require.Equal(t, -1, got[0].Parked, "no parking lot")
 				require.Equal(t, "admin-sub", got[1].Subscriber)
 				require.Equal(t, int64(0), got[1].Lag)
-				require.Equal(t, "caught up", got[1].State)
+				require.Equal(t, "stopped", got[1].State, "its Run was stopped")
 				require.Equal(t, 3, got[1].Parked)
 
 				w = f.do("GET", adminPath("admin-sub", "parked")+"?limit=2", "alice", "reader", "", nil)

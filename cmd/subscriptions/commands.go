@@ -11,30 +11,48 @@ import (
 	"time"
 
 	"github.com/eventfeed/subscriptions"
-	"github.com/eventfeed/subscriptions/internal/opstatus"
 )
 
 func (c *cli) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(c.stderr, nil))
 }
 
-// status prints every subscriber's status (internal/opstatus, as the admin
-// handler shows it).
+// dbStatus is a subscriber's Status as the CLI shows it. Status.State is
+// what a Run in the calling process is doing, always "stopped" here, so
+// the CLI replaces it with what the database says: caught up, behind, or
+// a checkpoint ahead of the head; Error is a read that failed.
+type dbStatus struct {
+	subscriptions.Status
+	State string `json:"state"`
+	Error string `json:"error,omitempty"`
+}
+
+// status prints every subscriber's status (Subscriber.Status, read from
+// the database).
 func (c *cli) status(ctx context.Context, d *database) error {
 	names, err := d.subscriberNames(ctx)
 	if err != nil {
 		return err
 	}
-	out := make([]opstatus.Status, 0, len(names))
+	out := make([]dbStatus, 0, len(names))
 	for _, name := range names {
-		out = append(out, opstatus.Read(ctx, name, opstatus.Sources{
-			Events:   d.events,
-			Position: func(ctx context.Context) (int64, error) { return d.checkpoints.Position(ctx, name) },
-			Parked: func(ctx context.Context) (int, error) {
-				p, err := d.parking.List(ctx, name)
-				return len(p), err
-			},
-		}, time.Now()))
+		sub, err := d.subscriber(name, c.logger())
+		if err != nil {
+			return err
+		}
+		st, err := sub.Status(ctx)
+		row := dbStatus{Status: st}
+		switch {
+		case errors.Is(err, subscriptions.ErrCheckpointAhead):
+			row.State = "checkpoint ahead of head"
+		case err != nil:
+			row.Subscriber, row.State, row.Error = name, "error", err.Error()
+		case st.Lag > 0:
+			row.State = "behind"
+		default:
+			row.State = "caught up"
+		}
+		out = append(out, row)
 	}
 	if c.json {
 		return c.printJSON(map[string]any{"subscribers": out})
