@@ -114,7 +114,7 @@ func errorStatus(err error, replay bool) int {
 	switch {
 	case errors.Is(err, ErrReplayInProgress):
 		return http.StatusConflict
-	case errors.Is(err, ErrEventNotParked) && replay:
+	case errors.Is(err, ErrEventNotParked) && replay, errors.Is(err, ErrParkedAfterCheckpoint):
 		return http.StatusConflict
 	case errors.Is(err, ErrEventNotParked):
 		return http.StatusNotFound

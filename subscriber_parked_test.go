@@ -188,6 +188,7 @@ func TestDiscardParkedDuringReplay(t *testing.T) {
 			gate := newParkGate()
 			sub := parkSubscriber(t, e, "park-discard-race", gate.handler, subscriptions.WithParkingLot(e.Parking))
 			require.NoError(t, e.Parking.Park(context.Background(), parkEntry("park-discard-race", ev.ID, ev.Position)))
+			parkPastEvent(t, e, "park-discard-race", ev)
 			ctx := context.Background()
 
 			replay := parkAsync(func() error { return sub.ReplayParked(ctx, ev.ID) })
