@@ -347,6 +347,11 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 			if stopped {
 				return outcomeStopped
 			}
+			if resetAborted(batch) {
+				r.known = -1
+				s.logger.Info("subscriber: checkpoint was reset during the batch; batch discarded", "subscriber", s.name, "error", err)
+				return outcomeMore
+			}
 			if i > 0 {
 				// Commit the events before the failing one in a batch of their
 				// own, right away; the failing event comes first in the next.
@@ -535,6 +540,10 @@ func (r *runner) attempt(ctx context.Context, start int64, ev domain.EventEnvelo
 	if r.stopped {
 		r.rollback(batch)
 		return outcomeStopped, true, nil
+	}
+	if herr != nil && resetAborted(batch) {
+		r.rollback(batch)
+		return outcomeMore, true, nil // the reset moved the checkpoint
 	}
 	if herr == nil {
 		if r.graceExpired() {

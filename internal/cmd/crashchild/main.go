@@ -32,8 +32,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/mattn/go-sqlite3"
 	"gorm.io/driver/postgres"
 	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
@@ -42,6 +40,7 @@ import (
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/internal/sqlerr"
 )
 
 // tableName keeps the projection table a plain identifier: it is spliced
@@ -185,16 +184,6 @@ func createProjection(ctx context.Context, db *gorm.DB, driver, table string) er
 }
 
 func isUniqueViolation(err error) bool {
-	if err == nil {
-		return false
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code == "23505"
-	}
-	var liteErr sqlite3.Error
-	if errors.As(err, &liteErr) {
-		return liteErr.ExtendedCode == sqlite3.ErrConstraintPrimaryKey || liteErr.ExtendedCode == sqlite3.ErrConstraintUnique
-	}
-	return false
+	unique, _ := sqlerr.UniqueViolation(err)
+	return unique
 }
