@@ -5,11 +5,14 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"time"
+	"weak"
 
 	"gorm.io/gorm"
 
+	"github.com/eventfeed/subscriptions/internal/sqliteconf"
 	"github.com/eventfeed/subscriptions/internal/sqlschema"
 )
 
@@ -77,12 +80,37 @@ type batchRegistry struct {
 	resets nameFences
 }
 
-// sqliteRegistries maps each SQLite *sql.DB to its batchRegistry.
-var sqliteRegistries sync.Map
+// sqliteRegistries maps each SQLite *sql.DB to its batchRegistry. The key
+// is a weak pointer, and an entry is deleted when its pool is garbage
+// collected, so that an application opening and closing many databases
+// (one per tenant or job) does not keep every closed pool alive.
+var sqliteRegistries = struct {
+	mu sync.Mutex
+	m  map[weak.Pointer[sql.DB]]*batchRegistry
+}{m: make(map[weak.Pointer[sql.DB]]*batchRegistry)}
 
 func registryFor(pool *sql.DB) *batchRegistry {
-	reg, _ := sqliteRegistries.LoadOrStore(pool, &batchRegistry{active: make(map[string]*gormBatch), resets: make(nameFences)})
-	return reg.(*batchRegistry)
+	key := weak.Make(pool)
+	sqliteRegistries.mu.Lock()
+	defer sqliteRegistries.mu.Unlock()
+	if reg := sqliteRegistries.m[key]; reg != nil {
+		return reg
+	}
+	reg := &batchRegistry{active: make(map[string]*gormBatch), resets: make(nameFences)}
+	sqliteRegistries.m[key] = reg
+	runtime.AddCleanup(pool, func(key weak.Pointer[sql.DB]) {
+		sqliteRegistries.mu.Lock()
+		delete(sqliteRegistries.m, key)
+		sqliteRegistries.mu.Unlock()
+	}, key)
+	return reg
+}
+
+// sqliteRegistryCount is the number of pools with a batch registry (tests).
+func sqliteRegistryCount() int {
+	sqliteRegistries.mu.Lock()
+	defer sqliteRegistries.mu.Unlock()
+	return len(sqliteRegistries.m)
 }
 
 var _ CheckpointStore = (*GormCheckpointStore)(nil)
@@ -120,6 +148,11 @@ func gormHandle(constructor string, db *gorm.DB) (*sql.DB, bool, error) {
 	pool, err := db.DB()
 	if err != nil {
 		return nil, false, fmt.Errorf("subscriptions: %s: %w", constructor, err)
+	}
+	if db.Name() == sqlschema.SQLite {
+		if err := sqliteconf.Check(context.Background(), db, pool, "subscriptions: "+constructor); err != nil {
+			return nil, false, err
+		}
 	}
 	return pool, db.Name() == sqlschema.Postgres, nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/internal/sqlerr"
+	"github.com/eventfeed/subscriptions/internal/sqliteconf"
 	"github.com/eventfeed/subscriptions/internal/sqlschema"
 )
 
@@ -88,6 +89,15 @@ func NewGormEventStore(db *gorm.DB) (*GormEventStore, error) {
 		return nil, fmt.Errorf("infrastructure: NewGormEventStore: dialect %q: %w (use postgres or sqlite)", dialect, domain.ErrGlobalOrderingNotSupported)
 	}
 	ctx := context.Background()
+	if dialect == sqlschema.SQLite {
+		pool, err := db.DB()
+		if err != nil {
+			return nil, fmt.Errorf("infrastructure: NewGormEventStore: %w", err)
+		}
+		if err := sqliteconf.Check(ctx, db, pool, "infrastructure: NewGormEventStore"); err != nil {
+			return nil, err
+		}
+	}
 	if err := sqlschema.Ensure(ctx, db, sqlschema.Objects{
 		Names:    eventTableObjects.names,
 		Postgres: eventTableObjects.postgres,

@@ -32,6 +32,7 @@ import (
 	"syscall"
 	"time"
 
+	glebarez "github.com/glebarez/sqlite"
 	"gorm.io/driver/postgres"
 	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
@@ -48,7 +49,7 @@ import (
 var tableName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
 func main() {
-	driver := flag.String("driver", "postgres", "database driver: postgres or sqlite")
+	driver := flag.String("driver", "postgres", "database driver: postgres, sqlite (gorm.io/driver/sqlite) or glebarez (github.com/glebarez/sqlite)")
 	dsn := flag.String("dsn", "", "database DSN")
 	name := flag.String("name", "crashchild", "subscriber name")
 	batch := flag.Int("batch", 10, "batch size")
@@ -91,8 +92,10 @@ func run(driver, dsn, name string, batch int, poll time.Duration, table string, 
 		dialector = postgres.Open(dsn)
 	case "sqlite":
 		dialector = sqlite.Open(dsn)
+	case "glebarez":
+		dialector = glebarez.Open(dsn)
 	default:
-		return fmt.Errorf("-driver %q: use postgres or sqlite", driver)
+		return fmt.Errorf("-driver %q: use postgres, sqlite (gorm.io/driver/sqlite) or glebarez (github.com/glebarez/sqlite)", driver)
 	}
 	db, err := gorm.Open(dialector, &gorm.Config{Logger: logger.Discard})
 	if err != nil {
