@@ -34,45 +34,6 @@ type GormParkedEventModel struct {
 // TableName returns the table name for the parked event model.
 func (GormParkedEventModel) TableName() string { return "parked_events" }
 
-var parkedObjects = sqlschema.Objects{
-	Names: []string{"parked_events", "idx_parked_events_position"},
-	// SQLite keeps its primary key on the columns (no entry size limit).
-	// On Postgres the key is a SHA-256 digest of (subscriber, event ID)
-	// computed by the library, not a primary key over the two columns: a
-	// B-tree entry holds at most ~2.7 kB, and a subscriber name and an event
-	// ID may each be up to 2 kB. (A digest index in SQL would need md5, whose
-	// collisions an attacker can choose, or a non-immutable conversion.)
-	Postgres: []string{
-		`CREATE TABLE IF NOT EXISTS parked_events (
-			key            bytea       NOT NULL PRIMARY KEY,
-			subscriber_key bytea       NOT NULL,
-			subscriber     text        NOT NULL,
-			event_id       text        NOT NULL,
-			event_type     text        NOT NULL DEFAULT '',
-			position       bigint      NOT NULL DEFAULT 0,
-			error          text        NOT NULL DEFAULT '',
-			attempts       integer     NOT NULL DEFAULT 0,
-			parked_at      timestamptz,
-			aggregate_id   text        NOT NULL DEFAULT ''
-		)`,
-		`CREATE INDEX IF NOT EXISTS idx_parked_events_position ON parked_events (subscriber_key, position)`,
-	},
-	SQLite: []string{
-		`CREATE TABLE IF NOT EXISTS parked_events (
-			subscriber text     NOT NULL,
-			event_id   text     NOT NULL,
-			event_type text     NOT NULL DEFAULT '',
-			position   integer  NOT NULL DEFAULT 0,
-			error      text     NOT NULL DEFAULT '',
-			attempts   integer  NOT NULL DEFAULT 0,
-			parked_at  datetime,
-			aggregate_id text NOT NULL DEFAULT '',
-			PRIMARY KEY (subscriber, event_id)
-		)`,
-		`CREATE INDEX IF NOT EXISTS idx_parked_events_position ON parked_events (subscriber, position)`,
-	},
-}
-
 // GormParkingLot is a database-backed ParkingLot. When parking happens
 // inside a subscriber batch, the row is written through the batch
 // transaction so the parking and the checkpoint advance commit atomically —

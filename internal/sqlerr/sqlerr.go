@@ -37,7 +37,12 @@ func UniqueViolation(err error) (unique bool, detail string) {
 	msg := err.Error()
 	for _, marker := range []string{"UNIQUE constraint failed: ", "PRIMARY KEY constraint failed: "} {
 		if i := strings.Index(msg, marker); i >= 0 {
-			return true, strings.TrimSpace(msg[i+len(marker):])
+			detail = strings.TrimSpace(msg[i+len(marker):])
+			// modernc.org/sqlite appends the extended code: " (1555)".
+			if j := strings.LastIndex(detail, " ("); j > 0 && strings.HasSuffix(detail, ")") {
+				detail = detail[:j]
+			}
+			return true, detail
 		}
 	}
 	if errors.Is(err, gorm.ErrDuplicatedKey) {

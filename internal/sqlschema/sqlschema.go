@@ -8,7 +8,10 @@
 // construction must never make a running process's statements fail. Ensure
 // therefore does nothing (and takes no lock) when every object exists, and
 // otherwise creates them with IF NOT EXISTS DDL inside a transaction that
-// holds an advisory lock, so concurrent constructors take turns.
+// holds an advisory lock, so concurrent constructors take turns. The same
+// transaction brings tables created by the original module (GORM
+// AutoMigrate of its documented models) to the current shape, in place,
+// without dropping or rewriting any row's data.
 package sqlschema
 
 import (
@@ -32,6 +35,12 @@ type Objects struct {
 	// DDL per dialect: IF NOT EXISTS statements run in order.
 	Postgres []string
 	SQLite   []string
+	// PostgresCurrent, when set, is a query returning true when the
+	// existing objects are already in their current shape (a table taken
+	// over from the original module may need columns, keys or triggers
+	// added). When it returns false, Postgres runs after the existence
+	// check too, so every statement there must be idempotent.
+	PostgresCurrent string
 }
 
 // Ensure creates the objects that do not exist yet. db must be a Postgres
@@ -40,8 +49,17 @@ func Ensure(ctx context.Context, db *gorm.DB, objs Objects) error {
 	db = db.WithContext(ctx)
 	switch db.Name() {
 	case Postgres:
-		if exists, err := allExistPostgres(db, objs.Names); err != nil || exists {
+		exists, err := allExistPostgres(db, objs.Names)
+		if err != nil {
 			return err
+		}
+		if exists && objs.PostgresCurrent != "" {
+			if err := db.Raw(objs.PostgresCurrent).Scan(&exists).Error; err != nil {
+				return fmt.Errorf("check the schema is current: %w", err)
+			}
+		}
+		if exists {
+			return nil
 		}
 		return db.Transaction(func(tx *gorm.DB) error {
 			schema, err := currentSchema(tx)
@@ -50,6 +68,22 @@ func Ensure(ctx context.Context, db *gorm.DB, objs Objects) error {
 			}
 			if err := tx.Exec("SELECT pg_advisory_xact_lock(?)", Key("migrate", schema)).Error; err != nil {
 				return fmt.Errorf("take migration lock: %w", err)
+			}
+			if objs.PostgresCurrent != "" {
+				// Another process may have finished the same work while this
+				// one waited for the lock: then take no table lock at all.
+				exists, err := allExistPostgres(tx, objs.Names)
+				if err != nil {
+					return err
+				}
+				if exists {
+					if err := tx.Raw(objs.PostgresCurrent).Scan(&exists).Error; err != nil {
+						return fmt.Errorf("check the schema is current: %w", err)
+					}
+				}
+				if exists {
+					return nil
+				}
 			}
 			return execAll(tx, objs.Postgres)
 		})
