@@ -126,3 +126,80 @@ func TestSQLiteClosedPoolsReleased(t *testing.T) {
 		})
 	}
 }
+
+// TestSQLiteDriverDefaultsHold: with a DSN that sets nothing (a plain
+// path) or only what the original's users write (_pragma parameters, which
+// gorm.io/driver/sqlite ignores), on both drivers, 4 concurrent appenders
+// and 2 replicas of one subscriber projecting through the batch
+// transaction never fail ("database is locked" included) and commit every
+// event exactly once: the drivers' default busy timeout (5 s) and the
+// store's write-first transactions are all the module needs.
+func TestSQLiteDriverDefaultsHold(t *testing.T) {
+	cases := []struct {
+		name string
+		dsn  func(path string) string
+	}{
+		{"plain path", func(path string) string { return path }},
+		{"original's _pragma DSN", func(path string) string {
+			return "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)"
+		}},
+	}
+	for _, d := range dbtest.SQLiteDrivers() {
+		for _, c := range cases {
+			t.Run(d.Name+"/"+c.name, func(t *testing.T) {
+				ctx := context.Background()
+				db := d.OpenDSN(t, c.dsn(filepath.Join(t.TempDir(), "app.db")))
+				store, err := infrastructure.NewGormEventStore(db)
+				require.NoError(t, err)
+				table := coreCountProjection(t, db)
+				logger, logs := newLogger()
+				var runs []*running
+				for range 2 {
+					cps, err := subscriptions.NewGormCheckpointStore(db)
+					require.NoError(t, err)
+					sub, err := subscriptions.NewSubscriber("defaults", store, cps, func(ctx context.Context, ev coreEnvelope) error {
+						return coreCountEvent(ctx, table, ev)
+					}, subscriptions.WithBatchSize(7), subscriptions.WithPollInterval(5*time.Millisecond), subscriptions.WithLogger(logger))
+					require.NoError(t, err)
+					runs = append(runs, start(t, sub))
+				}
+				const appenders, appends = 4, 25
+				errs := make(chan error, appenders)
+				for w := range appenders {
+					go func() {
+						agg := "defaults-" + string(rune('a'+w))
+						for i := range appends {
+							if err := store.Append(ctx, agg, i, domain.NewEventEnvelope[any](map[string]any{"i": i}, agg, "defaults.appended", i+1)); err != nil {
+								errs <- err
+								return
+							}
+						}
+						errs <- nil
+					}()
+				}
+				for range appenders {
+					require.NoError(t, <-errs)
+				}
+				feed, err := store.ReadAfter(ctx, 0, 0)
+				require.NoError(t, err)
+				require.Len(t, feed, appenders*appends)
+				cps, err := subscriptions.NewGormCheckpointStore(db)
+				require.NoError(t, err)
+				require.Eventually(t, func() bool {
+					p, err := cps.Position(ctx, "defaults")
+					return err == nil && p == feed[len(feed)-1].Position
+				}, time.Minute, 5*time.Millisecond, "the replicas did not catch up")
+				for _, r := range runs {
+					r.stop(t)
+				}
+				counts := coreCounts(t, db, table)
+				require.Len(t, counts, len(feed))
+				for _, ev := range feed {
+					require.Equal(t, 1, counts[ev.ID], "event %s committed once", ev.ID)
+				}
+				require.NotContains(t, logs.String(), "locked")
+				require.NotContains(t, logs.String(), "level=ERROR")
+			})
+		}
+	}
+}
