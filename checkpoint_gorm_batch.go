@@ -109,6 +109,10 @@ func (b *gormBatch) Commit(ctx context.Context, position int64) error {
 	}
 	fail := func(err error) error {
 		b.tx.Rollback()
+		if b.abortedByReset() {
+			// A Reset rolled the transaction back under this Commit.
+			err = ErrCheckpointMoved
+		}
 		return fmt.Errorf("subscriptions: commit checkpoint of %q at position %d: %w", b.subscriber, position, err)
 	}
 	if position < b.position {
@@ -129,6 +133,9 @@ func (b *gormBatch) Commit(ctx context.Context, position int64) error {
 		return fail(ErrCheckpointMoved)
 	}
 	if err := b.tx.Commit().Error; err != nil {
+		if b.abortedByReset() {
+			err = ErrCheckpointMoved
+		}
 		return fmt.Errorf("subscriptions: commit checkpoint of %q at position %d: %w", b.subscriber, position, err)
 	}
 	return nil
