@@ -203,3 +203,23 @@ func TestSQLiteDriverDefaultsHold(t *testing.T) {
 		}
 	}
 }
+
+// TestSQLiteSwitchedToWAL: a file database in the default rollback-journal
+// mode is switched to WAL by the constructors (under load, writers in a
+// rollback-journal database wait out the busy timeout and fail).
+func TestSQLiteSwitchedToWAL(t *testing.T) {
+	for _, d := range dbtest.SQLiteDrivers() {
+		for _, c := range sqliteConstructors {
+			t.Run(d.Name+"/"+c.name, func(t *testing.T) {
+				path := filepath.Join(t.TempDir(), "plain.db")
+				db := d.OpenDSN(t, path)
+				var mode string
+				require.NoError(t, db.Raw("PRAGMA journal_mode").Scan(&mode).Error)
+				require.Equal(t, "delete", mode, "the driver's default")
+				require.NoError(t, c.new(db))
+				require.NoError(t, d.OpenDSN(t, path).Raw("PRAGMA journal_mode").Scan(&mode).Error)
+				require.Equal(t, "wal", mode, "a new connection sees the database in WAL mode")
+			})
+		}
+	}
+}

@@ -21,8 +21,9 @@ import (
 func TestSQLiteConcurrentAppendsToOneFile(t *testing.T) {
 	// Every DSN style an application may write, on both drivers: the
 	// documented ones, and the drivers' defaults (busy timeout 5 s,
-	// rollback journal, deferred transactions), which the store must work
-	// with because it takes the write lock first in every transaction.
+	// rollback journal, which the constructors switch to WAL, deferred
+	// transactions, which the store works with because it takes the write
+	// lock first in every transaction).
 	original := func(path string) string { // what the original's users write
 		return "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)"
 	}
@@ -38,13 +39,13 @@ func TestSQLiteConcurrentAppendsToOneFile(t *testing.T) {
 		{"mattn/busy timeout and WAL, deferred transactions", dbtest.Mattn, func(path string) string {
 			return "file:" + path + "?_busy_timeout=10000&_journal_mode=WAL"
 		}},
-		{"mattn/busy timeout only (rollback journal, deferred)", dbtest.Mattn, func(path string) string {
+		{"mattn/busy timeout only (rollback journal, switched to WAL; deferred)", dbtest.Mattn, func(path string) string {
 			return "file:" + path + "?_busy_timeout=10000"
 		}},
-		{"mattn/plain path (driver defaults)", dbtest.Mattn, plain},
+		{"mattn/plain path (driver defaults, switched to WAL)", dbtest.Mattn, plain},
 		{"mattn/original's _pragma DSN (ignored by this driver)", dbtest.Mattn, original},
 		{"glebarez/documented DSN", dbtest.Glebarez, dbtest.Glebarez.FileDSN},
-		{"glebarez/plain path (driver defaults)", dbtest.Glebarez, plain},
+		{"glebarez/plain path (driver defaults, switched to WAL)", dbtest.Glebarez, plain},
 		{"glebarez/original's _pragma DSN", dbtest.Glebarez, original},
 	}
 	const (

@@ -3,8 +3,8 @@
 // configuration that cannot work is refused at once, with the fix, rather
 // than failing later ("database is locked") or losing data silently.
 //
-// What the module needs from SQLite, and why (docs/sqlite.md has the
-// measurements):
+// What the module needs from SQLite, and why (docs/operations.md, SQLite,
+// has the measurements):
 //
 //   - A busy timeout. A batch holds SQLite's write lock while its handlers
 //     run; every other writer (an append, another subscriber's batch, a
@@ -18,18 +18,21 @@
 //     acknowledged on one are never seen by a subscriber reading on
 //     another. Any in-memory database is therefore refused on a pool that
 //     may open more than one connection.
+//   - WAL, for a file database. Constructors switch a database in a
+//     rollback-journal mode to WAL (persistently, see ensureWAL): without
+//     it, readers and writers hold each other back, and under load writers
+//     wait out the busy timeout and fail.
 //
-// The journal mode and the transaction mode are not needed: every write
-// transaction of the module writes first, so SQLite's busy handler applies
-// in WAL and rollback-journal mode alike, and no transaction has to upgrade
-// a read lock. WAL only makes readers and the writer not wait for each
-// other.
+// The transaction mode is not needed: every write transaction of the
+// module writes first, so SQLite's busy handler applies and no transaction
+// has to upgrade a read lock.
 package sqliteconf
 
 import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 
 	"gorm.io/gorm"
 )
@@ -52,6 +55,11 @@ func Check(ctx context.Context, db *gorm.DB, pool *sql.DB, constructor string) e
 		return fmt.Errorf("%s: locate the SQLite database file: %w", constructor, err)
 	}
 	inMemory := len(files) == 1 && files[0] == ""
+	if !inMemory {
+		if err := ensureWAL(db, constructor); err != nil {
+			return err
+		}
+	}
 	if max := pool.Stats().MaxOpenConnections; inMemory && max != 1 {
 		limit := "no limit"
 		if max > 1 {
@@ -60,6 +68,36 @@ func Check(ctx context.Context, db *gorm.DB, pool *sql.DB, constructor string) e
 		return fmt.Errorf("%s: the SQLite database is in memory and the pool may open more than one connection (%s): "+
 			"a private in-memory database is a different, empty database on each connection, so acknowledged appends would be lost; "+
 			"call SetMaxOpenConns(1) on the pool (db.DB()) before constructing the stores, or use a database file", constructor, limit)
+	}
+	return nil
+}
+
+// ensureWAL switches a file database that is in a rollback-journal mode to
+// WAL. The setting is the database file's, persistent, and the one the
+// README recommends: in a rollback-journal mode every reader holds the
+// committing writer back and the writer every new reader, and under load
+// (measured with github.com/glebarez/sqlite and the drivers' default 5 s
+// busy timeout: 8 appenders and a reader) writers then wait out the busy
+// timeout and fail with "database is locked". A database that cannot be
+// switched (a file system without shared memory, another connection
+// holding it) is refused with the fix.
+func ensureWAL(db *gorm.DB, constructor string) error {
+	var modes []string
+	if err := db.Raw("PRAGMA journal_mode").Scan(&modes).Error; err != nil {
+		return fmt.Errorf("%s: read SQLite journal_mode: %w", constructor, err)
+	}
+	if len(modes) != 1 || strings.EqualFold(modes[0], "wal") {
+		return nil
+	}
+	modes = nil
+	if err := db.Raw("PRAGMA journal_mode = WAL").Scan(&modes).Error; err != nil || len(modes) != 1 || !strings.EqualFold(modes[0], "wal") {
+		got := "unknown"
+		if len(modes) == 1 {
+			got = modes[0]
+		}
+		return fmt.Errorf("%s: the SQLite database is in journal_mode %s and could not be switched to WAL (result %s, error %v): "+
+			"open it in WAL mode (_journal_mode=WAL for gorm.io/driver/sqlite, _pragma=journal_mode(WAL) for github.com/glebarez/sqlite)",
+			constructor, got, got, err)
 	}
 	return nil
 }
