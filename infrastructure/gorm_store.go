@@ -52,9 +52,12 @@ import (
 // the table meanwhile: keep such transactions short.
 //
 // On SQLite, writers are serialized by the database itself and positions
-// are MAX(position)+1 inside the write transaction. Use the DSN documented
-// in the README (WAL, a busy timeout, _txlock=immediate) so that concurrent
-// appends queue instead of failing with "database is locked".
+// are MAX(position)+1 inside the write transaction, which takes the write
+// lock with its first statement (no read lock to upgrade, whatever the
+// DSN's transaction mode). Concurrent appends queue on the busy timeout;
+// NewGormEventStore refuses a SQLite handle that could not keep that
+// promise and switches a file database to WAL (internal/sqliteconf,
+// README). Any GORM SQLite driver works: none is imported.
 //
 // On Postgres each append also runs pg_notify(PostgresNotifyChannel, ”)
 // in its transaction, delivered at commit, for subscriptions'
