@@ -294,6 +294,8 @@ func TestParkedModelRowIsReadByTheLibrary(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, []subscriptions.ParkedEvent{{Subscriber: "model-sub", EventID: feed[1].ID, EventType: feed[1].EventType,
 				Position: feed[1].Position, Error: "via the model", Attempts: 3, ParkedAt: at}}, parked)
+			// As parking does: the checkpoint is past the parked event.
+			require.NoError(t, e.Checkpoints.Reset(ctx, "model-sub", feed[1].Position))
 			require.NoError(t, e.Parking.Park(ctx, subscriptions.ParkedEvent{Subscriber: "model-sub", EventID: feed[1].ID,
 				EventType: feed[1].EventType, Position: feed[1].Position, Error: "again", Attempts: 4}))
 			parked, err = sub.ListParked(ctx)
