@@ -5,11 +5,14 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"time"
+	"weak"
 
 	"gorm.io/gorm"
 
+	"github.com/eventfeed/subscriptions/internal/sqliteconf"
 	"github.com/eventfeed/subscriptions/internal/sqlschema"
 )
 
@@ -64,12 +67,37 @@ type batchRegistry struct {
 	resets nameFences
 }
 
-// sqliteRegistries maps each SQLite *sql.DB to its batchRegistry.
-var sqliteRegistries sync.Map
+// sqliteRegistries maps each SQLite *sql.DB to its batchRegistry. The key
+// is a weak pointer, and an entry is deleted when its pool is garbage
+// collected, so that an application opening and closing many databases
+// (one per tenant or job) does not keep every closed pool alive.
+var sqliteRegistries = struct {
+	mu sync.Mutex
+	m  map[weak.Pointer[sql.DB]]*batchRegistry
+}{m: make(map[weak.Pointer[sql.DB]]*batchRegistry)}
 
 func registryFor(pool *sql.DB) *batchRegistry {
-	reg, _ := sqliteRegistries.LoadOrStore(pool, &batchRegistry{active: make(map[string]*gormBatch), resets: make(nameFences)})
-	return reg.(*batchRegistry)
+	key := weak.Make(pool)
+	sqliteRegistries.mu.Lock()
+	defer sqliteRegistries.mu.Unlock()
+	if reg := sqliteRegistries.m[key]; reg != nil {
+		return reg
+	}
+	reg := &batchRegistry{active: make(map[string]*gormBatch), resets: make(nameFences)}
+	sqliteRegistries.m[key] = reg
+	runtime.AddCleanup(pool, func(key weak.Pointer[sql.DB]) {
+		sqliteRegistries.mu.Lock()
+		delete(sqliteRegistries.m, key)
+		sqliteRegistries.mu.Unlock()
+	}, key)
+	return reg
+}
+
+// sqliteRegistryCount is the number of pools with a batch registry (tests).
+func sqliteRegistryCount() int {
+	sqliteRegistries.mu.Lock()
+	defer sqliteRegistries.mu.Unlock()
+	return len(sqliteRegistries.m)
 }
 
 var _ CheckpointStore = (*GormCheckpointStore)(nil)
@@ -109,6 +137,11 @@ func gormHandle(constructor string, db *gorm.DB) (*sql.DB, bool, error) {
 	pool, err := db.DB()
 	if err != nil {
 		return nil, false, fmt.Errorf("subscriptions: %s: %w", constructor, err)
+	}
+	if db.Name() == sqlschema.SQLite {
+		if err := sqliteconf.Check(context.Background(), db, pool, "subscriptions: "+constructor); err != nil {
+			return nil, false, err
+		}
 	}
 	return pool, db.Name() == sqlschema.Postgres, nil
 }
@@ -193,7 +226,22 @@ func (g *GormCheckpointStore) beginSQLite(ctx context.Context, b *gormBatch) (bo
 	if tx.Error != nil {
 		return false, fmt.Errorf("subscriptions: acquire checkpoint of %q: begin: %w", b.subscriber, tx.Error)
 	}
+	// Publish the transaction for a Reset that may abort the batch from
+	// now on; one that already did so wins: the batch is given up.
+	b.abortMu.Lock()
+	aborted := b.aborted
+	if !aborted {
+		b.tx = tx
+	}
+	b.abortMu.Unlock()
+	if aborted {
+		tx.Rollback()
+		return false, nil
+	}
 	fail := func(what string, err error) (bool, error) {
+		if b.abortedByReset() {
+			return false, nil // the Reset rolled the transaction back
+		}
 		tx.Rollback()
 		return false, fmt.Errorf("subscriptions: acquire checkpoint of %q: %s: %w", b.subscriber, what, err)
 	}
@@ -210,7 +258,6 @@ func (g *GormCheckpointStore) beginSQLite(ctx context.Context, b *gormBatch) (bo
 	if len(positions) == 0 {
 		return fail("read row", errors.New("row vanished"))
 	}
-	b.tx = tx
 	b.position = positions[0]
 	return true, nil
 }
@@ -246,40 +293,38 @@ func (g *GormCheckpointStore) Position(ctx context.Context, subscriber string) (
 // moved and aborts, so the reset always wins and processing resumes from
 // the reset position. Reset returns once the reset is committed. It is
 // ResetWith without the application's statements.
+//
+// On SQLite the Reset does not wait for the batch either: it rolls the
+// batch's transaction back itself (the batch holds the database's write
+// lock, which the reset needs), so it also returns when called from the
+// goroutine that owns the batch. The batch's handler writes are discarded,
+// its remaining statements fail, and the subscriber treats that as the
+// reset, not as a handler failure.
 func (g *GormCheckpointStore) Reset(ctx context.Context, subscriber string, position int64) error {
 	return g.ResetWith(ctx, subscriber, position, nil)
 }
 
 // fenceSQLite keeps new batches of subscriber out of every store on this
-// pool, marks the batch in flight (if any) as moved so that its Commit
-// aborts, and waits for it to end. The fence stands until release is
-// called, so that a busy subscriber cannot slip a batch in between the
-// aborted one and the reset (and starve the Reset). what names the
-// operation (a reset or a delete) in errors.
+// pool and aborts the batch in flight, if any (abortForReset): its
+// transaction is rolled back at once, so SQLite's write lock is free for
+// the reset, and its Commit fails with ErrCheckpointMoved. The reset never
+// waits for the batch's owner, who may be the reset's own goroutine. The
+// fence stands until release is called, so that a busy subscriber cannot
+// slip a batch in before the reset is written. what names the operation (a
+// reset or a delete) in errors.
 func (g *GormCheckpointStore) fenceSQLite(ctx context.Context, subscriber, what string) (release func(), err error) {
 	// Another reset or delete of the subscriber goes first.
 	if err := g.reg.resets.raise(ctx, &g.reg.mu, subscriber); err != nil {
 		return nil, fmt.Errorf("subscriptions: %s: waiting for another reset or delete: %w", what, err)
 	}
 	inFlight := g.reg.active[subscriber]
-	if inFlight != nil {
-		inFlight.moved.Store(true)
-	}
 	g.reg.mu.Unlock()
-	release = func() {
+	if inFlight != nil {
+		inFlight.abortForReset()
+	}
+	return func() {
 		g.reg.mu.Lock()
 		g.reg.resets.lower(subscriber)
 		g.reg.mu.Unlock()
-	}
-	if inFlight != nil {
-		select {
-		case <-inFlight.done:
-		case <-ctx.Done():
-			// The reset is abandoned: the batch may commit after all.
-			inFlight.moved.Store(false)
-			release()
-			return nil, fmt.Errorf("subscriptions: %s: waiting for the batch in flight: %w", what, ctx.Err())
-		}
-	}
-	return release, nil
+	}, nil
 }

@@ -18,7 +18,7 @@ type gormBatch struct {
 	tx         *gorm.DB
 	position   int64
 
-	moved atomic.Bool // SQLite: a Reset is waiting for this batch
+	moved atomic.Bool // SQLite: a Reset moved the checkpoint under this batch
 	// htx is the handlers' view of tx and guard its connection, made by
 	// the first HandlerContext.
 	htx      *gorm.DB
@@ -26,6 +26,50 @@ type gormBatch struct {
 	finished bool
 	once     sync.Once
 	done     chan struct{} // closed when the batch has ended
+
+	// SQLite: a Reset ends the batch's transaction itself (abortForReset),
+	// from the Reset's goroutine, so that it never waits for the batch's
+	// owner. abortMu orders that against beginSQLite publishing the
+	// transaction.
+	abortMu sync.Mutex
+	aborted bool
+}
+
+// abortForReset marks the batch as moved and rolls its transaction back
+// at once, releasing SQLite's write lock (and, on a one-connection pool,
+// the connection) for the Reset. A statement the batch is running is
+// interrupted (database/sql cancels the transaction's context); every later
+// statement and the Commit fail, and the owner's Commit returns
+// ErrCheckpointMoved. It is called by Reset's goroutine while the owner may
+// be using the transaction: only the *sql.Tx is touched, which is safe for
+// that, never the shared *gorm.DB.
+func (b *gormBatch) abortForReset() {
+	b.moved.Store(true)
+	b.abortMu.Lock()
+	b.aborted = true
+	tx := b.tx
+	b.abortMu.Unlock()
+	if tx == nil {
+		return // beginSQLite sees aborted and gives the batch up
+	}
+	if committer, ok := tx.Statement.ConnPool.(gorm.TxCommitter); ok {
+		_ = committer.Rollback() // ErrTxDone if it already ended: nothing to release
+	}
+}
+
+// abortedByReset reports whether a Reset ended the batch's transaction.
+func (b *gormBatch) abortedByReset() bool {
+	b.abortMu.Lock()
+	defer b.abortMu.Unlock()
+	return b.aborted
+}
+
+// resetAborted reports whether batch is a GormCheckpointStore batch that a
+// Reset aborted: a handler error or failed statement in it is the reset's
+// doing, not the event's, and must not count as a failed attempt.
+func resetAborted(batch Batch) bool {
+	b, ok := batch.(*gormBatch)
+	return ok && b.abortedByReset()
 }
 
 // release ends the batch's registration (SQLite) and wakes a waiting Reset.
@@ -60,8 +104,15 @@ func (b *gormBatch) Commit(ctx context.Context, position int64) error {
 	}
 	b.finished = true
 	defer b.release()
+	if b.abortedByReset() {
+		return fmt.Errorf("subscriptions: commit checkpoint of %q at position %d: %w", b.subscriber, position, ErrCheckpointMoved)
+	}
 	fail := func(err error) error {
 		b.tx.Rollback()
+		if b.abortedByReset() {
+			// A Reset rolled the transaction back under this Commit.
+			err = ErrCheckpointMoved
+		}
 		return fmt.Errorf("subscriptions: commit checkpoint of %q at position %d: %w", b.subscriber, position, err)
 	}
 	if position < b.position {
@@ -82,6 +133,9 @@ func (b *gormBatch) Commit(ctx context.Context, position int64) error {
 		return fail(ErrCheckpointMoved)
 	}
 	if err := b.tx.Commit().Error; err != nil {
+		if b.abortedByReset() {
+			err = ErrCheckpointMoved
+		}
 		return fmt.Errorf("subscriptions: commit checkpoint of %q at position %d: %w", b.subscriber, position, err)
 	}
 	return nil
@@ -93,6 +147,9 @@ func (b *gormBatch) Rollback() error {
 	}
 	b.finished = true
 	defer b.release()
+	if b.abortedByReset() {
+		return nil // already rolled back by the Reset
+	}
 	if err := b.tx.Rollback().Error; err != nil {
 		return fmt.Errorf("subscriptions: roll back batch of %q: %w", b.subscriber, err)
 	}

@@ -47,6 +47,11 @@ func (g *GormCheckpointStore) Delete(ctx context.Context, subscriber string, app
 // takes the row lock before apply runs) and apply in one transaction,
 // with the subscriber's batches held off.
 func (g *GormCheckpointStore) fenced(ctx context.Context, subscriber, what string, write func(tx *gorm.DB) error, apply func(ctx context.Context) error) error {
+	if err := ctx.Err(); err != nil {
+		// Before anything is touched: an abandoned reset leaves a batch in
+		// flight alone (on SQLite the fence would abort it).
+		return fmt.Errorf("subscriptions: %s: %w", what, err)
+	}
 	if !g.postgres {
 		release, err := g.fenceSQLite(ctx, subscriber, what)
 		if err != nil {

@@ -39,7 +39,11 @@
 // with its error and skipped — so that the events behind it keep flowing.
 // Parked events are listed with ListParked and re-run with ReplayParked;
 // a replay started while another replay of the same event runs is refused
-// with ErrReplayInProgress, on every ParkingLot, so the handler runs once.
+// with ErrReplayInProgress, on every ParkingLot, so the handler runs once
+// (a discard meanwhile is refused the same way). With a ManagedParkingLot
+// they can also be paged and filtered, replayed in bulk and discarded;
+// NewAdminHandler and cmd/subscriptions put these calls in front of
+// operators.
 //
 // A batch whose handlers all succeeded can still fail to commit because of
 // an event: a deferred constraint, a transaction a handler left failed (on

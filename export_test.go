@@ -29,3 +29,7 @@ func WithoutTelemetryForTest() SubscriberOption {
 // SubscriberPipelinesForTest reports whether sub acquires and reads in one
 // round trip.
 func SubscriberPipelinesForTest(sub *Subscriber) bool { return sub.pipelined != nil }
+
+// SQLiteRegistryCountForTest is the number of SQLite pools with a batch
+// registry.
+func SQLiteRegistryCountForTest() int { return sqliteRegistryCount() }

@@ -33,6 +33,11 @@ func TestFaultCrashLoop(t *testing.T) {
 		dsn := dbtest.SQLiteFileDSN(filepath.Join(t.TempDir(), "crash.db"))
 		faultCrashLoop(t, bin, "sqlite", dsn, dbtest.OpenSQLite(t, dsn))
 	})
+	t.Run("sqlite-file-glebarez", func(t *testing.T) {
+		t.Parallel()
+		dsn := dbtest.Glebarez.FileDSN(filepath.Join(t.TempDir(), "crash.db"))
+		faultCrashLoop(t, bin, "glebarez", dsn, dbtest.Glebarez.OpenDSN(t, dsn))
+	})
 }
 
 func faultCrashLoop(t *testing.T, bin, driver, dsn string, db *gorm.DB) {

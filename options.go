@@ -152,7 +152,10 @@ func WithTracerProvider(tp trace.TracerProvider) SubscriberOption {
 // WithStuckThreshold sets how long the checkpoint may stand still while
 // events wait before Healthy reports ErrSubscriberStuck (default
 // DefaultStuckThreshold). Make it longer than the slowest batch and than a
-// poison event's whole retry schedule. d <= 0 is rejected.
+// poison event's whole retry schedule. While the subscriber is idle,
+// Healthy allows the poll interval on top (see Healthy), so a poll
+// interval longer than the threshold is no false alarm. d <= 0 is
+// rejected.
 func WithStuckThreshold(d time.Duration) SubscriberOption {
 	return func(s *Subscriber) { s.stuckThreshold = d }
 }

@@ -39,6 +39,12 @@ type deliveredClearer interface {
 	clearDelivered(ctx context.Context, subscriber string, after, upTo int64) error
 }
 
+// ErrParkingLotNotManaged is returned by the Subscriber methods that
+// manage parked events (GetParked, ListParkedPage, DiscardParked,
+// ReplayParkedMatching) when the subscriber's ParkingLot does not
+// implement ManagedParkingLot.
+var ErrParkingLotNotManaged = errors.New("parking lot does not implement ManagedParkingLot")
+
 // ParkedEvent records an event a subscriber could not process after
 // exhausting its retries.
 type ParkedEvent struct {
@@ -49,12 +55,16 @@ type ParkedEvent struct {
 	Error      string    `json:"error"`
 	Attempts   int       `json:"attempts"`
 	ParkedAt   time.Time `json:"parked_at"`
+	// AggregateID is the parked event's aggregate, so that an operator can
+	// filter by it (ListParkedPage, ReplayParkedMatching). Empty for
+	// entries parked before the field existed.
+	AggregateID string `json:"aggregate_id"`
 }
 
 // ParkingLot stores poison events so one unprocessable event never blocks
 // the events behind it: the subscriber parks it and advances the
-// checkpoint past it. CLI or HTTP surfaces over this API are the
-// consumer's job.
+// checkpoint past it. ManagedParkingLot adds what operators need
+// (NewAdminHandler and cmd/subscriptions are surfaces over both).
 //
 // Implementations are safe for concurrent use.
 type ParkingLot interface {

@@ -29,6 +29,9 @@ type GormParkedEventModel struct {
 	Error      string    `gorm:"column:error"`
 	Attempts   int       `gorm:"column:attempts"`
 	ParkedAt   time.Time `gorm:"column:parked_at"`
+	// AggregateID is ParkedEvent.AggregateID (a column added to existing
+	// tables by migration 00002).
+	AggregateID string `gorm:"column:aggregate_id"`
 }
 
 // TableName returns the table name for the parked event model.
@@ -93,19 +96,20 @@ func (g *GormParkingLot) Park(ctx context.Context, parked ParkedEvent) error {
 	}
 	var err error
 	if g.postgres {
-		err = db.WithContext(ctx).Exec(`INSERT INTO parked_events (key, subscriber_key, subscriber, event_id, event_type, position, error, attempts, parked_at)
-			VALUES (decode(?, 'hex'), decode(?, 'hex'), ?, ?, ?, ?, ?, ?, ?)
+		err = db.WithContext(ctx).Exec(`INSERT INTO parked_events (key, subscriber_key, subscriber, event_id, event_type, position, error, attempts, parked_at, aggregate_id)
+			VALUES (decode(?, 'hex'), decode(?, 'hex'), ?, ?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (key) DO UPDATE SET event_type = excluded.event_type, position = excluded.position,
-				error = excluded.error, attempts = excluded.attempts, parked_at = excluded.parked_at`,
+				error = excluded.error, attempts = excluded.attempts, parked_at = excluded.parked_at, aggregate_id = excluded.aggregate_id`,
 			parkedRowKey(parked.Subscriber, parked.EventID), subscriberKey(parked.Subscriber), parked.Subscriber, parked.EventID,
-			storableText(parked.EventType), parked.Position, storableText(parked.Error), parked.Attempts, parked.ParkedAt.UTC()).Error
+			storableText(parked.EventType), parked.Position, storableText(parked.Error), parked.Attempts, parked.ParkedAt.UTC(),
+			storableText(parked.AggregateID)).Error
 	} else {
-		err = db.WithContext(ctx).Exec(`INSERT INTO parked_events (subscriber, event_id, event_type, position, error, attempts, parked_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?)
+		err = db.WithContext(ctx).Exec(`INSERT INTO parked_events (subscriber, event_id, event_type, position, error, attempts, parked_at, aggregate_id)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (subscriber, event_id) DO UPDATE SET event_type = excluded.event_type, position = excluded.position,
-				error = excluded.error, attempts = excluded.attempts, parked_at = excluded.parked_at`,
+				error = excluded.error, attempts = excluded.attempts, parked_at = excluded.parked_at, aggregate_id = excluded.aggregate_id`,
 			parked.Subscriber, parked.EventID, storableText(parked.EventType), parked.Position,
-			storableText(parked.Error), parked.Attempts, parked.ParkedAt.UTC()).Error
+			storableText(parked.Error), parked.Attempts, parked.ParkedAt.UTC(), storableText(parked.AggregateID)).Error
 	}
 	if err != nil {
 		return fmt.Errorf("subscriptions: park event %q (position %d) for %q: %w", parked.EventID, parked.Position, parked.Subscriber, err)
@@ -213,24 +217,9 @@ func storableText(s string) string {
 
 // List returns the subscriber's parked events ordered by position.
 func (g *GormParkingLot) List(ctx context.Context, subscriber string) ([]ParkedEvent, error) {
-	var rows []GormParkedEventModel
-	where, args := g.subscriberWhere(subscriber)
-	err := g.db.WithContext(ctx).Raw(`SELECT subscriber, event_id, event_type, position, error, attempts, parked_at
-		FROM parked_events WHERE `+where+` ORDER BY position, event_id`, args...).Scan(&rows).Error
+	out, err := g.selectParked(ctx, subscriber, ParkedFilter{})
 	if err != nil {
 		return nil, fmt.Errorf("subscriptions: list parked events of %q: %w", subscriber, err)
-	}
-	out := make([]ParkedEvent, len(rows))
-	for i, r := range rows {
-		out[i] = ParkedEvent{
-			Subscriber: r.Subscriber,
-			EventID:    r.EventID,
-			EventType:  r.EventType,
-			Position:   r.Position,
-			Error:      r.Error,
-			Attempts:   r.Attempts,
-			ParkedAt:   r.ParkedAt.UTC(),
-		}
 	}
 	return out, nil
 }
@@ -373,4 +362,114 @@ func (g *GormParkingLot) purge(ctx context.Context, subscriber string) error {
 	}
 	where, args := g.subscriberWhere(subscriber)
 	return db.WithContext(ctx).Exec("DELETE FROM parked_events WHERE "+where, args...).Error
+}
+
+var _ ManagedParkingLot = (*GormParkingLot)(nil)
+
+// parkedColumns are the columns read into GormParkedEventModel.
+const parkedColumns = "subscriber, event_id, event_type, position, error, attempts, parked_at, aggregate_id"
+
+// selectParked is the one query behind List and ListFiltered: the
+// subscriber's rows through its index, filtered, in position order.
+func (g *GormParkingLot) selectParked(ctx context.Context, subscriber string, filter ParkedFilter) ([]ParkedEvent, error) {
+	where, args := g.subscriberWhere(subscriber)
+	if filter.EventType != "" {
+		where, args = where+" AND event_type = ?", append(args, filter.EventType)
+	}
+	if filter.AggregateID != "" {
+		where, args = where+" AND aggregate_id = ?", append(args, filter.AggregateID)
+	}
+	where, args = where+" AND position > ?", append(args, filter.AfterPosition)
+	limit := ""
+	if filter.Limit > 0 {
+		limit, args = " LIMIT ?", append(args, filter.Limit)
+	}
+	var rows []GormParkedEventModel
+	err := g.db.WithContext(ctx).Raw(`SELECT `+parkedColumns+` FROM parked_events WHERE `+where+` ORDER BY position, event_id`+limit, args...).Scan(&rows).Error
+	if err != nil {
+		return nil, err
+	}
+	out := make([]ParkedEvent, len(rows))
+	for i, r := range rows {
+		out[i] = r.parkedEvent()
+	}
+	return out, nil
+}
+
+func (r GormParkedEventModel) parkedEvent() ParkedEvent {
+	return ParkedEvent{
+		Subscriber:  r.Subscriber,
+		EventID:     r.EventID,
+		EventType:   r.EventType,
+		Position:    r.Position,
+		Error:       r.Error,
+		Attempts:    r.Attempts,
+		ParkedAt:    r.ParkedAt.UTC(),
+		AggregateID: r.AggregateID,
+	}
+}
+
+// ListFiltered returns the subscriber's parked events matching filter in
+// position order.
+func (g *GormParkingLot) ListFiltered(ctx context.Context, subscriber string, filter ParkedFilter) ([]ParkedEvent, error) {
+	out, err := g.selectParked(ctx, subscriber, filter)
+	if err != nil {
+		return nil, fmt.Errorf("subscriptions: list parked events of %q (filter %+v): %w", subscriber, filter, err)
+	}
+	return out, nil
+}
+
+// Get returns one parked entry.
+func (g *GormParkingLot) Get(ctx context.Context, subscriber, eventID string) (ParkedEvent, error) {
+	var rows []GormParkedEventModel
+	err := g.db.WithContext(ctx).Raw(`SELECT `+parkedColumns+` FROM parked_events WHERE `+g.keyWhere(), g.keyArgs(subscriber, eventID)...).Scan(&rows).Error
+	if err != nil {
+		return ParkedEvent{}, fmt.Errorf("subscriptions: parked event %q of %q: %w", eventID, subscriber, err)
+	}
+	if len(rows) == 0 {
+		return ParkedEvent{}, fmt.Errorf("subscriptions: parked event %q of %q: %w", eventID, subscriber, ErrEventNotParked)
+	}
+	return rows[0].parkedEvent(), nil
+}
+
+// Discard deletes a parked row and returns it. A row being replayed is
+// refused with ErrReplayInProgress, as a second replay is (see Replay):
+// on Postgres the row lock is skipped, not waited for, and a skipped row
+// that still exists is busy; on SQLite the discard takes the same
+// in-process claim as a replay.
+func (g *GormParkingLot) Discard(ctx context.Context, subscriber, eventID string) (ParkedEvent, error) {
+	where := g.keyWhere()
+	if g.postgres {
+		where = "key IN (SELECT key FROM parked_events WHERE " + where + " FOR UPDATE SKIP LOCKED)"
+	} else {
+		release, ok := g.claimSQLiteReplay(subscriber, eventID)
+		if !ok {
+			return ParkedEvent{}, fmt.Errorf("subscriptions: discard event %q of %q: %w", eventID, subscriber, ErrReplayInProgress)
+		}
+		defer release()
+	}
+	var rows []GormParkedEventModel
+	err := g.db.WithContext(ctx).Raw(`DELETE FROM parked_events WHERE `+where+` RETURNING `+parkedColumns, g.keyArgs(subscriber, eventID)...).Scan(&rows).Error
+	if err != nil {
+		return ParkedEvent{}, fmt.Errorf("subscriptions: discard event %q of %q: %w", eventID, subscriber, err)
+	}
+	if len(rows) == 1 {
+		return rows[0].parkedEvent(), nil
+	}
+	if g.postgres {
+		if _, err := g.Get(ctx, subscriber, eventID); err == nil {
+			return ParkedEvent{}, fmt.Errorf("subscriptions: discard event %q of %q: %w", eventID, subscriber, ErrReplayInProgress)
+		}
+	}
+	return ParkedEvent{}, fmt.Errorf("subscriptions: discard event %q of %q: %w", eventID, subscriber, ErrEventNotParked)
+}
+
+// RecordReplayFailure counts a failed replay on the row, if it is still
+// parked.
+func (g *GormParkingLot) RecordReplayFailure(ctx context.Context, subscriber, eventID, errText string, at time.Time) error {
+	args := append([]any{storableText(errText), at.UTC()}, g.keyArgs(subscriber, eventID)...)
+	if err := g.db.WithContext(ctx).Exec(`UPDATE parked_events SET attempts = attempts + 1, error = ?, parked_at = ? WHERE `+g.keyWhere(), args...).Error; err != nil {
+		return fmt.Errorf("subscriptions: record the failed replay of event %q for %q: %w", eventID, subscriber, err)
+	}
+	return nil
 }

@@ -173,3 +173,71 @@ func (m *MemoryParkingLot) Purge(ctx context.Context, subscriber string) error {
 	}
 	return nil
 }
+
+var _ ManagedParkingLot = (*MemoryParkingLot)(nil)
+
+// Get returns one parked entry.
+func (m *MemoryParkingLot) Get(ctx context.Context, subscriber, eventID string) (ParkedEvent, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.entries[parkedKey{subscriber, eventID}]
+	if !ok {
+		return ParkedEvent{}, fmt.Errorf("subscriptions: parked event %q of %q: %w", eventID, subscriber, ErrEventNotParked)
+	}
+	return e.event, nil
+}
+
+// ListFiltered returns the subscriber's parked events matching filter in
+// position order.
+func (m *MemoryParkingLot) ListFiltered(ctx context.Context, subscriber string, filter ParkedFilter) ([]ParkedEvent, error) {
+	m.mu.Lock()
+	out := []ParkedEvent{}
+	for k, e := range m.entries {
+		if k.subscriber == subscriber && filter.matches(e.event) {
+			out = append(out, e.event)
+		}
+	}
+	m.mu.Unlock()
+	sortParked(out)
+	if filter.Limit > 0 && len(out) > filter.Limit {
+		out = out[:filter.Limit]
+	}
+	return out, nil
+}
+
+// matches applies every part of the filter but Limit.
+func (f ParkedFilter) matches(p ParkedEvent) bool {
+	return p.Position > f.AfterPosition &&
+		(f.EventType == "" || p.EventType == f.EventType) &&
+		(f.AggregateID == "" || p.AggregateID == f.AggregateID)
+}
+
+// Discard removes a parked entry; an entry being replayed is refused with
+// ErrReplayInProgress.
+func (m *MemoryParkingLot) Discard(ctx context.Context, subscriber, eventID string) (ParkedEvent, error) {
+	k := parkedKey{subscriber, eventID}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.entries[k]
+	switch {
+	case !ok:
+		return ParkedEvent{}, fmt.Errorf("subscriptions: discard event %q of %q: %w", eventID, subscriber, ErrEventNotParked)
+	case e.replaying:
+		return ParkedEvent{}, fmt.Errorf("subscriptions: discard event %q of %q: %w", eventID, subscriber, ErrReplayInProgress)
+	}
+	delete(m.entries, k)
+	return e.event, nil
+}
+
+// RecordReplayFailure counts a failed replay on the entry, if it is still
+// parked.
+func (m *MemoryParkingLot) RecordReplayFailure(ctx context.Context, subscriber, eventID, errText string, at time.Time) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e, ok := m.entries[parkedKey{subscriber, eventID}]; ok {
+		e.event.Attempts++
+		e.event.Error = errText
+		e.event.ParkedAt = at.UTC()
+	}
+	return nil
+}

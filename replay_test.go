@@ -19,9 +19,11 @@ import (
 
 // TestReplayParked parks a poison event through a running subscriber and
 // replays it: the event is loaded from the store and handed to the handler
-// inside the replay transaction; a failed replay leaves the entry and rolls
-// back the handler's writes; a successful one commits them and clears the
-// entry; an event that is not parked is ErrEventNotParked.
+// inside the replay transaction; a failed replay leaves the entry (with
+// one more attempt, its error and time) and rolls back the handler's
+// writes; a successful one commits them and clears the entry; a stored
+// event that is not parked is ErrEventNotParked and an unknown one
+// domain.ErrEventNotFound.
 func TestReplayParked(t *testing.T) {
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
@@ -58,11 +60,16 @@ func TestReplayParked(t *testing.T) {
 			runs := probe.count(poison.ID)
 
 			t.Run("not parked", func(t *testing.T) {
-				for _, id := range []string{"park-no-such-event", before[0], after[0]} {
+				for _, id := range []string{before[0], after[0]} {
 					err := sub.ReplayParked(ctx, id)
 					require.ErrorIs(t, err, subscriptions.ErrEventNotParked, "event %s", id)
 					require.Contains(t, err.Error(), "park-replay")
 				}
+				// Unknown to the store: the original loads the event first.
+				err := sub.ReplayParked(ctx, "park-no-such-event")
+				require.ErrorIs(t, err, domain.ErrEventNotFound)
+				require.NotErrorIs(t, err, subscriptions.ErrEventNotParked)
+				require.Contains(t, err.Error(), "park-replay")
 				require.Equal(t, runs, probe.count(poison.ID))
 				require.Zero(t, probe.count("park-no-such-event"))
 			})
@@ -78,8 +85,10 @@ func TestReplayParked(t *testing.T) {
 				still, err := sub.ListParked(ctx)
 				require.NoError(t, err)
 				require.Len(t, still, 1, "a failed replay leaves the entry")
-				require.Equal(t, parked[0].Attempts, still[0].Attempts)
-				require.Equal(t, parked[0].Error, still[0].Error)
+				require.Equal(t, parked[0].Attempts+1, still[0].Attempts, "a failed replay counts as an attempt")
+				require.Contains(t, still[0].Error, errParkPoison.Error(), "a failed replay records its error")
+				require.False(t, still[0].ParkedAt.Before(parked[0].ParkedAt), "a failed replay records its time")
+				require.Equal(t, poison.AggregateID, still[0].AggregateID)
 				if e.DB != nil {
 					require.Equal(t, parkConcat(before, after), projected(t, e.DB, parkProjection), "the failed replay's write was rolled back")
 				}

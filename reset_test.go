@@ -48,7 +48,8 @@ func TestCheckpointStoreResetThenAcquire(t *testing.T) {
 }
 
 // TestCheckpointStoreResetDuringBatch: a Reset racing an in-flight batch
-// is never overwritten. Postgres: Reset waits for the batch. SQLite: the
+// is never overwritten. Postgres: Reset waits for the batch. SQLite: Reset
+// returns at once, even from the goroutine holding the batch, and the
 // batch's Commit fails with ErrCheckpointMoved. Memory: Reset fails with
 // ErrBatchInFlight.
 func TestCheckpointStoreResetDuringBatch(t *testing.T) {
@@ -76,9 +77,29 @@ func TestCheckpointStoreResetDuringBatch(t *testing.T) {
 				return
 			}
 
+			if !e.Postgres() {
+				// The original module's sequence, from one goroutine: the
+				// Reset must not wait for the batch (that would hang here), and
+				// the batch's Commit must fail.
+				rctx, cancel := context.WithTimeout(ctx, time.Minute)
+				defer cancel()
+				require.NoError(t, cps.Reset(rctx, name, 1), "Reset while this goroutine holds the batch")
+				err := batch.Commit(ctx, 8)
+				require.ErrorIs(t, err, subscriptions.ErrCheckpointMoved, "on SQLite the batch's Commit must detect the reset")
+				require.ErrorIs(t, batch.Rollback(), subscriptions.ErrBatchFinished)
+				pos, err := cps.Position(ctx, name)
+				require.NoError(t, err)
+				require.EqualValues(t, 1, pos, "the reset must win")
+				batch, acquired, err = cps.Acquire(ctx, name)
+				require.NoError(t, err)
+				require.True(t, acquired)
+				require.EqualValues(t, 1, batch.Position())
+				require.NoError(t, batch.Rollback())
+				return
+			}
 			resetDone := make(chan error, 1)
 			go func() { resetDone <- cps.Reset(ctx, name, 1) }()
-			if e.Postgres() {
+			{
 				require.Eventually(t, func() bool { return coreLockWaiters(t, e.PG) > 0 }, 20*time.Second, 5*time.Millisecond,
 					"Reset should queue behind the batch's row lock")
 				select {
@@ -87,12 +108,6 @@ func TestCheckpointStoreResetDuringBatch(t *testing.T) {
 				default:
 				}
 				require.NoError(t, batch.Commit(ctx, 8), "on Postgres the batch commits and the reset follows")
-			} else {
-				require.Eventually(t, func() bool {
-					return coreGoroutineBlockedIn("subscriptions.(*GormCheckpointStore).fenceSQLite")
-				}, 20*time.Second, time.Millisecond, "Reset should wait for the batch")
-				err := batch.Commit(ctx, 8)
-				require.ErrorIs(t, err, subscriptions.ErrCheckpointMoved, "on SQLite the batch's Commit must detect the reset")
 			}
 			select {
 			case err := <-resetDone:
@@ -212,24 +227,23 @@ func TestSubscriberResetWhileBatchInFlight(t *testing.T) {
 				// (events 20..29) between the batch's commit and the reset.
 				k = -1
 			default: // SQLite
-				resetDone := make(chan error, 1)
-				go func() { resetDone <- sub.ResetCheckpoint(ctx, pos[4]) }()
-				require.Eventually(t, func() bool {
-					return coreGoroutineBlockedIn("subscriptions.(*GormCheckpointStore).fenceSQLite")
-				}, 20*time.Second, time.Millisecond, "ResetCheckpoint should wait for the batch")
+				// The reset aborts the batch (blocked in event 14's handler) and
+				// returns without waiting for it; the handler's next statement
+				// (event 15's) then fails and the batch is discarded.
+				rctx, cancel := context.WithTimeout(ctx, time.Minute)
+				defer cancel()
+				require.NoError(t, sub.ResetCheckpoint(rctx, pos[4]), "ResetCheckpoint while the batch is in flight")
 				gate.open()
-				require.NoError(t, <-resetDone)
 				require.Eventually(t, func() bool {
 					return strings.Count(logs.String(), "checkpoint was reset during the batch; batch discarded") == 1
-				}, 20*time.Second, 5*time.Millisecond, "the in-flight batch must be discarded")
-				require.Contains(t, logs.String(), subscriptions.ErrCheckpointMoved.Error())
-				k = 20
+				}, 30*time.Second, 5*time.Millisecond, "the in-flight batch must be discarded")
+				k = 16
 			}
 
 			// The replay from the reset position runs to the end.
 			require.Eventually(t, func() bool {
 				got := rec.ids()
-				if len(got) < 45 {
+				if len(got) < 41 {
 					return false
 				}
 				p, err := e.Checkpoints.Position(ctx, sub.Name())
@@ -253,7 +267,7 @@ func TestSubscriberResetWhileBatchInFlight(t *testing.T) {
 					wantCounts[id]++
 				}
 				if !e.Postgres() {
-					for _, id := range ids[10:20] {
+					for _, id := range ids[10:16] {
 						wantCounts[id]--
 					}
 				}

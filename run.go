@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/eventfeed/subscriptions/domain"
 )
 
@@ -286,7 +288,7 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 				r.rollback(batch)
 			}
 			r.known = -1
-			return r.failed(ctx, start, ev, p.err)
+			return r.failed(ctx, start, ev, p.err, trace.SpanContext{})
 		}
 	}
 
@@ -320,7 +322,8 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 		return outcomeMore
 	}
 
-	tctx, span := s.tel.startBatch(r.drain, events, 0)
+	s.tel.batchStarted()
+	tctx, span := s.tel.startBatch(r.drain, events, 0, trace.SpanContext{})
 	var batchErr error
 	defer func() { span.end(tctx, batchErr) }()
 	hctx := batch.HandlerContext(tctx)
@@ -344,6 +347,11 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 			if stopped {
 				return outcomeStopped
 			}
+			if resetAborted(batch) {
+				r.known = -1
+				s.logger.Info("subscriber: checkpoint was reset during the batch; batch discarded", "subscriber", s.name, "error", err)
+				return outcomeMore
+			}
 			if i > 0 {
 				// Commit the events before the failing one in a batch of their
 				// own, right away; the failing event comes first in the next.
@@ -352,7 +360,10 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 				return outcomeMore
 			}
 			r.known = -1
-			return r.failed(ctx, start, ev, err)
+			// The batch is over: end its span and duration before the
+			// retry schedule (backoff sleeps, retry batches of their own).
+			span.end(tctx, batchErr)
+			return r.failed(ctx, start, ev, err, span.spanContext())
 		}
 	}
 	finished = true
@@ -380,7 +391,8 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 			r.isolateUntil = last
 			return outcomeMore
 		}
-		return r.failed(ctx, start, events[0], err)
+		span.end(tctx, batchErr) // before the retry schedule, as above
+		return r.failed(ctx, start, events[0], err, span.spanContext())
 	}
 	s.tel.committed(last)
 	s.tel.count(tctx, OutcomeHandled, len(events))
@@ -436,8 +448,9 @@ func (r *runner) rollback(batch Batch) {
 // Without a parking lot the event halts the checkpoint and is retried after
 // each poll interval. With one, it is retried with backoff, each retry in
 // a short transaction of its own (no transaction or row lock is held while
-// waiting), and parked after the last retry fails.
-func (r *runner) failed(ctx context.Context, start int64, ev domain.EventEnvelope[any], err error) outcome {
+// waiting), and parked after the last retry fails. first is the span of
+// the failed batch, which the retry batches' spans link to.
+func (r *runner) failed(ctx context.Context, start int64, ev domain.EventEnvelope[any], err error, first trace.SpanContext) outcome {
 	s := r.s
 	if s.parking == nil {
 		s.logger.Error("subscriber: processing the event failed; it will be retried after the poll interval",
@@ -456,7 +469,7 @@ func (r *runner) failed(ctx context.Context, start int64, ev domain.EventEnvelop
 		if !r.sleep(ctx, s.backoff(n-1)) {
 			return outcomeStopped
 		}
-		out, done, aerr := r.attempt(ctx, start, ev, n, n == attempts)
+		out, done, aerr := r.attempt(ctx, start, ev, n, n == attempts, first)
 		if done {
 			return out
 		}
@@ -466,7 +479,7 @@ func (r *runner) failed(ctx context.Context, start int64, ev domain.EventEnvelop
 		s.tel.count(ctx, OutcomeRetried, 1)
 	}
 	// Only reached with WithMaxRetries(0): park after the first failure.
-	return r.park(ctx, start, ev, 1, err)
+	return r.park(ctx, start, ev, 1, err, first)
 }
 
 // acquireAt acquires the checkpoint for one more attempt at the event
@@ -498,7 +511,7 @@ func (r *runner) acquireAt(bctx context.Context, start int64, ev domain.EventEnv
 // savepoint, so that when the handler fails the event is parked and the
 // checkpoint advanced in the same transaction; when the commit fails, the
 // event is parked in a transaction of its own (see park).
-func (r *runner) attempt(ctx context.Context, start int64, ev domain.EventEnvelope[any], n int, final bool) (out outcome, done bool, err error) {
+func (r *runner) attempt(ctx context.Context, start int64, ev domain.EventEnvelope[any], n int, final bool, first trace.SpanContext) (out outcome, done bool, err error) {
 	s := r.s
 	bctx := context.WithoutCancel(ctx)
 	batch, out, ok := r.acquireAt(bctx, start, ev)
@@ -511,7 +524,7 @@ func (r *runner) attempt(ctx context.Context, start int64, ev domain.EventEnvelo
 			_ = batch.Rollback()
 		}
 	}()
-	tctx, span := s.tel.startBatch(r.drain, []domain.EventEnvelope[any]{ev}, n)
+	tctx, span := s.tel.startBatch(r.drain, []domain.EventEnvelope[any]{ev}, n, first)
 	var batchErr error
 	defer func() { span.end(tctx, batchErr) }()
 	if final {
@@ -527,6 +540,10 @@ func (r *runner) attempt(ctx context.Context, start int64, ev domain.EventEnvelo
 	if r.stopped {
 		r.rollback(batch)
 		return outcomeStopped, true, nil
+	}
+	if herr != nil && resetAborted(batch) {
+		r.rollback(batch)
+		return outcomeMore, true, nil // the reset moved the checkpoint
 	}
 	if herr == nil {
 		if r.graceExpired() {
@@ -548,7 +565,8 @@ func (r *runner) attempt(ctx context.Context, start int64, ev domain.EventEnvelo
 			s.tel.fail("", &ev, 0, cerr)
 			return outcomeFailed, true, nil
 		case final:
-			return r.park(ctx, start, ev, n, cerr), true, nil
+			span.end(tctx, cerr) // its transaction is over; the parking has a batch of its own
+			return r.park(ctx, start, ev, n, cerr, first), true, nil
 		}
 		return outcomeFailed, false, cerr
 	}
@@ -566,13 +584,13 @@ func (r *runner) attempt(ctx context.Context, start int64, ev domain.EventEnvelo
 
 // park parks ev, whose attempts all failed with cause as the last
 // failure, in a transaction of its own (the handler is not run again).
-func (r *runner) park(ctx context.Context, start int64, ev domain.EventEnvelope[any], attempts int, cause error) outcome {
+func (r *runner) park(ctx context.Context, start int64, ev domain.EventEnvelope[any], attempts int, cause error, first trace.SpanContext) outcome {
 	bctx := context.WithoutCancel(ctx)
 	batch, out, ok := r.acquireAt(bctx, start, ev)
 	if !ok {
 		return out
 	}
-	tctx, span := r.s.tel.startBatch(r.drain, []domain.EventEnvelope[any]{ev}, attempts)
+	tctx, span := r.s.tel.startBatch(r.drain, []domain.EventEnvelope[any]{ev}, attempts, first)
 	out, err := r.parkIn(tctx, bctx, batch, ev, attempts, cause)
 	span.end(tctx, err)
 	return out
@@ -590,13 +608,14 @@ func (r *runner) parkIn(tctx, bctx context.Context, batch Batch, ev domain.Event
 		}
 	}()
 	parked := ParkedEvent{
-		Subscriber: s.name,
-		EventID:    ev.ID,
-		EventType:  ev.EventType,
-		Position:   ev.Position,
-		Error:      cause.Error(),
-		Attempts:   attempts,
-		ParkedAt:   time.Now().UTC(),
+		Subscriber:  s.name,
+		EventID:     ev.ID,
+		EventType:   ev.EventType,
+		Position:    ev.Position,
+		Error:       cause.Error(),
+		Attempts:    attempts,
+		ParkedAt:    time.Now().UTC(),
+		AggregateID: ev.AggregateID,
 	}
 	if err := s.parking.Park(batch.HandlerContext(tctx), parked); err != nil {
 		finished = true

@@ -38,7 +38,8 @@ type EventRef struct {
 // Status is a snapshot of one subscriber: what the database says (its
 // checkpoint, the feed head, the lag) and what this process's Run knows
 // (its state, the last error, the last commit). It is a plain value, safe
-// to copy and to serve as JSON.
+// to copy and to serve as JSON; the EventRefs it points to are copies
+// owned by the caller.
 //
 // The database figures are shared by every replica of the subscriber's
 // name; State, the failure and LastCommitAt are this process's only: a
@@ -89,26 +90,35 @@ type Status struct {
 // A database error is returned with a zero Status. A checkpoint ahead of the head returns the Status
 // (lag 0) with an error wrapping ErrCheckpointAhead, as Lag does.
 func (s *Subscriber) Status(ctx context.Context) (Status, error) {
-	position, err := s.checkpoints.Position(ctx, s.name)
-	if err != nil {
-		return Status{}, err // the store names the subscriber
-	}
-	head, err := s.events.HeadPosition(ctx)
-	if err != nil {
-		return Status{}, fmt.Errorf("subscriptions: status of %q: %w", s.name, err)
+	st, _, err := s.status(ctx)
+	return st, err
+}
+
+// status is Status, with the time the checkpoint was last seen to move or
+// catch up as a monotonic reading (Status.ProgressAt is UTC and has none),
+// for Healthy's stuck check.
+func (s *Subscriber) status(ctx context.Context) (Status, time.Time, error) {
+	position, head, ahead := s.positions(ctx, "status")
+	if ahead != nil && !errors.Is(ahead, ErrCheckpointAhead) {
+		return Status{}, time.Time{}, ahead
 	}
 	now := time.Now()
 	st := Status{Subscriber: s.name, Position: position, Head: head, Parked: -1, CheckedAt: now.UTC()}
 	if s.partitions > 0 {
 		if err := s.partitionStatus(ctx, &st, now); err != nil {
-			return Status{}, err
+			return Status{}, time.Time{}, err
 		}
-		position = st.Position
+		// The partitions' checkpoints, not the name's, say whether one is
+		// ahead.
+		position, ahead = st.Position, nil
+		if position > head {
+			ahead = s.checkpointAhead("status", position, head)
+		}
 	} else if head > position {
 		st.Lag = head - position
 		oldest, err := s.events.ReadAfter(ctx, position, 1)
 		if err != nil {
-			return Status{}, fmt.Errorf("subscriptions: status of %q: oldest unhandled event: %w", s.name, err)
+			return Status{}, time.Time{}, fmt.Errorf("subscriptions: status of %q: oldest unhandled event: %w", s.name, err)
 		}
 		if len(oldest) > 0 && !oldest[0].Created.IsZero() {
 			st.LagSeconds = max(0, now.Sub(oldest[0].Created).Seconds())
@@ -117,7 +127,7 @@ func (s *Subscriber) Status(ctx context.Context) (Status, error) {
 	if s.parking != nil {
 		n, err := countParked(ctx, s.parking, s.name)
 		if err != nil {
-			return Status{}, err // the lot names the subscriber
+			return Status{}, time.Time{}, err // the lot names the subscriber
 		}
 		st.Parked = n
 	}
@@ -127,10 +137,7 @@ func (s *Subscriber) Status(ctx context.Context) (Status, error) {
 	st.LastError, st.LastErrorAt, st.LastErrorEvent = live.lastError, live.lastErrorAt, live.errorEvent
 	st.LastCommitAt = live.lastCommit
 	st.ProgressAt = live.progressAt.UTC()
-	if position > head {
-		return st, fmt.Errorf("subscriptions: status of %q: checkpoint %d, feed head %d: %w", s.name, position, head, ErrCheckpointAhead)
-	}
-	return st, nil
+	return st, live.progressAt, ahead
 }
 
 // parkedCounter is implemented by the parking lots of this package: a
@@ -177,9 +184,13 @@ var (
 // "Not moved" is measured from the last time this process saw the
 // checkpoint move or catch up with the head (see Status.ProgressAt), so a
 // stuck subscriber is reported at most the threshold after Run started,
-// the checkpoint last moved or the subscriber was last caught up.
+// the checkpoint last moved or the subscriber was last caught up. An idle
+// subscriber (waiting for a wake signal or the next poll) is given the
+// poll interval on top of the threshold: without a wake signal, events
+// appended after a poll rightly wait up to WithPollInterval, however long
+// that is, and are not a stuck subscriber.
 func (s *Subscriber) Healthy(ctx context.Context) error {
-	st, err := s.Status(ctx)
+	st, progressAt, err := s.status(ctx)
 	if err != nil {
 		return err // Status names the subscriber
 	}
@@ -195,9 +206,13 @@ func (s *Subscriber) Healthy(ctx context.Context) error {
 			s.name, on.ID, on.Type, on.Position, st.Attempts, st.LastError, ErrSubscriberHalted)
 	}
 	if st.Lag > 0 {
-		if still := st.CheckedAt.Sub(st.ProgressAt); still > s.stuckThreshold {
-			return fmt.Errorf("subscriptions: health of %q: lag %d, checkpoint %d unchanged for %v (threshold %v): %w",
-				s.name, st.Lag, st.Position, still.Round(time.Millisecond), s.stuckThreshold, ErrSubscriberStuck)
+		allowed := s.stuckThreshold
+		if st.State == StateIdle {
+			allowed += s.pollInterval
+		}
+		if still := time.Since(progressAt); still > allowed {
+			return fmt.Errorf("subscriptions: health of %q: %s, lag %d, checkpoint %d unchanged for %v (allowed %v): %w",
+				s.name, st.State, st.Lag, st.Position, still.Round(time.Millisecond), allowed, ErrSubscriberStuck)
 		}
 		if s.maxLagTime > 0 && st.LagSeconds > s.maxLagTime.Seconds() {
 			return fmt.Errorf("subscriptions: health of %q: oldest unhandled event is %.3fs old (limit %v): %w",

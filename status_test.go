@@ -34,6 +34,16 @@ func statusWait(t *testing.T, sub *subscriptions.Subscriber, what string, ok fun
 	return st
 }
 
+// statusHealthyFor checks Healthy again and again until d has passed: a
+// wait on the clock, not a bound on it.
+func statusHealthyFor(t *testing.T, sub *subscriptions.Subscriber, d time.Duration) {
+	t.Helper()
+	for from := time.Now(); time.Since(from) <= d; {
+		require.NoError(t, sub.Healthy(context.Background()))
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
 // TestStatusAndHealthyStates drives a subscriber through every state on
 // every backend and checks Status and Healthy in each.
 func TestStatusAndHealthyStates(t *testing.T) {
@@ -150,6 +160,12 @@ func TestStatusAndHealthyStates(t *testing.T) {
 				require.Equal(t, bad.ID, st.LastErrorEvent.ID)
 				require.Zero(t, st.Parked)
 				require.NoError(t, sub.Healthy(ctx), "retrying is healthy until the stuck threshold")
+				// The snapshot is the caller's: changing it changes nothing else.
+				st.Failing.ID, st.LastErrorEvent.ID = "changed", "changed"
+				again, err := sub.Status(ctx)
+				require.NoError(t, err)
+				require.Equal(t, bad.ID, again.Failing.ID)
+				require.Equal(t, bad.ID, again.LastErrorEvent.ID)
 				run.stop(t)
 
 				// Parking clears the failure; the last error stays.
@@ -185,24 +201,72 @@ func TestStatusAndHealthyStates(t *testing.T) {
 				require.Zero(t, telemetryCount(t, ms, "status-halt", subscriptions.OutcomeHandled))
 			})
 
-			t.Run("an event appended to an idle subscriber starts the stuck clock", func(t *testing.T) {
+			t.Run("a batch after idle is running; the stuck clock starts at the append", func(t *testing.T) {
+				if b.Name == "sqlite-memory" {
+					t.Skip("one connection: Status waits for the stalled batch to release it (documented)")
+				}
 				e := b.New(t)
-				const threshold = 2 * time.Second
-				// Polls once an hour and has no wake signal: the event stays
-				// waiting.
-				sub := coreNewSub(t, "status-clock", e.Events, e.Checkpoints, coreNoop,
-					subscriptions.WithPollInterval(time.Hour), subscriptions.WithStuckThreshold(threshold))
-				start(t, sub)
+				const threshold = 200 * time.Millisecond
+				gate := newCoreGate()
+				handler := func(ctx context.Context, ev domain.EventEnvelope[any]) error {
+					gate.pass()
+					return nil
+				}
+				sub := coreNewSub(t, "status-clock", e.Events, e.Checkpoints, handler,
+					subscriptions.WithPollInterval(5*time.Millisecond), subscriptions.WithStuckThreshold(threshold))
+				run := start(t, sub)
+				defer run.stop(t)
+				defer gate.open()
+				// Idle for longer than the threshold: not stuck, nothing waits.
 				statusWait(t, sub, "idle", func(st subscriptions.Status) bool { return st.State == subscriptions.StateIdle })
+				statusHealthyFor(t, sub, 2*threshold)
 				before := time.Now()
 				statusAppendAged(t, e.Events, "status.late", time.Hour)
-				err := sub.Healthy(ctx)
+				gate.waitEntered(t)
+				st, err := sub.Status(ctx)
+				require.NoError(t, err)
+				require.Equal(t, subscriptions.StateRunning, st.State, "a handler runs: not idle")
+				err = sub.Healthy(ctx)
 				if time.Since(before) < threshold {
 					require.NoError(t, err, "the subscriber was caught up a moment ago")
 				}
 				require.Eventually(t, func() bool {
 					return errors.Is(sub.Healthy(ctx), subscriptions.ErrSubscriberStuck)
-				}, 30*time.Second, 20*time.Millisecond)
+				}, 30*time.Second, 5*time.Millisecond)
+			})
+
+			t.Run("waiting for a long poll interval is not stuck", func(t *testing.T) {
+				e := b.New(t)
+				const threshold = 20 * time.Millisecond
+				// Polls once an hour and has no wake signal: the event rightly
+				// waits for the next poll.
+				sub := coreNewSub(t, "status-poll", e.Events, e.Checkpoints, coreNoop,
+					subscriptions.WithPollInterval(time.Hour), subscriptions.WithStuckThreshold(threshold))
+				start(t, sub)
+				statusWait(t, sub, "idle", func(st subscriptions.Status) bool { return st.State == subscriptions.StateIdle })
+				statusAppendAged(t, e.Events, "status.late", time.Hour)
+				statusHealthyFor(t, sub, 10*threshold)
+				st, err := sub.Status(ctx)
+				require.NoError(t, err)
+				require.Equal(t, subscriptions.StateIdle, st.State)
+				require.EqualValues(t, 1, st.Lag, "the event still waits for the poll")
+			})
+
+			t.Run("checkpoint ahead of the head", func(t *testing.T) {
+				e := b.New(t)
+				appendN(t, e.Events, "status.ok", 0, 2)
+				sub := coreNewSub(t, "status-ahead", e.Events, e.Checkpoints, coreNoop)
+				require.NoError(t, sub.ResetCheckpoint(ctx, 10))
+				st, err := sub.Status(ctx)
+				require.ErrorIs(t, err, subscriptions.ErrCheckpointAhead)
+				require.ErrorContains(t, err, "status-ahead")
+				require.Equal(t, "status-ahead", st.Subscriber)
+				require.EqualValues(t, 10, st.Position)
+				require.EqualValues(t, 2, st.Head)
+				require.Zero(t, st.Lag)
+				require.Zero(t, st.LagSeconds)
+				require.Equal(t, subscriptions.StateStopped, st.State)
+				require.ErrorIs(t, sub.Healthy(ctx), subscriptions.ErrCheckpointAhead)
 			})
 
 			t.Run("database unreachable", func(t *testing.T) {

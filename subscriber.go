@@ -244,7 +244,7 @@ func (s *Subscriber) Name() string { return s.name }
 
 // Lag returns how far the subscriber's committed checkpoint trails the feed
 // head (0 when caught up). Status reports it with its age in time, and the
-// subscriptions.lag gauge exports it (see WithMeterProvider). For a
+// subscriptions.lag.events gauge exports it (see WithMeterProvider). For a
 // partitioned subscriber it is the number of events not yet handled,
 // summed over the partitions (see PartitionLags).
 //
@@ -257,18 +257,34 @@ func (s *Subscriber) Lag(ctx context.Context) (int64, error) {
 	if s.partitions > 0 {
 		return s.partitionedLag(ctx)
 	}
-	position, err := s.checkpoints.Position(ctx, s.name)
+	position, head, err := s.positions(ctx, "lag")
 	if err != nil {
-		return 0, err // the store names the subscriber
-	}
-	head, err := s.events.HeadPosition(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("subscriptions: lag of %q: %w", s.name, err)
-	}
-	if position > head {
-		return 0, fmt.Errorf("subscriptions: lag of %q: checkpoint %d, feed head %d: %w", s.name, position, head, ErrCheckpointAhead)
+		return 0, err
 	}
 	return head - position, nil
+}
+
+// positions reads the committed checkpoint and the feed head for Lag and
+// Status (op names the caller in errors). A checkpoint ahead of the head
+// returns both positions with an error wrapping ErrCheckpointAhead.
+func (s *Subscriber) positions(ctx context.Context, op string) (position, head int64, err error) {
+	position, err = s.checkpoints.Position(ctx, s.name)
+	if err != nil {
+		return 0, 0, err // the store names the subscriber
+	}
+	head, err = s.events.HeadPosition(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("subscriptions: %s of %q: %w", op, s.name, err)
+	}
+	if position > head {
+		return position, head, s.checkpointAhead(op, position, head)
+	}
+	return position, head, nil
+}
+
+// checkpointAhead is the error of a checkpoint ahead of the feed head.
+func (s *Subscriber) checkpointAhead(op string, position, head int64) error {
+	return fmt.Errorf("subscriptions: %s of %q: checkpoint %d, feed head %d: %w", op, s.name, position, head, ErrCheckpointAhead)
 }
 
 // ResetCheckpoint sets the subscriber's checkpoint. Resetting to 0 replays
@@ -310,44 +326,48 @@ func (s *Subscriber) ListParked(ctx context.Context) ([]ParkedEvent, error) {
 }
 
 // ReplayParked re-runs the handler for one parked event and clears it on
-// success (a failed replay leaves the event parked). The event is loaded
-// fresh from the event store; database-backed parking lots run the handler
-// and the row deletion in one transaction, exposed via TxFromContext
-// exactly like a live batch. Requires a ParkingLot (WithParkingLot).
+// success (a failed replay leaves the event parked; with a
+// ManagedParkingLot it records the replay as one more attempt, with its
+// error and time). The event is loaded fresh from the event store;
+// database-backed parking lots run the handler and the row deletion in one
+// transaction, exposed via TxFromContext exactly like a live batch. Requires a ParkingLot (WithParkingLot).
 //
-// An event that is not parked for this subscriber returns an error wrapping
-// ErrEventNotParked; one whose replay is already running, an error wrapping
-// ErrReplayInProgress (the handler did not run); a parked event after the
-// checkpoint, which the subscriber will deliver again (see
-// ResetCheckpoint), one wrapping ErrParkedAfterCheckpoint. On a database
-// served by a single connection (in-memory SQLite) the event load queues
-// behind the running replay's transaction instead, and then finds the
-// event no longer parked.
+// An event the store does not have returns an error wrapping
+// domain.ErrEventNotFound; a stored event that is not parked for this
+// subscriber, one wrapping ErrEventNotParked; one whose replay is already
+// running, an error wrapping ErrReplayInProgress (the handler did not
+// run); a parked event after the checkpoint, which the subscriber will
+// deliver again (see ResetCheckpoint), one wrapping
+// ErrParkedAfterCheckpoint. On a database served by a single connection
+// (in-memory SQLite) the event load queues behind the running replay's
+// transaction instead, and then finds the event no longer parked.
 func (s *Subscriber) ReplayParked(ctx context.Context, eventID string) error {
 	if s.parking == nil {
 		return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, s.name, ErrNoParkingLot)
 	}
+	// The event is loaded first, as the original did: an ID the store does
+	// not know is domain.ErrEventNotFound whether or not a parked entry
+	// names it (a parked event whose row is gone cannot be replayed either).
 	event, err := s.events.GetEventByID(ctx, eventID)
 	if err != nil {
-		if !errors.Is(err, domain.ErrEventNotFound) && !errors.Is(err, domain.ErrInvalidEvent) {
-			return fmt.Errorf("subscriptions: replay event %q for %q: load event: %w", eventID, s.name, err)
-		}
-		// Unknown to the store: say whether it is parked at all.
-		parked, lerr := s.parking.List(ctx, s.name)
-		if lerr != nil {
-			return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, s.name, errors.Join(err, lerr))
-		}
-		for _, p := range parked {
-			if p.EventID == eventID {
-				return fmt.Errorf("subscriptions: replay event %q for %q: the parked event is no longer in the event store: %w", eventID, s.name, err)
-			}
-		}
-		return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, s.name, ErrEventNotParked)
+		return fmt.Errorf("subscriptions: replay event %q for %q: load event: %w", eventID, s.name, err)
 	}
 	if err := s.refuseAfterCheckpoint(ctx, event); err != nil {
 		return err
 	}
-	if err := s.parking.Replay(ctx, s.name, eventID, event, s.tel.replayHandler(s.handler)); err != nil {
+	// herr tells the handler's own failure apart from the lot's.
+	var herr error
+	traced := s.tel.replayHandler(s.handler)
+	handler := func(hctx context.Context, ev domain.EventEnvelope[any]) error {
+		herr = traced(hctx, ev)
+		return herr
+	}
+	if err := s.parking.Replay(ctx, s.name, eventID, event, handler); err != nil {
+		if herr != nil {
+			if rerr := s.recordReplayFailure(ctx, event, herr); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+		}
 		return err // the lot names the event and the subscriber
 	}
 	s.tel.count(ctx, OutcomeReplayed, 1)

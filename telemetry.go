@@ -2,6 +2,7 @@ package subscriptions
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -26,9 +27,9 @@ const (
 	MetricEvents          = "subscriptions.events"
 	MetricBatchDuration   = "subscriptions.batch.duration"
 	MetricHandlerDuration = "subscriptions.handler.duration"
-	MetricWakeLatency     = "subscriptions.wake.latency"
-	MetricLag             = "subscriptions.lag"
-	MetricLagTime         = "subscriptions.lag.time"
+	MetricWakeDuration    = "subscriptions.wake.duration"
+	MetricLagEvents       = "subscriptions.lag.events"
+	MetricLagAge          = "subscriptions.lag.age"
 	MetricParked          = "subscriptions.parked"
 )
 
@@ -81,12 +82,13 @@ type telemetry struct {
 	events          metric.Int64Counter
 	batchDuration   metric.Float64Histogram
 	handlerDuration metric.Float64Histogram
-	wakeLatency     metric.Float64Histogram
-	lag             metric.Int64ObservableGauge
-	lagTime         metric.Float64ObservableGauge
-	parked          metric.Int64ObservableGauge
+	wakeDuration    metric.Float64Histogram
+	lagEvents       metric.Int64ObservableGauge
+	lagAge          metric.Float64ObservableGauge
+	parked          metric.Int64ObservableUpDownCounter
 
 	attrs    metric.MeasurementOption // subscriber only
+	record   []metric.RecordOption    // attrs, built once: Record does not allocate per event
 	outcomes map[string]metric.AddOption
 
 	mu   sync.Mutex
@@ -128,6 +130,7 @@ func newTelemetry(name string, mp metric.MeterProvider, tp trace.TracerProvider)
 	}
 	sub := attribute.String(string(AttrSubscriber), name)
 	t.attrs = metric.WithAttributeSet(attribute.NewSet(sub))
+	t.record = []metric.RecordOption{t.attrs}
 	t.outcomes = make(map[string]metric.AddOption, 5)
 	for _, o := range []string{OutcomeHandled, OutcomeRetried, OutcomeFailed, OutcomeParked, OutcomeReplayed} {
 		t.outcomes[o] = metric.WithAttributeSet(attribute.NewSet(sub, AttrOutcome.String(o)))
@@ -152,44 +155,59 @@ func newTelemetry(name string, mp metric.MeterProvider, tp trace.TracerProvider)
 	if t.handlerDuration, err = hist(MetricHandlerDuration, "Duration of one handler call."); err != nil {
 		return nil, err
 	}
-	if t.wakeLatency, err = hist(MetricWakeLatency, "From a wake signal's arrival to the start of the first handler call it led to."); err != nil {
+	if t.wakeDuration, err = hist(MetricWakeDuration, "From a wake signal's arrival to the start of the first handler call it led to."); err != nil {
 		return nil, err
 	}
-	if t.lag, err = m.Int64ObservableGauge(MetricLag, metric.WithUnit("{event}"),
-		metric.WithDescription("Feed head minus the committed checkpoint.")); err != nil {
-		return nil, fmt.Errorf("metric %s: %w", MetricLag, err)
+	if t.lagEvents, err = m.Int64ObservableGauge(MetricLagEvents, metric.WithUnit("{event}"),
+		metric.WithDescription("Feed head minus the committed checkpoint; 0 when caught up or ahead.")); err != nil {
+		return nil, fmt.Errorf("metric %s: %w", MetricLagEvents, err)
 	}
-	if t.lagTime, err = m.Float64ObservableGauge(MetricLagTime, metric.WithUnit("s"),
+	if t.lagAge, err = m.Float64ObservableGauge(MetricLagAge, metric.WithUnit("s"),
 		metric.WithDescription("Age of the oldest event not yet handled; 0 when caught up.")); err != nil {
-		return nil, fmt.Errorf("metric %s: %w", MetricLagTime, err)
+		return nil, fmt.Errorf("metric %s: %w", MetricLagAge, err)
 	}
-	if t.parked, err = m.Int64ObservableGauge(MetricParked, metric.WithUnit("{event}"),
+	// An up-down counter, not a gauge: parked events add up across
+	// subscribers.
+	if t.parked, err = m.Int64ObservableUpDownCounter(MetricParked, metric.WithUnit("{event}"),
 		metric.WithDescription("Events parked for the subscriber.")); err != nil {
 		return nil, fmt.Errorf("metric %s: %w", MetricParked, err)
 	}
 	return t, nil
 }
 
-// observe registers the gauges' callback for the duration of a Run: each
-// collection runs Status (a few indexed reads, see Status), so a process
-// that is not running the subscriber does not report it. The returned
-// function unregisters it.
+// gaugeReadTimeout bounds the database reads of one collection of the
+// observable instruments: exporters may collect with a context that has
+// no deadline (the Prometheus exporter uses context.TODO()), and a scrape
+// must not hang on an unreachable database.
+const gaugeReadTimeout = 5 * time.Second
+
+// observe registers the observable instruments' callback for the duration
+// of a Run: each collection runs Status (a few indexed reads, see Status,
+// bounded by gaugeReadTimeout), so a process that is not running the
+// subscriber does not report it. A checkpoint ahead of the head is
+// observed as lag 0 (as Status reports it) and logged; a database error
+// fails the collection. The returned function unregisters the callback.
 func (t *telemetry) observe(s *Subscriber) func() {
 	if t.off {
 		return func() {}
 	}
 	reg, err := t.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		ctx, cancel := context.WithTimeout(ctx, gaugeReadTimeout)
+		defer cancel()
 		st, err := s.Status(ctx)
-		if err != nil {
+		if err != nil && !errors.Is(err, ErrCheckpointAhead) {
 			return err
 		}
-		o.ObserveInt64(t.lag, st.Lag, t.attrs)
-		o.ObserveFloat64(t.lagTime, st.LagSeconds, t.attrs)
+		o.ObserveInt64(t.lagEvents, st.Lag, t.attrs)
+		o.ObserveFloat64(t.lagAge, st.LagSeconds, t.attrs)
 		if st.Parked >= 0 {
 			o.ObserveInt64(t.parked, int64(st.Parked), t.attrs)
 		}
+		if err != nil {
+			s.logger.Warn("subscriber: checkpoint ahead of the feed head; lag reported as 0", "subscriber", s.name, "error", err)
+		}
 		return nil
-	}, t.lag, t.lagTime, t.parked)
+	}, t.lagEvents, t.lagAge, t.parked)
 	if err != nil {
 		s.logger.Warn("subscriber: registering the lag gauges failed; they will not be reported", "subscriber", s.name, "error", err)
 		return func() {}
@@ -220,7 +238,18 @@ func (t *telemetry) setState(state State) {
 	t.mu.Unlock()
 }
 
-// started and stopped bracket Run.
+// batchStarted records that Run acquired a batch: an idle subscriber is
+// running again. A halted or retrying one keeps its state (the batch is
+// another attempt at the failing event, which keeps its attempt count).
+func (t *telemetry) batchStarted() {
+	t.mu.Lock()
+	if t.live.state == StateIdle {
+		t.live.state = StateRunning
+	}
+	t.mu.Unlock()
+}
+
+// started records the start of Run.
 func (t *telemetry) started() {
 	t.mu.Lock()
 	t.live.state = StateRunning
@@ -265,8 +294,9 @@ func (t *telemetry) committed(position int64) {
 }
 
 // seen records a checkpoint position and feed head read by Status and
-// returns the live state with the time the checkpoint was last seen to
-// move or to be caught up.
+// returns a copy of the live state (its EventRefs copied too, so that the
+// caller owns them) with the time the checkpoint was last seen to move or
+// to be caught up, with its monotonic clock reading.
 func (t *telemetry) seen(position, head int64) liveStatus {
 	now := time.Now()
 	t.mu.Lock()
@@ -274,7 +304,17 @@ func (t *telemetry) seen(position, head int64) liveStatus {
 	if position != t.live.progressPos || position >= head {
 		t.live.progressPos, t.live.progressAt = position, now
 	}
-	return t.live
+	live := t.live
+	live.failing, live.errorEvent = copyRef(live.failing), copyRef(live.errorEvent)
+	return live
+}
+
+func copyRef(r *EventRef) *EventRef {
+	if r == nil {
+		return nil
+	}
+	c := *r
+	return &c
 }
 
 // caughtUp records that Run found nothing past the checkpoint: the stuck
@@ -299,11 +339,19 @@ type batchSpan struct {
 	// the figures; both are decided once per batch, so that an application
 	// without an SDK pays nothing per event but a function call.
 	recording, timed bool
+	ended            bool // end is idempotent
 }
 
 // startBatch starts a batch's span and clock. attempt is 0 for an
-// ordinary batch and the attempt number for a retry of one event.
-func (t *telemetry) startBatch(ctx context.Context, events []domain.EventEnvelope[any], attempt int) (context.Context, *batchSpan) {
+// ordinary batch and the attempt number for a retry of one event; first,
+// when valid, is the span of the batch whose failure led to this retry.
+//
+// A batch span is the root of a trace of its own: the span in Run's
+// context (a startup span, say) would otherwise parent every batch for the
+// process's lifetime, and with parent-based sampling decide them all at
+// once. It links to that span instead, and a retry links to the first
+// attempt's batch.
+func (t *telemetry) startBatch(ctx context.Context, events []domain.EventEnvelope[any], attempt int, first trace.SpanContext) (context.Context, *batchSpan) {
 	b := &batchSpan{t: t}
 	if t.off {
 		return ctx, b
@@ -311,8 +359,15 @@ func (t *telemetry) startBatch(ctx context.Context, events []domain.EventEnvelop
 	if t.batchDuration.Enabled(ctx) {
 		b.start = time.Now()
 	}
-	b.timed = t.handlerDuration.Enabled(ctx) || t.wakeLatency.Enabled(ctx)
-	ctx, b.span = t.tracer.Start(ctx, SpanBatch, trace.WithSpanKind(trace.SpanKindInternal))
+	b.timed = t.handlerDuration.Enabled(ctx) || t.wakeDuration.Enabled(ctx)
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal), trace.WithNewRoot()}
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
+	}
+	if first.IsValid() {
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: first}))
+	}
+	ctx, b.span = t.tracer.Start(ctx, SpanBatch, opts...)
 	if b.recording = b.span.IsRecording(); b.recording {
 		attrs := []attribute.KeyValue{AttrSubscriber.String(t.name), AttrBatchSize.Int(len(events))}
 		if len(events) > 0 {
@@ -326,13 +381,25 @@ func (t *telemetry) startBatch(ctx context.Context, events []domain.EventEnvelop
 	return ctx, b
 }
 
-// end ends the batch span (recording err, if any) and its duration.
+// spanContext is the batch span's context; invalid when tracing is off.
+func (b *batchSpan) spanContext() trace.SpanContext {
+	if b.span == nil {
+		return trace.SpanContext{}
+	}
+	return b.span.SpanContext()
+}
+
+// end ends the batch span (recording err, if any) and its duration. Only
+// the first call counts: a batch that fails on its first event is ended
+// as soon as it is rolled back, before the retry schedule, and its
+// deferred end then does nothing.
 func (b *batchSpan) end(ctx context.Context, err error) {
-	if b.t.off {
+	if b.t.off || b.ended {
 		return
 	}
+	b.ended = true
 	if !b.start.IsZero() {
-		b.t.batchDuration.Record(ctx, time.Since(b.start).Seconds(), b.t.attrs)
+		b.t.batchDuration.Record(ctx, time.Since(b.start).Seconds(), b.t.record...)
 	}
 	if b.recording && err != nil {
 		b.span.RecordError(err)
@@ -354,10 +421,10 @@ func (b *batchSpan) handle(ctx context.Context, h Handler, ev domain.EventEnvelo
 
 func (t *telemetry) handle(ctx context.Context, recording bool, name string, h Handler, ev domain.EventEnvelope[any], attempt int, wokenAt time.Time) error {
 	var start time.Time
-	if t.handlerDuration.Enabled(ctx) || (!wokenAt.IsZero() && t.wakeLatency.Enabled(ctx)) {
+	if t.handlerDuration.Enabled(ctx) || (!wokenAt.IsZero() && t.wakeDuration.Enabled(ctx)) {
 		start = time.Now()
 		if !wokenAt.IsZero() {
-			t.wakeLatency.Record(ctx, start.Sub(wokenAt).Seconds(), t.attrs)
+			t.wakeDuration.Record(ctx, start.Sub(wokenAt).Seconds(), t.record...)
 		}
 	}
 	var span trace.Span
@@ -372,7 +439,7 @@ func (t *telemetry) handle(ctx context.Context, recording bool, name string, h H
 	}
 	err := h(ctx, ev)
 	if !start.IsZero() {
-		t.handlerDuration.Record(ctx, time.Since(start).Seconds(), t.attrs)
+		t.handlerDuration.Record(ctx, time.Since(start).Seconds(), t.record...)
 	}
 	if span != nil {
 		if err != nil {

@@ -5,6 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/eventfeed/subscriptions/domain"
 )
 
@@ -17,18 +21,22 @@ func BenchmarkTelemetryHooks(b *testing.B) {
 	events := []domain.EventEnvelope[any]{domain.NewEventEnvelope[any](map[string]any{"n": 1}, "agg", "bench.hook", 1)}
 	events[0].Position = 1
 	h := func(context.Context, domain.EventEnvelope[any]) error { return nil }
-	for _, off := range []bool{true, false} {
-		name := "no SDK"
-		if off {
-			name = "off"
+	// "metrics SDK": a meter provider with a reader, no tracing SDK: the
+	// handler-duration record is taken per event.
+	sdk := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	b.Cleanup(func() { _ = sdk.Shutdown(context.Background()) })
+	for _, name := range []string{"off", "no SDK", "metrics SDK"} {
+		var mp metric.MeterProvider
+		if name == "metrics SDK" {
+			mp = sdk
 		}
-		t, err := newTelemetry("bench", nil, nil)
+		t, err := newTelemetry("bench", mp, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
-		t.off = off
+		t.off = name == "off"
 		b.Run("per event/"+name, func(b *testing.B) {
-			_, span := t.startBatch(ctx, events, 0)
+			_, span := t.startBatch(ctx, events, 0, trace.SpanContext{})
 			b.ReportAllocs()
 			for b.Loop() {
 				if err := span.handle(ctx, h, events[0], 1, time.Time{}); err != nil {
@@ -39,7 +47,7 @@ func BenchmarkTelemetryHooks(b *testing.B) {
 		b.Run("per batch/"+name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				bctx, span := t.startBatch(ctx, events, 0)
+				bctx, span := t.startBatch(ctx, events, 0, trace.SpanContext{})
 				t.committed(1)
 				t.count(bctx, OutcomeHandled, 100)
 				span.end(bctx, nil)

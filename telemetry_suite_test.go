@@ -103,28 +103,46 @@ func telemetryHistCount(t testing.TB, ms map[string]metricdata.Aggregation, name
 	return 0
 }
 
-// telemetryGauge returns a gauge's value for a subscriber as float64;
-// false when it has no data point.
+// telemetryGauge returns an observable instrument's value for a
+// subscriber as float64 (a gauge, or the non-monotonic sum of an up-down
+// counter); false when it has no data point. It fails the test when the
+// subscriber has more than one series.
 func telemetryGauge(t testing.TB, ms map[string]metricdata.Aggregation, name, subscriber string) (float64, bool) {
 	t.Helper()
+	var values []float64
+	match := func(attrs attribute.Set) bool {
+		s, _ := attrs.Value(subscriptions.AttrSubscriber)
+		return s.AsString() == subscriber
+	}
 	switch g := ms[name].(type) {
 	case metricdata.Gauge[int64]:
 		for _, dp := range g.DataPoints {
-			if s, _ := dp.Attributes.Value(subscriptions.AttrSubscriber); s.AsString() == subscriber {
-				return float64(dp.Value), true
+			if match(dp.Attributes) {
+				values = append(values, float64(dp.Value))
 			}
 		}
 	case metricdata.Gauge[float64]:
 		for _, dp := range g.DataPoints {
-			if s, _ := dp.Attributes.Value(subscriptions.AttrSubscriber); s.AsString() == subscriber {
-				return dp.Value, true
+			if match(dp.Attributes) {
+				values = append(values, dp.Value)
+			}
+		}
+	case metricdata.Sum[int64]:
+		require.False(t, g.IsMonotonic, "%s is an up-down counter", name)
+		for _, dp := range g.DataPoints {
+			if match(dp.Attributes) {
+				values = append(values, float64(dp.Value))
 			}
 		}
 	case nil:
 	default:
 		t.Fatalf("%s is a %T", name, g)
 	}
-	return 0, false
+	require.LessOrEqual(t, len(values), 1, "%s: %d series for %q", name, len(values), subscriber)
+	if len(values) == 0 {
+		return 0, false
+	}
+	return values[0], true
 }
 
 func spanAttr(s sdktrace.ReadOnlySpan, key attribute.Key) attribute.Value {
@@ -216,8 +234,8 @@ func TestTelemetrySuite(t *testing.T) {
 			// batch) + 2 attempts at the poison + 2 after it.
 			require.EqualValues(t, 8, telemetryHistCount(t, ms, subscriptions.MetricHandlerDuration, name))
 			require.GreaterOrEqual(t, telemetryHistCount(t, ms, subscriptions.MetricBatchDuration, name), uint64(4))
-			require.EqualValues(t, 1, telemetryHistCount(t, ms, subscriptions.MetricWakeLatency, name), "one wake led to handler calls")
-			lag, ok := telemetryGauge(t, ms, subscriptions.MetricLag, name)
+			require.EqualValues(t, 1, telemetryHistCount(t, ms, subscriptions.MetricWakeDuration, name), "one wake led to handler calls")
+			lag, ok := telemetryGauge(t, ms, subscriptions.MetricLagEvents, name)
 			require.True(t, ok)
 			require.Zero(t, lag)
 			parked, ok := telemetryGauge(t, ms, subscriptions.MetricParked, name)
@@ -281,23 +299,178 @@ func TestTelemetrySuite(t *testing.T) {
 			// once woken, every event is handled again.
 			require.NoError(t, sub.ResetCheckpoint(ctx, 0))
 			ms = kit.collect(t)
-			lag, _ = telemetryGauge(t, ms, subscriptions.MetricLag, name)
+			lag, _ = telemetryGauge(t, ms, subscriptions.MetricLagEvents, name)
 			require.EqualValues(t, 5, lag)
-			age, ok := telemetryGauge(t, ms, subscriptions.MetricLagTime, name)
+			age, ok := telemetryGauge(t, ms, subscriptions.MetricLagAge, name)
 			require.True(t, ok)
 			require.GreaterOrEqual(t, age, 60.0)
 			notifier.Notify()
 			waitState(subscriptions.StateIdle, 0)
 			ms = kit.collect(t)
 			require.EqualValues(t, 9, telemetryCount(t, ms, name, subscriptions.OutcomeHandled))
-			age, _ = telemetryGauge(t, ms, subscriptions.MetricLagTime, name)
+			age, _ = telemetryGauge(t, ms, subscriptions.MetricLagAge, name)
 			require.Zero(t, age)
 
 			// Once Run has returned, the gauges are no longer reported.
 			run.stop(t)
 			ms = kit.collect(t)
-			_, ok = telemetryGauge(t, ms, subscriptions.MetricLag, name)
+			_, ok = telemetryGauge(t, ms, subscriptions.MetricLagEvents, name)
 			require.False(t, ok)
 		})
+	}
+}
+
+// TestTelemetryGauges: the observable instruments report one series per
+// subscriber whatever Run is asked twice, and keep reporting (lag 0, as
+// Status does) with the checkpoint ahead of the feed head, on every
+// backend.
+func TestTelemetryGauges(t *testing.T) {
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			e := b.New(t)
+			ctx := context.Background()
+			kit := newTelemetryKit(t)
+			const name = "tele-gauges"
+			sub := coreNewSub(t, name, e.Events, e.Checkpoints, coreNoop,
+				append(kit.options(), subscriptions.WithParkingLot(e.Parking), subscriptions.WithPollInterval(5*time.Millisecond))...)
+			appendN(t, e.Events, "tele.ok", 0, 2)
+
+			for round := range 2 {
+				run := start(t, sub)
+				statusWait(t, sub, "caught up", func(st subscriptions.Status) bool {
+					return st.State == subscriptions.StateIdle && st.Lag == 0 && st.Position == 2
+				})
+				require.ErrorIs(t, sub.Run(ctx), subscriptions.ErrRunning, "round %d", round)
+				ms := kit.collect(t) // fails on a second series
+				for _, m := range []string{subscriptions.MetricLagEvents, subscriptions.MetricLagAge, subscriptions.MetricParked} {
+					v, ok := telemetryGauge(t, ms, m, name)
+					require.True(t, ok, "round %d: %s reported", round, m)
+					require.Zero(t, v, "round %d: %s", round, m)
+				}
+				run.stop(t)
+			}
+
+			run := start(t, sub)
+			defer run.stop(t)
+			statusWait(t, sub, "running", func(st subscriptions.Status) bool { return st.State == subscriptions.StateIdle })
+			require.NoError(t, sub.ResetCheckpoint(ctx, 10))
+			_, err := sub.Status(ctx)
+			require.ErrorIs(t, err, subscriptions.ErrCheckpointAhead)
+			ms := kit.collect(t) // Collect succeeds
+			for _, m := range []string{subscriptions.MetricLagEvents, subscriptions.MetricLagAge, subscriptions.MetricParked} {
+				v, ok := telemetryGauge(t, ms, m, name)
+				require.True(t, ok, "%s reported with the checkpoint ahead", m)
+				require.Zero(t, v, m)
+			}
+		})
+	}
+}
+
+// TestTelemetryBatchSpans: a batch span is the root of its own trace, not
+// a child of the span in Run's context (it links to it); a batch that
+// fails on its first event ends before its retries start, and the retry
+// batch links to it. On every backend.
+func TestTelemetryBatchSpans(t *testing.T) {
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			e := b.New(t)
+			kit := newTelemetryKit(t)
+			var calls atomic.Int32
+			handler := func(ctx context.Context, ev domain.EventEnvelope[any]) error {
+				if calls.Add(1) == 1 {
+					return errors.New("first attempt fails")
+				}
+				return nil
+			}
+			const name = "tele-spans"
+			sub := coreNewSub(t, name, e.Events, e.Checkpoints, handler,
+				append(kit.options(), subscriptions.WithParkingLot(e.Parking), subscriptions.WithMaxRetries(2),
+					subscriptions.WithRetryBackoff(50*time.Millisecond, 50*time.Millisecond))...)
+			appendN(t, e.Events, "tele.ok", 0, 1)
+
+			runCtx, startup := kit.traces.Tracer("app").Start(context.Background(), "startup")
+			startup.End()
+			ctx, cancel := context.WithCancel(runCtx)
+			done := make(chan error, 1)
+			go func() { done <- sub.Run(ctx) }()
+			defer func() {
+				cancel()
+				select {
+				case err := <-done:
+					require.NoError(t, err)
+				case <-time.After(30 * time.Second):
+					t.Fatal("Run did not return")
+				}
+			}()
+			waitCaughtUp(t, sub)
+
+			// By attempt: the ordinary batch has none, its retry 2.
+			var first, retry sdktrace.ReadOnlySpan
+			require.Eventually(t, func() bool {
+				for _, s := range kit.spans.Ended() {
+					if s.Name() != subscriptions.SpanBatch {
+						continue
+					}
+					switch spanAttr(s, subscriptions.AttrAttempt).AsInt64() {
+					case 0:
+						first = s
+					case 2:
+						retry = s
+					}
+				}
+				return first != nil && retry != nil
+			}, 30*time.Second, 2*time.Millisecond)
+			for _, s := range []sdktrace.ReadOnlySpan{first, retry} {
+				require.False(t, s.Parent().IsValid(), "a batch span is a root")
+				require.NotEqual(t, startup.SpanContext().TraceID(), s.SpanContext().TraceID())
+				require.Equal(t, startup.SpanContext().SpanID(), s.Links()[0].SpanContext.SpanID(), "linked to Run's span")
+			}
+			require.Equal(t, codes.Error, first.Status().Code)
+			require.False(t, first.EndTime().After(retry.StartTime()), "the failed batch ends before its retry starts")
+			require.Len(t, retry.Links(), 2)
+			require.Equal(t, first.SpanContext().SpanID(), retry.Links()[1].SpanContext.SpanID(), "the retry links to the failed batch")
+		})
+	}
+}
+
+// blockingHeadStore makes HeadPosition wait for its context's end while
+// block is set: a database that does not answer.
+type blockingHeadStore struct {
+	domain.EventStore
+	block atomic.Bool
+}
+
+func (s *blockingHeadStore) HeadPosition(ctx context.Context) (int64, error) {
+	if s.block.Load() {
+		<-ctx.Done()
+		return 0, ctx.Err()
+	}
+	return s.EventStore.HeadPosition(ctx)
+}
+
+// TestTelemetryGaugeDeadline: a collection whose context has no deadline
+// (as the Prometheus exporter's) still returns when the database does not
+// answer: the callback's reads run under a deadline of their own. The
+// deadline is the store's business, not the backend's: memory only.
+func TestTelemetryGaugeDeadline(t *testing.T) {
+	e := envBackends()[0].New(t)
+	store := &blockingHeadStore{EventStore: e.Events}
+	kit := newTelemetryKit(t)
+	sub := coreNewSub(t, "tele-deadline", store, e.Checkpoints, coreNoop, kit.options()...)
+	start(t, sub)
+	statusWait(t, sub, "idle", func(st subscriptions.Status) bool { return st.State == subscriptions.StateIdle })
+	store.block.Store(true)
+	defer store.block.Store(false)
+	collected := make(chan error, 1)
+	go func() {
+		var rm metricdata.ResourceMetrics
+		collected <- kit.reader.Collect(context.Background(), &rm)
+	}()
+	select {
+	case err := <-collected:
+		require.ErrorContains(t, err, context.DeadlineExceeded.Error())
+		require.ErrorContains(t, err, "tele-deadline")
+	case <-time.After(60 * time.Second):
+		t.Fatal("the collection did not return: no deadline on the gauges' reads")
 	}
 }

@@ -10,10 +10,11 @@ import (
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/mattn/go-sqlite3"
 	"gorm.io/gorm"
 
 	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/internal/sqlerr"
+	"github.com/eventfeed/subscriptions/internal/sqliteconf"
 	"github.com/eventfeed/subscriptions/internal/sqlschema"
 	"github.com/eventfeed/subscriptions/migrations"
 )
@@ -52,9 +53,12 @@ import (
 // the table meanwhile: keep such transactions short.
 //
 // On SQLite, writers are serialized by the database itself and positions
-// are MAX(position)+1 inside the write transaction. Use the DSN documented
-// in the README (WAL, a busy timeout, _txlock=immediate) so that concurrent
-// appends queue instead of failing with "database is locked".
+// are MAX(position)+1 inside the write transaction, which takes the write
+// lock with its first statement (no read lock to upgrade, whatever the
+// DSN's transaction mode). Concurrent appends queue on the busy timeout;
+// NewGormEventStore refuses a SQLite handle that could not keep that
+// promise and switches a file database to WAL (internal/sqliteconf,
+// README). Any GORM SQLite driver works: none is imported.
 //
 // On Postgres each append also runs pg_notify(channel, ”) in its
 // transaction, delivered at commit, for subscriptions' PostgresListener;
@@ -98,6 +102,15 @@ func NewGormEventStore(db *gorm.DB, opts ...GormEventStoreOption) (*GormEventSto
 		return nil, fmt.Errorf("infrastructure: NewGormEventStore: %w", err)
 	}
 	ctx := context.Background()
+	if dialect == sqlschema.SQLite {
+		pool, err := db.DB()
+		if err != nil {
+			return nil, fmt.Errorf("infrastructure: NewGormEventStore: %w", err)
+		}
+		if err := sqliteconf.Check(ctx, db, pool, "infrastructure: NewGormEventStore"); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.verifyOnly {
 		err = migrations.Verify(ctx, db)
 	} else {
@@ -289,7 +302,11 @@ func (s *GormEventStore) appendOnce(ctx context.Context, aggregateID string, exp
 		}
 		for _, chunk := range insertStatements(prepared, heads.Position, s.postgres, false) {
 			if err := tx.Exec(chunk.sql, chunk.args...).Error; err != nil {
-				return s.insertError(aggregateID, err)
+				err = s.insertError(aggregateID, err)
+				if !s.postgres {
+					err = duplicateIDError(tx, aggregateID, prepared, err)
+				}
+				return err
 			}
 		}
 		if notify {
@@ -345,7 +362,8 @@ func isNotifyFailure(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "54000" && strings.Contains(pgErr.Message, "notif")
 }
 
-// insertError maps unique violations to the domain's errors.
+// insertError maps unique violations to the domain's errors, from any
+// driver (see internal/sqlerr: no driver is imported).
 func (s *GormEventStore) insertError(aggregateID string, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
@@ -354,14 +372,39 @@ func (s *GormEventStore) insertError(aggregateID string, err error) error {
 		}
 		return fmt.Errorf("%w: aggregate %q: %s", domain.ErrConcurrencyConflict, aggregateID, pgErr.Detail)
 	}
-	var liteErr sqlite3.Error
-	if errors.As(err, &liteErr) && liteErr.Code == sqlite3.ErrConstraint {
-		if strings.Contains(liteErr.Error(), "events.id") {
+	if unique, detail := sqlerr.UniqueViolation(err); unique {
+		if detail == "events.id" {
 			return fmt.Errorf("%w: aggregate %q: an event ID is already stored", domain.ErrInvalidEvent, aggregateID)
 		}
-		return fmt.Errorf("%w: aggregate %q: %v", domain.ErrConcurrencyConflict, aggregateID, liteErr)
+		if detail == "" {
+			// gorm.Config.TranslateError dropped the detail: the caller
+			// tells an ID clash from a version clash (duplicateIDError).
+			return fmt.Errorf("%w: aggregate %q: %w", domain.ErrConcurrencyConflict, aggregateID, errUndetailed)
+		}
+		return fmt.Errorf("%w: aggregate %q: UNIQUE constraint failed: %s", domain.ErrConcurrencyConflict, aggregateID, detail)
 	}
 	return fmt.Errorf("insert events: %w", err)
+}
+
+// errUndetailed marks a unique violation whose constraint is unknown.
+var errUndetailed = errors.New("unique constraint violated")
+
+// duplicateIDError replaces an undetailed unique violation by
+// ErrInvalidEvent when one of the events' IDs is already stored. tx is the
+// append's SQLite transaction, still usable after a failed statement.
+func duplicateIDError(tx *gorm.DB, aggregateID string, prepared []preparedEvent, err error) error {
+	if !errors.Is(err, errUndetailed) {
+		return err
+	}
+	ids := make([]string, len(prepared))
+	for i, p := range prepared {
+		ids[i] = p.env.ID
+	}
+	var n int64
+	if qerr := tx.Raw("SELECT count(*) FROM events WHERE id IN ?", ids).Scan(&n).Error; qerr != nil || n == 0 {
+		return err
+	}
+	return fmt.Errorf("%w: aggregate %q: an event ID is already stored", domain.ErrInvalidEvent, aggregateID)
 }
 
 const selectEvents = "SELECT id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at FROM events "

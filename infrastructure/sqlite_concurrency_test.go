@@ -15,22 +15,38 @@ import (
 
 // TestSQLiteConcurrentAppendsToOneFile appends from 8 goroutines, through
 // one pool or one pool each (as separate processes would), while a reader
-// follows the feed: no append fails ("database is locked" in particular),
-// every event is stored, positions are dense.
+// follows the feed, on both SQLite drivers and with every DSN style: no
+// append fails ("database is locked" in particular), every event is
+// stored, positions are dense.
 func TestSQLiteConcurrentAppendsToOneFile(t *testing.T) {
+	// Every DSN style an application may write, on both drivers: the
+	// documented ones, and the drivers' defaults (busy timeout 5 s,
+	// rollback journal, which the constructors switch to WAL, deferred
+	// transactions, which the store works with because it takes the write
+	// lock first in every transaction).
+	original := func(path string) string { // what the original's users write
+		return "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)"
+	}
+	plain := func(path string) string { return path }
 	dsns := []struct {
-		name string
-		dsn  func(path string) string
+		name   string
+		driver dbtest.SQLiteDriver
+		dsn    func(path string) string
 	}{
-		{"documented DSN", dbtest.SQLiteFileDSN},
+		{"mattn/documented DSN", dbtest.Mattn, dbtest.SQLiteFileDSN},
 		// Deferred transactions: the store must take the write lock first
 		// itself, or a transaction that read first could not upgrade.
-		{"busy timeout and WAL, deferred transactions", func(path string) string {
+		{"mattn/busy timeout and WAL, deferred transactions", dbtest.Mattn, func(path string) string {
 			return "file:" + path + "?_busy_timeout=10000&_journal_mode=WAL"
 		}},
-		{"busy timeout only (rollback journal, deferred)", func(path string) string {
+		{"mattn/busy timeout only (rollback journal, switched to WAL; deferred)", dbtest.Mattn, func(path string) string {
 			return "file:" + path + "?_busy_timeout=10000"
 		}},
+		{"mattn/plain path (driver defaults, switched to WAL)", dbtest.Mattn, plain},
+		{"mattn/original's _pragma DSN (ignored by this driver)", dbtest.Mattn, original},
+		{"glebarez/documented DSN", dbtest.Glebarez, dbtest.Glebarez.FileDSN},
+		{"glebarez/plain path (driver defaults, switched to WAL)", dbtest.Glebarez, plain},
+		{"glebarez/original's _pragma DSN", dbtest.Glebarez, original},
 	}
 	const (
 		writers = 8
@@ -45,14 +61,14 @@ func TestSQLiteConcurrentAppendsToOneFile(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				ctx := testCtx(t)
 				dsn := d.dsn(filepath.Join(t.TempDir(), "events.db"))
-				reader := newGormStore(t, dbtest.OpenSQLite(t, dsn))
+				reader := newGormStore(t, d.driver.OpenDSN(t, dsn))
 				// writerStore returns writer w's store: the shared one, or one
 				// constructed (concurrently, as processes starting at once
 				// would) on the writer's own pool.
 				dbs := make([]*gorm.DB, writers)
 				for i := range dbs {
 					if poolPerWriter {
-						dbs[i] = dbtest.OpenSQLite(t, dsn)
+						dbs[i] = d.driver.OpenDSN(t, dsn)
 					}
 				}
 				writerStore := func(w int) (domain.EventStore, error) {

@@ -22,7 +22,21 @@ func TestExistingDatabasesAdoptTheFiles(t *testing.T) {
 		name  string
 		apply func(t *testing.T, db *gorm.DB)
 	}{
-		{"goose", func(t *testing.T, db *gorm.DB) { require.Equal(t, 1, dbtest.ApplyWithGoose(t, db)) }},
+		{"goose", func(t *testing.T, db *gorm.DB) {
+			if db.Name() != "sqlite" {
+				require.Equal(t, 2, dbtest.ApplyWithGoose(t, db))
+				return
+			}
+			// SQLite has no ADD COLUMN IF NOT EXISTS: goose stops at
+			// 00002 on a table that has the column, and the remedy in
+			// docs/schema.md (record version 2 as the file would, in goose's
+			// table too) completes it.
+			_, err := dbtest.GooseUp(t, db)
+			require.ErrorContains(t, err, "duplicate column name: aggregate_id")
+			require.NoError(t, db.Exec("INSERT INTO "+migrations.VersionTable+" (version) VALUES (2) ON CONFLICT DO NOTHING").Error)
+			require.NoError(t, db.Exec("INSERT INTO goose_db_version (version_id, is_applied) VALUES (2, true)").Error)
+			require.Equal(t, 0, dbtest.ApplyWithGoose(t, db))
+		}},
 		{"Migrate", func(t *testing.T, db *gorm.DB) { require.NoError(t, migrations.Migrate(testCtx(t), db)) }},
 	}
 	for _, b := range dbtest.GormBackends() {

@@ -8,7 +8,8 @@
 // tool applies the same files with that tool instead. They are named
 // NNNNN_name.up.sql and carry goose's "-- +goose Up" annotation, so goose
 // (goose.NewProvider with fs.Sub(FS, "postgres")), golang-migrate (iofs)
-// and atlas read them as they are. Every statement is idempotent, so a file
+// and atlas read them as they are. Every statement is idempotent (but for
+// SQLite's ADD COLUMN, which Migrate skips when the column exists), so a file
 // may be applied to a database that already has what it creates: the
 // original module's tables, or tables created by an earlier version of
 // this module. Later schema changes are new numbered files; a file once
@@ -28,6 +29,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -187,7 +189,8 @@ func pending(all []migration, done map[int64]bool) []migration {
 // on every start. On Postgres the transaction first takes an advisory lock
 // derived from the current schema, so processes starting at once take
 // turns (the later ones find the work done) and a running process's
-// statements never fail because of it. The statements are idempotent, so
+// statements never fail because of it. The statements are idempotent (SQLite's ADD COLUMN is skipped
+// when the column exists, see columnAlreadyAdded), so
 // Migrate also completes a schema applied by another tool or created by
 // the original module.
 //
@@ -228,6 +231,12 @@ func Migrate(ctx context.Context, db *gorm.DB) error {
 		}
 		for _, m := range pending(all, done) {
 			for _, stmt := range statements(m.sql) {
+				if skip, err := columnAlreadyAdded(tx, stmt); err != nil || skip {
+					if err != nil {
+						return fmt.Errorf("apply %s/%s: %w", db.Name(), m.file, err)
+					}
+					continue
+				}
 				if err := tx.Exec(stmt).Error; err != nil {
 					return fmt.Errorf("apply %s/%s: %w (statement: %s)", db.Name(), m.file, err, firstLine(stmt))
 				}
@@ -239,6 +248,33 @@ func Migrate(ctx context.Context, db *gorm.DB) error {
 		return fmt.Errorf("migrations: %w", err)
 	}
 	return nil
+}
+
+// addColumn matches a SQLite ADD COLUMN statement of the files, which
+// cannot say IF NOT EXISTS.
+var addColumn = regexp.MustCompile(`(?is)^ALTER\s+TABLE\s+(\w+)\s+ADD\s+COLUMN\s+(\w+)\s`)
+
+// columnAlreadyAdded reports whether stmt is a SQLite ADD COLUMN whose
+// column exists already, which Migrate then skips: SQLite has no ADD
+// COLUMN IF NOT EXISTS, and a table created by an earlier build of this
+// module (or by another tool) may have the column without recording the
+// file that adds it. It runs inside Migrate's write transaction, so no
+// other process adds the column between the check and the ALTER. Verify
+// never runs it: a verify-only constructor changes nothing and reports the
+// file as not recorded instead.
+func columnAlreadyAdded(tx *gorm.DB, stmt string) (bool, error) {
+	if tx.Name() != sqlschema.SQLite {
+		return false, nil
+	}
+	m := addColumn.FindStringSubmatch(stmt)
+	if m == nil {
+		return false, nil
+	}
+	var n int64
+	if err := tx.Raw("SELECT count(*) FROM pragma_table_info(?) WHERE name = ?", m[1], m[2]).Scan(&n).Error; err != nil {
+		return false, fmt.Errorf("look for column %s.%s: %w", m[1], m[2], err)
+	}
+	return n > 0, nil
 }
 
 func firstLine(s string) string {

@@ -148,12 +148,11 @@ func TestMigrateAndVerify(t *testing.T) {
 	for _, b := range dbtest.GormBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			ctx := testCtx(t)
-			file := b.Name
+			dir := "sqlite/"
 			if b.Postgres {
-				file = "postgres/00001_create_tables.up.sql"
-			} else {
-				file = "sqlite/00001_create_tables.up.sql"
+				dir = "postgres/"
 			}
+			file, file2 := dir+"00001_create_tables.up.sql", dir+"00002_parked_aggregate_id.up.sql"
 
 			t.Run("empty database", func(t *testing.T) {
 				db := b.Open(t)
@@ -190,7 +189,8 @@ func TestMigrateAndVerify(t *testing.T) {
 				{"trigger dropped", "DROP TRIGGER parked_events_keys ON parked_events", "missing trigger parked_events_keys on parked_events (added by " + file + ")", true},
 				{"column dropped", "ALTER TABLE subscriber_checkpoints DROP COLUMN updated_at", "missing column subscriber_checkpoints.updated_at (added by " + file + ")", false},
 				{"table dropped", "DROP TABLE parked_events", "missing table parked_events (added by " + file + ")", false},
-				{"migration not recorded", "DELETE FROM " + migrations.VersionTable, "migration " + file + " is not recorded in " + migrations.VersionTable, false},
+				{"migration not recorded", "DELETE FROM " + migrations.VersionTable + " WHERE version = 1", "migration " + file + " is not recorded in " + migrations.VersionTable, false},
+				{"aggregate column dropped", "ALTER TABLE parked_events DROP COLUMN aggregate_id", "missing column parked_events.aggregate_id (added by " + file2 + ")", false},
 			}
 			for _, c := range tampered {
 				if c.postgresOnly && !b.Postgres {
@@ -206,6 +206,19 @@ func TestMigrateAndVerify(t *testing.T) {
 					require.Equal(t, 1, strings.Count(err.Error(), "missing ")+strings.Count(err.Error(), "is not recorded"), "only the change is reported: %v", err)
 				})
 			}
+
+			// A table that has the column without the record of the file
+			// that adds it (an earlier build of this module added it in
+			// code): Migrate completes the record instead of failing on
+			// SQLite's ADD COLUMN, which cannot say IF NOT EXISTS.
+			t.Run("column present, file not recorded", func(t *testing.T) {
+				db := b.Open(t)
+				require.NoError(t, migrations.Migrate(ctx, db))
+				require.NoError(t, db.Exec("DELETE FROM "+migrations.VersionTable+" WHERE version = 2").Error)
+				require.ErrorContains(t, migrations.Verify(ctx, db), "migration "+file2+" is not recorded")
+				require.NoError(t, migrations.Migrate(ctx, db))
+				require.NoError(t, migrations.Verify(ctx, db))
+			})
 		})
 	}
 }
@@ -226,5 +239,5 @@ func TestMigrateConcurrently(t *testing.T) {
 	require.NoError(t, migrations.Verify(testCtx(t), pg.DB))
 	var versions []int64
 	require.NoError(t, pg.DB.Raw("SELECT version FROM "+migrations.VersionTable).Scan(&versions).Error)
-	require.Equal(t, []int64{1}, versions)
+	require.Equal(t, []int64{1, 2}, versions)
 }

@@ -81,6 +81,7 @@ var manifest = map[string]map[int64][]object{
 			indexes("parked_events", "idx_parked_events_position"),
 			[]object{{kind: "trigger", table: "parked_events", name: "parked_events_keys"}},
 		),
+		2: {{kind: "column", table: "parked_events", name: "aggregate_id"}},
 	},
 	sqlschema.SQLite: {
 		1: concat(
@@ -96,6 +97,7 @@ var manifest = map[string]map[int64][]object{
 			unique("parked_events", "subscriber", "event_id"),
 			indexes("parked_events", "idx_parked_events_position"),
 		),
+		2: {{kind: "column", table: "parked_events", name: "aggregate_id"}},
 	},
 }
 

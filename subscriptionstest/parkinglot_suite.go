@@ -58,13 +58,14 @@ func parkAt(offset time.Duration) time.Time {
 
 func parkEntry(subscriber, eventID string, position int64) subscriptions.ParkedEvent {
 	return subscriptions.ParkedEvent{
-		Subscriber: subscriber,
-		EventID:    eventID,
-		EventType:  "park.suite",
-		Position:   position,
-		Error:      "park: failed at " + eventID,
-		Attempts:   3,
-		ParkedAt:   parkAt(time.Duration(position) * time.Second),
+		Subscriber:  subscriber,
+		EventID:     eventID,
+		EventType:   "park.suite",
+		Position:    position,
+		Error:       "park: failed at " + eventID,
+		Attempts:    3,
+		ParkedAt:    parkAt(time.Duration(position) * time.Second),
+		AggregateID: "agg-" + eventID,
 	}
 }
 
@@ -80,7 +81,9 @@ func parkRequireSame(t *testing.T, want, got subscriptions.ParkedEvent) {
 // subscriptions.ParkingLot against the lot h builds, as subtests of t
 // named h.Name/<case>. Every case gets a fresh lot from h.New. Cases run
 // one after another; a case may run goroutines of its own, all ended
-// before it returns.
+// before it returns. A lot that also implements
+// subscriptions.ManagedParkingLot runs the "managed" cases (get, filtered
+// and paged listing, discard, recorded replay failures); others skip them.
 func RunParkingLotSuite(t *testing.T, h ParkingLotHarness) {
 	ctx := context.Background()
 	// One backend; the loop keeps the cases where they were written.
@@ -357,6 +360,8 @@ func RunParkingLotSuite(t *testing.T, h ParkingLotHarness) {
 				require.Len(t, got, 1, "another subscriber's entries stay")
 				require.NoError(t, purger.Purge(ctx, "park-nobody"), "purging nothing is not an error")
 			})
+
+			t.Run("managed", func(t *testing.T) { parkManagedSuite(t, b) })
 		})
 	}
 }

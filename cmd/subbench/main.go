@@ -59,8 +59,12 @@ type Row struct {
 	// BaselineName says what the baseline is.
 	BaselineName string `json:"baseline_name,omitempty"`
 	Goal         string `json:"goal,omitempty"`
-	// Met is whether the goal was met; nil without a goal.
-	Met        *bool  `json:"met,omitempty"`
+	// Met is whether the goal was met; nil without a goal, or when the
+	// run could not tell (Verdict says why).
+	Met *bool `json:"met,omitempty"`
+	// Verdict, when set, replaces yes/no: the goal was neither shown met
+	// nor missed (e.g. the rounds' noise exceeds the margin the goal asks).
+	Verdict    string `json:"verdict,omitempty"`
 	Duplicates *int64 `json:"duplicates,omitempty"`
 	Note       string `json:"note,omitempty"`
 }
@@ -302,6 +306,12 @@ func (r Row) goal(text string, met bool) Row {
 	return r
 }
 
+// undecided attaches a goal the run could not decide, and why.
+func (r Row) undecided(text, verdict string) Row {
+	r.Goal, r.Met, r.Verdict = text, nil, verdict
+	return r
+}
+
 func (r Row) note(text string) Row {
 	if r.Note != "" {
 		r.Note += "; "
@@ -328,7 +338,7 @@ func printTable(w io.Writer, rep *Report) {
 		if r.Ratio != nil {
 			ratio = fmt.Sprintf("%.3f", *r.Ratio)
 		}
-		met := ""
+		met := r.Verdict
 		if r.Met != nil {
 			met = "no"
 			if *r.Met {

@@ -98,3 +98,23 @@ func TestParseOnly(t *testing.T) {
 		t.Errorf("empty -only: %v, %v", sel, err)
 	}
 }
+
+// TestUndecidedGoal: a goal the rounds' noise cannot decide is printed as
+// such, never as met, and the spread that decides it is (max-min)/median.
+func TestUndecidedGoal(t *testing.T) {
+	if got := roundSpread([]float64{90, 100, 110}); got < 0.199 || got > 0.201 {
+		t.Fatalf("spread %v, want 0.2", got)
+	}
+	if got := roundSpread([]float64{100, 101, 102}); got > 0.05 {
+		t.Fatalf("spread %v, want 0.02", got)
+	}
+	r := newRow("case", 110, 100, "ev/s", "base").goal(">= 0.95", true).undecided(">= 0.95", "not resolved at this noise")
+	if r.Met != nil {
+		t.Fatalf("an undecided goal has no yes/no")
+	}
+	var out bytes.Buffer
+	printTable(&out, &Report{Rows: []Row{r}})
+	if s := out.String(); !strings.Contains(s, "not resolved at this noise") || strings.Contains(s, "yes") {
+		t.Fatalf("table:\n%s", s)
+	}
+}

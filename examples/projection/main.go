@@ -6,6 +6,12 @@
 //	go run ./examples/projection                       # embedded SQLite, nothing to install
 //	go run ./examples/projection -replicas 3           # three subscribers with one name
 //	go run ./examples/projection -postgres 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
+//	go run ./examples/projection -admin 127.0.0.1:8080  # then open http://127.0.0.1:8080/admin/
+//
+// With -admin the example stops after step 4's "fix" and serves the admin
+// page (subscriptions.NewAdminHandler, mounted under /admin/) until
+// Ctrl-C, leaving the parked event for you to replay or discard there;
+// the database stays until then, so cmd/subscriptions can be pointed at it.
 //
 // What it does, on either database:
 //
@@ -132,6 +138,7 @@ type config struct {
 	postgresDSN    string
 	replicas       int
 	connectTimeout time.Duration
+	admin          string // -admin: serve the admin page on this address
 }
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
@@ -141,8 +148,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.postgresDSN, "postgres", "", "run on this Postgres server instead of a temporary SQLite file\n(a URL or key=value DSN; the example creates its own schema and drops it at exit)")
 	fs.IntVar(&cfg.replicas, "replicas", 1, fmt.Sprintf("number of subscribers running with the same name (1-%d)", maxReplicas))
 	fs.DurationVar(&cfg.connectTimeout, "connect-timeout", 5*time.Second, "how long to wait for the Postgres server")
+	fs.StringVar(&cfg.admin, "admin", "", "after parking the event, serve the admin page (subscriptions.NewAdminHandler) on this\naddress, e.g. 127.0.0.1:8080, to replay it from a browser; stops on Ctrl-C\n(loopback clients only; the database is kept until then)")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: projection [-postgres DSN] [-replicas N] [-connect-timeout D]\n\n")
+		fmt.Fprintf(fs.Output(), "usage: projection [-postgres DSN] [-replicas N] [-connect-timeout D] [-admin ADDR]\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -189,10 +197,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}()
 
-	ex := &example{cfg: cfg, be: be, stdout: stdout, log: log}
+	ex := &example{cfg: cfg, be: be, stdout: stdout, stderr: stderr, log: log}
 	if err := ex.run(ctx); err != nil {
 		fmt.Fprintf(stderr, "projection: %v\n", be.scrub(err.Error()))
 		return 1
+	}
+	if cfg.admin != "" {
+		return 0 // the scenario was left to the operator
 	}
 	fmt.Fprintf(stdout, "summary: %s, %d replica(s), %d events appended and projected, 1 parked and replayed, lag 0, handled once: yes, %.1fs\n",
 		be.kind, cfg.replicas, len(script), time.Since(started).Seconds())
@@ -436,6 +447,7 @@ type example struct {
 	cfg    config
 	be     *backend
 	stdout io.Writer
+	stderr io.Writer
 	log    *slog.Logger
 
 	// fixed is the "deploy the fix" switch: until it is set, the withdrawal
@@ -522,6 +534,11 @@ func (ex *example) run(ctx context.Context) error {
 		return err
 	}
 
+	if ex.cfg.admin != "" {
+		ex.fixed.Store(true)
+		fmt.Fprintln(out, "fixing the handler (overdrafts are allowed now); the parked event is left for you to replay")
+		return ex.serveAdmin(ctx, first)
+	}
 	fmt.Fprintln(out, "fixing the handler (overdrafts are allowed now) and replaying the parked event")
 	ex.fixed.Store(true)
 	for _, p := range parked {

@@ -26,9 +26,10 @@ func TestOnce(t *testing.T) {
 		`subscriptions_outcome="retried",subscriptions_subscriber="order-counts"} 4`,
 		"# TYPE subscriptions_handler_duration_seconds histogram",
 		"# TYPE subscriptions_batch_duration_seconds histogram",
-		`subscriptions_lag{`,
-		`subscriptions_lag_time_seconds{`,
+		`subscriptions_lag_events{`,
+		`subscriptions_lag_age_seconds{`,
 		`subscriptions_parked{`,
+		"# TYPE subscriptions_parked gauge",
 	} {
 		require.Contains(t, got, want)
 	}

@@ -157,8 +157,8 @@ func lagSVG(samples []sample) string {
 		}
 		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`+"\n", color, strings.Join(pts, " "))
 	}
-	panel(top, "subscriptions.lag (events)", "#1f77b4", maxLag, func(s sample) float64 { return float64(s.lag) })
-	panel(top+panelH+gap, "subscriptions.lag.time (seconds: age of the oldest unhandled event)", "#d62728", maxSec, func(s sample) float64 { return s.lagSeconds })
+	panel(top, "subscriptions.lag.events", "#1f77b4", maxLag, func(s sample) float64 { return float64(s.lag) })
+	panel(top+panelH+gap, "subscriptions.lag.age (seconds: age of the oldest unhandled event)", "#d62728", maxSec, func(s sample) float64 { return s.lagSeconds })
 	axisY := top + 2*panelH + gap
 	for i := 0; i <= 5; i++ {
 		t := maxT * float64(i) / 5

@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	glebarez "github.com/glebarez/sqlite"
 	"github.com/jackc/pgx/v5"
 	"gorm.io/driver/postgres"
 	"gorm.io/driver/sqlite"
@@ -170,8 +171,41 @@ func WithSearchPath(dsn, schema string) (string, error) {
 	return u.String(), nil
 }
 
+// SQLiteDriver is one GORM SQLite driver the module is tested with, and
+// the DSNs that configure it as README documents.
+type SQLiteDriver struct {
+	// Name is "mattn" (gorm.io/driver/sqlite, cgo) or "glebarez"
+	// (github.com/glebarez/sqlite, pure Go).
+	Name string
+	// Open returns the driver's GORM dialector for dsn.
+	Open func(dsn string) gorm.Dialector
+	// FileDSN and MemoryDSN spell the documented settings in the driver's
+	// own DSN syntax (the two drivers read different parameters).
+	FileDSN   func(path string) string
+	MemoryDSN func(name string) string
+}
+
+// Mattn is gorm.io/driver/sqlite (github.com/mattn/go-sqlite3, cgo).
+var Mattn = SQLiteDriver{Name: "mattn", Open: sqlite.Open, FileDSN: SQLiteFileDSN, MemoryDSN: SQLiteMemoryDSN}
+
+// Glebarez is github.com/glebarez/sqlite (modernc.org/sqlite, pure Go),
+// the driver the original module's users run.
+var Glebarez = SQLiteDriver{
+	Name: "glebarez",
+	Open: glebarez.Open,
+	FileDSN: func(path string) string {
+		return "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate&_pragma=foreign_keys(1)"
+	},
+	MemoryDSN: func(name string) string {
+		return "file:/" + name + "?vfs=memdb&_pragma=busy_timeout(10000)&_txlock=immediate"
+	},
+}
+
+// SQLiteDrivers lists every SQLite driver the suites run on.
+func SQLiteDrivers() []SQLiteDriver { return []SQLiteDriver{Mattn, Glebarez} }
+
 // SQLiteFileDSN is the DSN this module documents for a SQLite file database
-// (see dsn.SQLiteFile).
+// with gorm.io/driver/sqlite (see dsn.SQLiteFile).
 func SQLiteFileDSN(path string) string { return dsn.SQLiteFile(path) }
 
 // SQLiteMemoryDSN is an in-memory database named name (unique per
@@ -184,16 +218,23 @@ func SQLiteMemoryDSN(name string) string {
 }
 
 // NewSQLiteFile opens a SQLite file database in the test's temp directory.
-func NewSQLiteFile(t testing.TB) *gorm.DB {
-	t.Helper()
-	return OpenSQLite(t, SQLiteFileDSN(filepath.Join(t.TempDir(), "test.db")))
-}
+func NewSQLiteFile(t testing.TB) *gorm.DB { return Mattn.NewFile(t) }
 
 // NewSQLiteMemory opens a fresh in-memory SQLite database on a single
 // connection.
-func NewSQLiteMemory(t testing.TB) *gorm.DB {
+func NewSQLiteMemory(t testing.TB) *gorm.DB { return Mattn.NewMemory(t) }
+
+// NewFile opens a SQLite file database in the test's temp directory.
+func (d SQLiteDriver) NewFile(t testing.TB) *gorm.DB {
 	t.Helper()
-	db := OpenSQLite(t, SQLiteMemoryDSN("mem_"+randomHex(8)))
+	return d.OpenDSN(t, d.FileDSN(filepath.Join(t.TempDir(), "test.db")))
+}
+
+// NewMemory opens a fresh in-memory SQLite database on a single
+// connection.
+func (d SQLiteDriver) NewMemory(t testing.TB) *gorm.DB {
+	t.Helper()
+	db := d.OpenDSN(t, d.MemoryDSN("mem_"+randomHex(8)))
 	sqlDB, err := db.DB()
 	if err != nil {
 		t.Fatalf("dbtest: %v", err)
@@ -202,12 +243,18 @@ func NewSQLiteMemory(t testing.TB) *gorm.DB {
 	return db
 }
 
-// OpenSQLite opens dsn with the sqlite driver; closed at cleanup.
+// OpenSQLite opens dsn with gorm.io/driver/sqlite; closed at cleanup.
 func OpenSQLite(t testing.TB, dsn string) *gorm.DB {
 	t.Helper()
-	db, err := gorm.Open(sqlite.Open(dsn), quietConfig())
+	return Mattn.OpenDSN(t, dsn)
+}
+
+// OpenDSN opens dsn with the driver; the pool is closed at cleanup.
+func (d SQLiteDriver) OpenDSN(t testing.TB, dsn string) *gorm.DB {
+	t.Helper()
+	db, err := gorm.Open(d.Open(dsn), quietConfig())
 	if err != nil {
-		t.Fatalf("dbtest: open sqlite %s: %v", dsn, err)
+		t.Fatalf("dbtest: open sqlite (%s) %s: %v", d.Name, dsn, err)
 	}
 	sqlDB, err := db.DB()
 	if err != nil {

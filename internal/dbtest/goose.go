@@ -19,6 +19,17 @@ import (
 // applied files.
 func ApplyWithGoose(t testing.TB, db *gorm.DB) int {
 	t.Helper()
+	n, err := GooseUp(t, db)
+	if err != nil {
+		t.Fatalf("dbtest: goose up: %v", err)
+	}
+	return n
+}
+
+// GooseUp is ApplyWithGoose returning goose's error instead of failing
+// the test.
+func GooseUp(t testing.TB, db *gorm.DB) (int, error) {
+	t.Helper()
 	dialect := goose.DialectSQLite3
 	if db.Name() == "postgres" {
 		dialect = goose.DialectPostgres
@@ -42,10 +53,7 @@ func ApplyWithGoose(t testing.TB, db *gorm.DB) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	results, err := provider.Up(ctx)
-	if err != nil {
-		t.Fatalf("dbtest: goose up: %v", err)
-	}
-	return len(results)
+	return len(results), err
 }
 
 // GooseBackends lists SQLite files and Postgres schemas to which goose has

@@ -32,8 +32,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/mattn/go-sqlite3"
+	glebarez "github.com/glebarez/sqlite"
 	"gorm.io/driver/postgres"
 	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
@@ -42,6 +41,7 @@ import (
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/internal/sqlerr"
 )
 
 // tableName keeps the projection table a plain identifier: it is spliced
@@ -49,7 +49,7 @@ import (
 var tableName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
 func main() {
-	driver := flag.String("driver", "postgres", "database driver: postgres or sqlite")
+	driver := flag.String("driver", "postgres", "database driver: postgres, sqlite (gorm.io/driver/sqlite) or glebarez (github.com/glebarez/sqlite)")
 	dsn := flag.String("dsn", "", "database DSN")
 	name := flag.String("name", "crashchild", "subscriber name")
 	batch := flag.Int("batch", 10, "batch size")
@@ -92,8 +92,10 @@ func run(driver, dsn, name string, batch int, poll time.Duration, table string, 
 		dialector = postgres.Open(dsn)
 	case "sqlite":
 		dialector = sqlite.Open(dsn)
+	case "glebarez":
+		dialector = glebarez.Open(dsn)
 	default:
-		return fmt.Errorf("-driver %q: use postgres or sqlite", driver)
+		return fmt.Errorf("-driver %q: use postgres, sqlite (gorm.io/driver/sqlite) or glebarez (github.com/glebarez/sqlite)", driver)
 	}
 	db, err := gorm.Open(dialector, &gorm.Config{Logger: logger.Discard})
 	if err != nil {
@@ -185,16 +187,6 @@ func createProjection(ctx context.Context, db *gorm.DB, driver, table string) er
 }
 
 func isUniqueViolation(err error) bool {
-	if err == nil {
-		return false
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code == "23505"
-	}
-	var liteErr sqlite3.Error
-	if errors.As(err, &liteErr) {
-		return liteErr.ExtendedCode == sqlite3.ErrConstraintPrimaryKey || liteErr.ExtendedCode == sqlite3.ErrConstraintUnique
-	}
-	return false
+	unique, _ := sqlerr.UniqueViolation(err)
+	return unique
 }

@@ -1,0 +1,252 @@
+package subscriptions
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"html/template"
+	"log/slog"
+	"mime"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// AdminAction names what an admin request wants to do, for the
+// AdminAuthorizer to decide on.
+type AdminAction string
+
+// The actions of the admin handler. AdminRead covers every GET (status,
+// parked events, one event with its payload); the others change state.
+const (
+	AdminRead    AdminAction = "read"
+	AdminReplay  AdminAction = "replay"
+	AdminDiscard AdminAction = "discard"
+	AdminReset   AdminAction = "reset"
+)
+
+// AdminAuthorizer is the application's own authorization, asked before
+// every admin request: it returns the caller's identity (logged with every
+// action) and whether the caller may perform action on subscriber (""
+// when the request is about every subscriber). An empty caller with
+// allowed false is answered 401, a known caller not allowed 403. It is
+// called on the request's goroutine and must be safe for concurrent use.
+type AdminAuthorizer func(r *http.Request, action AdminAction, subscriber string) (caller string, allowed bool)
+
+// AdminOption configures NewAdminHandler.
+type AdminOption func(*adminConfig)
+
+type adminConfig struct {
+	logger  *slog.Logger
+	redact  bool
+	origins []string
+}
+
+// WithAdminLogger sets the logger of the admin handler's audit lines
+// (default slog.Default()).
+func WithAdminLogger(l *slog.Logger) AdminOption {
+	return func(c *adminConfig) { c.logger = l }
+}
+
+// WithAdminRedactedPayloads hides event payloads and metadata from the
+// API and the page (they may hold personal data); types, positions,
+// aggregate IDs and errors are still shown.
+func WithAdminRedactedPayloads() AdminOption {
+	return func(c *adminConfig) { c.redact = true }
+}
+
+// WithAdminTrustedOrigins lists origins (scheme://host[:port]) besides the
+// request's own host from which state-changing requests are accepted —
+// for a handler behind a proxy that rewrites Host.
+func WithAdminTrustedOrigins(origins ...string) AdminOption {
+	return func(c *adminConfig) { c.origins = append(c.origins, origins...) }
+}
+
+// adminHandler serves the admin API and page; see NewAdminHandler.
+type adminHandler struct {
+	subs     map[string]*Subscriber
+	names    []string
+	auth     AdminAuthorizer
+	cfg      adminConfig
+	origins  map[string]bool
+	csrfKey  []byte
+	mux      *http.ServeMux
+	page     *template.Template
+	replayMu sync.Map // subscriber name -> *sync.Mutex, held by a replay
+}
+
+// NewAdminHandler returns an http.Handler for operators: a JSON API under
+// api/ and, at its root, an HTML page (server-rendered, no external
+// assets, works without JavaScript) to see every subscriber's position,
+// lag and parked events, look at a parked event, replay or discard it,
+// and reset a checkpoint. Mount it under any prefix with the standard
+// ServeMux:
+//
+//	mux.Handle("/admin/subscriptions/", http.StripPrefix("/admin/subscriptions", h))
+//
+// Security is not optional. authorize is required and asked before every
+// request; every action is logged with the caller it returns (and every
+// refusal too). State-changing requests are POST or DELETE only, refuse
+// cross-site requests (Sec-Fetch-Site, and Origin or Referer must match
+// the request's host or WithAdminTrustedOrigins), and must carry either a
+// JSON content type (API) or the page's anti-CSRF token (forms). The
+// token is derived from the caller identity with a key drawn per handler,
+// so a form is only accepted by the handler (process) that rendered it.
+// docs/operations.md lists the routes and their status codes.
+//
+// The handler is safe for concurrent use; requests run on the server's
+// goroutines, and replays on the request's (at most one replay per
+// subscriber at a time: another is answered 409). It returns an error for
+// a nil authorizer, no subscribers, or two subscribers with one name.
+func NewAdminHandler(subscribers []*Subscriber, authorize AdminAuthorizer, opts ...AdminOption) (http.Handler, error) {
+	if authorize == nil {
+		return nil, errors.New("subscriptions: NewAdminHandler: authorize: nil authorizer (the handler never serves without one)")
+	}
+	if len(subscribers) == 0 {
+		return nil, errors.New("subscriptions: NewAdminHandler: subscribers: none given")
+	}
+	h := &adminHandler{subs: map[string]*Subscriber{}, auth: authorize, origins: map[string]bool{}}
+	for i, s := range subscribers {
+		if s == nil {
+			return nil, fmt.Errorf("subscriptions: NewAdminHandler: subscribers[%d] is nil", i)
+		}
+		if _, dup := h.subs[s.name]; dup {
+			return nil, fmt.Errorf("subscriptions: NewAdminHandler: subscribers: two named %q (give one Subscriber per name)", s.name)
+		}
+		h.subs[s.name] = s
+		h.names = append(h.names, s.name)
+	}
+	sort.Strings(h.names)
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&h.cfg)
+		}
+	}
+	if h.cfg.logger == nil {
+		h.cfg.logger = slog.Default()
+	}
+	for _, o := range h.cfg.origins {
+		u, err := url.Parse(o)
+		if err != nil || u.Scheme == "" || u.Host == "" {
+			return nil, fmt.Errorf("subscriptions: NewAdminHandler: WithAdminTrustedOrigins: %q is not scheme://host[:port]", o)
+		}
+		h.origins[strings.ToLower(u.Scheme+"://"+u.Host)] = true
+	}
+	h.csrfKey = make([]byte, 32)
+	if _, err := rand.Read(h.csrfKey); err != nil {
+		return nil, fmt.Errorf("subscriptions: NewAdminHandler: draw the anti-CSRF key: %w", err)
+	}
+	var err error
+	if h.page, err = parseAdminPage(); err != nil {
+		return nil, fmt.Errorf("subscriptions: NewAdminHandler: page template: %w", err)
+	}
+	h.routes()
+	return h, nil
+}
+
+func (h *adminHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("X-Frame-Options", "DENY")
+	w.Header().Set("Cache-Control", "no-store")
+	h.mux.ServeHTTP(w, r)
+}
+
+// adminRefusal is a request refused before it reached its action.
+type adminRefusal struct {
+	status int
+	reason string
+}
+
+// authorize asks the application, logs a refusal and returns the caller.
+func (h *adminHandler) authorize(r *http.Request, action AdminAction, subscriber string) (string, *adminRefusal) {
+	caller, ok := h.auth(r, action, subscriber)
+	if ok {
+		return caller, nil
+	}
+	ref := &adminRefusal{status: http.StatusForbidden, reason: "not allowed"}
+	if caller == "" {
+		ref = &adminRefusal{status: http.StatusUnauthorized, reason: "not authenticated"}
+	}
+	h.cfg.logger.Warn("admin request refused", "reason", ref.reason, "action", string(action), "caller", caller,
+		"subscriber", subscriber, "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
+	return caller, ref
+}
+
+// sameOrigin refuses a state-changing request sent by another site: a
+// browser marks it with Sec-Fetch-Site and always sends Origin (or at
+// least Referer) on a cross-origin POST or DELETE. Requests without
+// either header come from non-browser clients, which CSRF cannot drive.
+func (h *adminHandler) sameOrigin(r *http.Request) *adminRefusal {
+	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" && site != "none" {
+		return &adminRefusal{http.StatusForbidden, "cross-site request (Sec-Fetch-Site: " + site + ")"}
+	}
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		if ref := r.Header.Get("Referer"); ref != "" {
+			if u, err := url.Parse(ref); err == nil {
+				origin = u.Scheme + "://" + u.Host
+			} else {
+				origin = "null"
+			}
+		}
+	}
+	if origin == "" {
+		return nil
+	}
+	u, err := url.Parse(origin)
+	if err != nil || u.Host == "" {
+		return &adminRefusal{http.StatusForbidden, "cross-origin request (Origin " + origin + ")"}
+	}
+	if strings.EqualFold(u.Host, r.Host) || h.origins[strings.ToLower(u.Scheme+"://"+u.Host)] {
+		return nil
+	}
+	return &adminRefusal{http.StatusForbidden, "cross-origin request (Origin " + origin + ")"}
+}
+
+// jsonBody refuses an API mutation without a JSON content type: an HTML
+// form cannot send one, and a cross-site script cannot without a CORS
+// preflight this handler never answers.
+func jsonBody(r *http.Request) *adminRefusal {
+	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err != nil || mt != "application/json" {
+		return &adminRefusal{http.StatusUnsupportedMediaType, "state-changing API requests need Content-Type: application/json"}
+	}
+	return nil
+}
+
+// csrfToken is the page's anti-CSRF token for caller.
+func (h *adminHandler) csrfToken(caller string) string {
+	m := hmac.New(sha256.New, h.csrfKey)
+	m.Write([]byte(caller))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+func (h *adminHandler) validToken(caller, token string) bool {
+	return hmac.Equal([]byte(h.csrfToken(caller)), []byte(token))
+}
+
+// replayLock is held by a replay of subscriber; ok false means another
+// replay runs.
+func (h *adminHandler) replayLock(subscriber string) (unlock func(), ok bool) {
+	v, _ := h.replayMu.LoadOrStore(subscriber, &sync.Mutex{})
+	mu := v.(*sync.Mutex)
+	if !mu.TryLock() {
+		return nil, false
+	}
+	return mu.Unlock, true
+}
+
+// audit logs an action with its caller and outcome.
+func (h *adminHandler) audit(r *http.Request, caller string, action AdminAction, subscriber string, err error, attrs ...any) {
+	attrs = append([]any{"action", string(action), "caller", caller, "subscriber", subscriber, "remote", r.RemoteAddr}, attrs...)
+	if err != nil {
+		h.cfg.logger.Warn("admin action failed", append(attrs, "error", err)...)
+		return
+	}
+	h.cfg.logger.Info("admin action", attrs...)
+}

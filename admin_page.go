@@ -1,0 +1,167 @@
+package subscriptions
+
+import (
+	_ "embed"
+	"encoding/json"
+	"html/template"
+	"net/http"
+	"net/url"
+	"time"
+)
+
+//go:embed admin_page.html
+var adminPageHTML string
+
+func parseAdminPage() (*template.Template, error) {
+	return template.New("admin").Funcs(template.FuncMap{
+		"seconds": func(s float64) string {
+			if s <= 0 {
+				return "0s"
+			}
+			return time.Duration(s * float64(time.Second)).Round(time.Millisecond).String()
+		},
+		"when": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
+		"query": func(kv ...string) string {
+			v := url.Values{}
+			for i := 0; i+1 < len(kv); i += 2 {
+				v.Set(kv[i], kv[i+1])
+			}
+			return "?" + v.Encode()
+		},
+	}).Parse(adminPageHTML)
+}
+
+// adminPageData is what the page template renders.
+type adminPageData struct {
+	Caller      string
+	Token       string
+	Subscribers []adminStatus
+	Selected    string
+	Parked      *ParkedPage
+	ParkedError string
+	Detail      *adminParkedDetail
+	Payload     string
+	Notice      string
+	Failure     string
+}
+
+// adminNotices are the fixed messages a redirect after an action may
+// show (the query names one; no text from the URL is echoed).
+var adminNotices = map[string]string{
+	"replayed":  "Replayed: the event is no longer parked.",
+	"discarded": "Discarded: the event was removed from the parking lot (audit-logged).",
+}
+
+func (h *adminHandler) servePage(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	caller, ref := h.authorize(r, AdminRead, q.Get("subscriber"))
+	if ref != nil {
+		http.Error(w, ref.reason, ref.status)
+		return
+	}
+	h.renderPage(w, r, caller, http.StatusOK, adminNotices[q.Get("done")], "")
+}
+
+// renderPage renders the page for the request's query (selected
+// subscriber, after cursor, shown event) with a notice or a failure.
+func (h *adminHandler) renderPage(w http.ResponseWriter, r *http.Request, caller string, status int, notice, failure string) {
+	ctx := r.Context()
+	q := r.URL.Query()
+	if r.Method == http.MethodPost {
+		q = url.Values{"subscriber": {r.PostFormValue("subscriber")}}
+	}
+	d := adminPageData{Caller: caller, Token: h.csrfToken(caller), Subscribers: h.statuses(ctx), Notice: notice, Failure: failure}
+	if name := q.Get("subscriber"); name != "" {
+		s, ok := h.subs[name]
+		if !ok {
+			status, d.Failure = http.StatusNotFound, "Unknown subscriber "+name+"."
+		} else {
+			d.Selected = name
+			f, err := parkedFilter(r)
+			if err == nil {
+				var page ParkedPage
+				if page, err = s.ListParkedPage(ctx, f); err == nil {
+					d.Parked = &page
+				}
+			}
+			if err != nil {
+				d.ParkedError = err.Error()
+			}
+			if id := q.Get("event"); id != "" {
+				det, err := h.parkedDetail(ctx, s, id)
+				if err != nil {
+					d.ParkedError = err.Error()
+				} else {
+					d.Detail = &det
+					if det.Event != nil {
+						b, _ := json.MarshalIndent(det.Event.Payload, "", "  ")
+						d.Payload = string(b)
+					}
+				}
+			}
+		}
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+	w.WriteHeader(status)
+	if err := h.page.Execute(w, d); err != nil {
+		h.cfg.logger.Error("admin page: render failed", "error", err)
+	}
+}
+
+// uiAction serves the page's replay and discard forms: authorization,
+// the cross-site checks and the anti-CSRF token, then Post/Redirect/Get
+// on success, or the page with the failure (and its status) otherwise.
+func (h *adminHandler) uiAction(action AdminAction) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		r.Body = http.MaxBytesReader(w, r.Body, adminMaxBody)
+		name, id := r.PostFormValue("subscriber"), r.PostFormValue("event_id")
+		caller, ref := h.authorize(r, action, name)
+		if ref == nil {
+			if ref = h.sameOrigin(r); ref == nil && !h.validToken(caller, r.PostFormValue("csrf")) {
+				ref = &adminRefusal{http.StatusForbidden, "missing or invalid anti-CSRF token (reload the page)"}
+			}
+			if ref != nil {
+				h.cfg.logger.Warn("admin request refused", "reason", ref.reason, "action", string(action), "caller", caller,
+					"subscriber", name, "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
+			}
+		}
+		if ref != nil {
+			http.Error(w, ref.reason, ref.status)
+			return
+		}
+		s, ok := h.subs[name]
+		if !ok {
+			h.renderPage(w, r, caller, http.StatusNotFound, "", "Unknown subscriber "+name+".")
+			return
+		}
+		var err error
+		status := http.StatusOK
+		switch action {
+		case AdminReplay:
+			status, err = h.replayOne(r, s, caller, id)
+		case AdminDiscard:
+			// The form's checkbox is required by the browser; a request
+			// without it (a misfired script, an old page) changes nothing.
+			if r.PostFormValue("confirm") != "yes" {
+				h.renderPage(w, r, caller, http.StatusBadRequest, "", "Not discarded: tick \"sure\" next to Discard to confirm.")
+				return
+			}
+			var p ParkedEvent
+			p, err = s.DiscardParked(r.Context(), id, caller)
+			h.audit(r, caller, AdminDiscard, s.name, err, "event_id", id, "event_type", p.EventType, "position", p.Position, "parked_error", p.Error)
+			if err != nil {
+				status = errorStatus(err, false)
+			}
+		}
+		if err != nil {
+			h.renderPage(w, r, caller, status, "", err.Error())
+			return
+		}
+		done := map[AdminAction]string{AdminReplay: "replayed", AdminDiscard: "discarded"}[action]
+		// Relative on purpose: http.Redirect would resolve it against the
+		// path below the mount prefix.
+		w.Header().Set("Location", "../?"+(url.Values{"subscriber": {name}, "done": {done}}).Encode())
+		w.WriteHeader(http.StatusSeeOther)
+	}
+}

@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"gorm.io/driver/postgres"
+	"gorm.io/driver/sqlite"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/internal/dsn"
+	"github.com/eventfeed/subscriptions/internal/secret"
+)
+
+// connectTimeout bounds connecting to Postgres.
+const connectTimeout = 10 * time.Second
+
+// database is an opened database with the module's stores on it.
+type database struct {
+	db          *gorm.DB
+	kind        string // "postgres" or "sqlite"
+	events      *infrastructure.GormEventStore
+	checkpoints *subscriptions.GormCheckpointStore
+	parking     *subscriptions.GormParkingLot
+	close       func()
+}
+
+func isPostgres(d string) bool {
+	if strings.HasPrefix(d, "postgres://") || strings.HasPrefix(d, "postgresql://") {
+		return true
+	}
+	for _, k := range []string{"host=", "dbname=", "user=", "port="} {
+		if strings.Contains(d, k) {
+			return true
+		}
+	}
+	return false
+}
+
+// secretsOf returns what must never be printed of d.
+func secretsOf(d string) []string {
+	s := secret.FromDSN(d)
+	if isPostgres(d) {
+		if cfg, err := pgx.ParseConfig(d); err == nil && cfg.Password != "" {
+			s = secret.Normalize(append(s, cfg.Password))
+		}
+	}
+	return s
+}
+
+func (c *cli) scrub(msg string) string { return secret.Scrub(msg, c.secrets) }
+
+// openDatabase opens d and the module's stores. A database without the
+// module's checkpoint table is refused rather than given one: a mistyped
+// DSN must not create tables (or, for SQLite, a new file).
+func openDatabase(ctx context.Context, d string) (*database, error) {
+	var (
+		db    *gorm.DB
+		kind  string
+		close func()
+	)
+	cfg := &gorm.Config{Logger: logger.Discard}
+	if isPostgres(d) {
+		kind = "postgres"
+		pgcfg, err := pgx.ParseConfig(d)
+		if err != nil {
+			msg := err.Error()
+			// pgx quotes the DSN; keep the reason only.
+			if i := strings.LastIndex(msg, "`: "); strings.HasPrefix(msg, "cannot parse `") && i >= 0 {
+				msg = msg[i+3:]
+			}
+			return nil, fmt.Errorf("invalid Postgres DSN: %s (want postgres://user[:password]@host[:port]/database or key=value pairs)", msg)
+		}
+		if pgcfg.ConnectTimeout <= 0 || pgcfg.ConnectTimeout > connectTimeout {
+			pgcfg.ConnectTimeout = connectTimeout
+		}
+		target := fmt.Sprintf("Postgres at %s:%d (database %q, user %q)", pgcfg.Host, pgcfg.Port, pgcfg.Database, pgcfg.User)
+		pool := stdlib.OpenDB(*pgcfg)
+		pool.SetMaxOpenConns(2)
+		pctx, cancel := context.WithTimeout(ctx, connectTimeout)
+		err = pool.PingContext(pctx)
+		cancel()
+		if err != nil {
+			pool.Close()
+			return nil, fmt.Errorf("cannot connect to %s: %w", target, err)
+		}
+		if db, err = gorm.Open(postgres.New(postgres.Config{Conn: pool}), cfg); err != nil {
+			pool.Close()
+			return nil, fmt.Errorf("open %s: %w", target, err)
+		}
+		close = func() { pool.Close() }
+	} else {
+		kind = "sqlite"
+		path, full := d, d
+		if strings.HasPrefix(d, "sqlite:") {
+			path = strings.TrimPrefix(d, "sqlite:")
+			full = path
+		}
+		if strings.HasPrefix(path, "file:") {
+			path, _, _ = strings.Cut(strings.TrimPrefix(path, "file:"), "?")
+		} else {
+			full = dsn.SQLiteFile(path)
+		}
+		if st, err := os.Stat(path); err != nil {
+			return nil, fmt.Errorf("SQLite database %s: %w (a Postgres DSN starts with postgres:// or has host=...)", path, err)
+		} else if st.IsDir() {
+			return nil, fmt.Errorf("SQLite database %s is a directory", path)
+		}
+		var err error
+		if db, err = gorm.Open(sqlite.Open(full), cfg); err != nil {
+			return nil, fmt.Errorf("open SQLite database %s: %w", path, err)
+		}
+		pool, err := db.DB()
+		if err != nil {
+			return nil, fmt.Errorf("open SQLite database %s: %w", path, err)
+		}
+		close = func() { pool.Close() }
+	}
+	fail := func(err error) (*database, error) {
+		close()
+		return nil, err
+	}
+	if ok, err := hasTable(ctx, db, kind, "subscriber_checkpoints"); err != nil {
+		return fail(fmt.Errorf("read the database's tables: %w", err))
+	} else if !ok {
+		return fail(errors.New("this database has no subscriber_checkpoints table: no subscriber ever ran here (is the DSN, or its search_path, right?)"))
+	}
+	out := &database{db: db, kind: kind, close: close}
+	var err error
+	if out.events, err = infrastructure.NewGormEventStore(db); err != nil {
+		return fail(err)
+	}
+	if out.checkpoints, err = subscriptions.NewGormCheckpointStore(db); err != nil {
+		return fail(err)
+	}
+	if out.parking, err = subscriptions.NewGormParkingLot(db); err != nil {
+		return fail(err)
+	}
+	return out, nil
+}
+
+func hasTable(ctx context.Context, db *gorm.DB, kind, table string) (bool, error) {
+	var n int
+	q := "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?"
+	if kind == "postgres" {
+		q = "SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = current_schema() AND tablename = ?"
+	}
+	err := db.WithContext(ctx).Raw(q, table).Scan(&n).Error
+	return n > 0, err
+}
+
+// subscriberNames lists every subscriber with a checkpoint or a parked
+// event, sorted.
+func (d *database) subscriberNames(ctx context.Context) ([]string, error) {
+	var names []string
+	err := d.db.WithContext(ctx).Raw(`SELECT subscriber FROM subscriber_checkpoints
+		UNION SELECT subscriber FROM parked_events ORDER BY 1`).Scan(&names).Error
+	if err != nil {
+		return nil, fmt.Errorf("list subscribers: %w", err)
+	}
+	return names, nil
+}
+
+// subscriber is a Subscriber for name over the database's stores. Its
+// handler refuses to run: the CLI never processes events. Its log lines
+// (the audit line of a discard, a reset) go to stderr.
+func (d *database) subscriber(name string, log *slog.Logger) (*subscriptions.Subscriber, error) {
+	return subscriptions.NewSubscriber(name, d.events, d.checkpoints, func(context.Context, domain.EventEnvelope[any]) error {
+		return errors.New("the subscriptions CLI has no event handler")
+	}, subscriptions.WithParkingLot(d.parking), subscriptions.WithLogger(log))
+}
