@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/migrations"
 )
 
 func (c *cli) logger() *slog.Logger {
@@ -274,5 +275,29 @@ func (c *cli) reset(ctx context.Context, d *database, name, positionArg string) 
 		return c.printJSON(map[string]any{"subscriber": name, "from": current, "position": position})
 	}
 	fmt.Fprintf(c.stdout, "reset: subscriber %q from position %d to %d\n", name, current, position)
+	return nil
+}
+
+// migrate applies the module's migration files to the database
+// (migrations.Migrate), or with -verify only checks that they are applied
+// (migrations.Verify): the step a deployment runs, with a role allowed to
+// create tables, before applications start with WithSchemaVerifyOnly.
+func (c *cli) migrate(ctx context.Context) error {
+	db, _, closeDB, err := openHandle(ctx, c.dsn)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	if c.verify {
+		if err := migrations.Verify(ctx, db); err != nil {
+			return err
+		}
+		fmt.Fprintln(c.stdout, "schema is current")
+		return nil
+	}
+	if err := migrations.Migrate(ctx, db); err != nil {
+		return err
+	}
+	fmt.Fprintln(c.stdout, "schema migrated")
 	return nil
 }

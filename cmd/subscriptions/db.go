@@ -65,11 +65,16 @@ func (c *cli) scrub(msg string) string { return secret.Scrub(msg, c.secrets) }
 // module's checkpoint table is refused rather than given one: a mistyped
 // DSN must not create tables (or, for SQLite, a new file).
 func openDatabase(ctx context.Context, d string) (*database, error) {
-	var (
-		db    *gorm.DB
-		kind  string
-		close func()
-	)
+	db, kind, close, err := openHandle(ctx, d)
+	if err != nil {
+		return nil, err
+	}
+	return withStores(ctx, db, kind, close)
+}
+
+// openHandle opens d without reading or creating any table. A SQLite file
+// must exist: a mistyped path must not create one.
+func openHandle(ctx context.Context, d string) (db *gorm.DB, kind string, close func(), err error) {
 	cfg := &gorm.Config{Logger: logger.Discard}
 	if isPostgres(d) {
 		kind = "postgres"
@@ -80,7 +85,7 @@ func openDatabase(ctx context.Context, d string) (*database, error) {
 			if i := strings.LastIndex(msg, "`: "); strings.HasPrefix(msg, "cannot parse `") && i >= 0 {
 				msg = msg[i+3:]
 			}
-			return nil, fmt.Errorf("invalid Postgres DSN: %s (want postgres://user[:password]@host[:port]/database or key=value pairs)", msg)
+			return nil, "", nil, fmt.Errorf("invalid Postgres DSN: %s (want postgres://user[:password]@host[:port]/database or key=value pairs)", msg)
 		}
 		if pgcfg.ConnectTimeout <= 0 || pgcfg.ConnectTimeout > connectTimeout {
 			pgcfg.ConnectTimeout = connectTimeout
@@ -93,11 +98,11 @@ func openDatabase(ctx context.Context, d string) (*database, error) {
 		cancel()
 		if err != nil {
 			pool.Close()
-			return nil, fmt.Errorf("cannot connect to %s: %w", target, err)
+			return nil, "", nil, fmt.Errorf("cannot connect to %s: %w", target, err)
 		}
 		if db, err = gorm.Open(postgres.New(postgres.Config{Conn: pool}), cfg); err != nil {
 			pool.Close()
-			return nil, fmt.Errorf("open %s: %w", target, err)
+			return nil, "", nil, fmt.Errorf("open %s: %w", target, err)
 		}
 		close = func() { pool.Close() }
 	} else {
@@ -113,20 +118,24 @@ func openDatabase(ctx context.Context, d string) (*database, error) {
 			full = dsn.SQLiteFile(path)
 		}
 		if st, err := os.Stat(path); err != nil {
-			return nil, fmt.Errorf("SQLite database %s: %w (a Postgres DSN starts with postgres:// or has host=...)", path, err)
+			return nil, "", nil, fmt.Errorf("SQLite database %s: %w (a Postgres DSN starts with postgres:// or has host=...)", path, err)
 		} else if st.IsDir() {
-			return nil, fmt.Errorf("SQLite database %s is a directory", path)
+			return nil, "", nil, fmt.Errorf("SQLite database %s is a directory", path)
 		}
-		var err error
 		if db, err = gorm.Open(sqlite.Open(full), cfg); err != nil {
-			return nil, fmt.Errorf("open SQLite database %s: %w", path, err)
+			return nil, "", nil, fmt.Errorf("open SQLite database %s: %w", path, err)
 		}
 		pool, err := db.DB()
 		if err != nil {
-			return nil, fmt.Errorf("open SQLite database %s: %w", path, err)
+			return nil, "", nil, fmt.Errorf("open SQLite database %s: %w", path, err)
 		}
 		close = func() { pool.Close() }
 	}
+	return db, kind, close, nil
+}
+
+// withStores checks that d has the module's tables and builds the stores.
+func withStores(ctx context.Context, db *gorm.DB, kind string, close func()) (*database, error) {
 	fail := func(err error) (*database, error) {
 		close()
 		return nil, err

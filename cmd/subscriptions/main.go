@@ -52,6 +52,8 @@ commands:
   parked discard [-subscriber S] EVENT_ID   remove a parked event without processing it (asks first)
   parked replay ...                         not here: replay needs the application's handler (see below)
   reset SUBSCRIBER POSITION                 set a subscriber's checkpoint (asks first)
+  migrate [-verify]                         apply the module's schema migrations (migrations.Migrate);
+                                            -verify only checks them (migrations.Verify), changing nothing
 
 flags (anywhere on the line):
   -dsn DSN     database: a Postgres URL or key=value DSN, or a SQLite file (PATH or file:PATH?params);
@@ -90,6 +92,7 @@ type cli struct {
 	aggregate  string
 	after      int64
 	limit      int
+	verify     bool
 
 	stdin          io.Reader
 	stdout, stderr io.Writer
@@ -216,6 +219,11 @@ func (c *cli) dispatch(ctx context.Context, args []string, getenv func(string) s
 		if err == nil && len(pos) != 2 {
 			err = usageError{fmt.Sprintf("reset: want SUBSCRIBER POSITION, got %d arguments", len(pos))}
 		}
+	case "migrate":
+		pos, err = c.flags(cmd, rest, func(fs *flag.FlagSet) { fs.BoolVar(&c.verify, "verify", false, "") })
+		if err == nil && len(pos) != 0 {
+			err = usageError{fmt.Sprintf("migrate: takes no arguments, got %d", len(pos))}
+		}
 	default:
 		return usageError{fmt.Sprintf("unknown command %q", cmd)}
 	}
@@ -229,6 +237,9 @@ func (c *cli) dispatch(ctx context.Context, args []string, getenv func(string) s
 		return usageError{"no database: pass -dsn DSN or set SUBSCRIPTIONS_DSN"}
 	}
 	c.secrets = secretsOf(c.dsn)
+	if cmd == "migrate" {
+		return c.migrate(ctx)
+	}
 	db, err := openDatabase(ctx, c.dsn)
 	if err != nil {
 		return err
