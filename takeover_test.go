@@ -18,46 +18,6 @@ import (
 	"github.com/eventfeed/subscriptions/internal/dbtest"
 )
 
-// The original module's documented models, copied verbatim from its
-// documentation (shared/spec/subscriptions-api.md): the original creates
-// its tables with GORM AutoMigrate of these.
-type GormCheckpointModel struct {
-	Subscriber string    `gorm:"primaryKey;column:subscriber"`
-	Position   int64     `gorm:"column:position;not null"`
-	UpdatedAt  time.Time `gorm:"column:updated_at"`
-}
-
-func (GormCheckpointModel) TableName() string { return "subscriber_checkpoints" }
-
-type GormParkedEventModel struct {
-	Subscriber string    `gorm:"primaryKey;column:subscriber"`
-	EventID    string    `gorm:"primaryKey;column:event_id"`
-	EventType  string    `gorm:"column:event_type"`
-	Position   int64     `gorm:"column:position"`
-	Error      string    `gorm:"column:error"`
-	Attempts   int       `gorm:"column:attempts"`
-	ParkedAt   time.Time `gorm:"column:parked_at"`
-}
-
-func (GormParkedEventModel) TableName() string { return "parked_events" }
-
-// originalEventModel is the original's events table as its documentation
-// describes it (shared/spec/domain-and-infrastructure.md), with GORM's
-// default index names.
-type originalEventModel struct {
-	ID            string    `gorm:"primaryKey;column:id"`
-	AggregateID   string    `gorm:"column:aggregate_id;not null;uniqueIndex:idx_events_aggregate_sequence"`
-	EventType     string    `gorm:"column:event_type;not null"`
-	SequenceNo    int       `gorm:"column:sequence_no;not null;uniqueIndex:idx_events_aggregate_sequence"`
-	TransactionID string    `gorm:"column:transaction_id;index"`
-	Position      int64     `gorm:"column:position;not null;uniqueIndex"`
-	Payload       []byte    `gorm:"column:payload;type:jsonb"`
-	Metadata      []byte    `gorm:"column:metadata;type:jsonb"`
-	CreatedAt     time.Time `gorm:"column:created_at"`
-}
-
-func (originalEventModel) TableName() string { return "events" }
-
 // takeoverDB is a database the original module wrote, reachable through
 // new pools as other processes would open it.
 type takeoverDB struct {
@@ -80,16 +40,7 @@ func takeoverDBs() []takeoverDB {
 // parked for it.
 func originalFixture(t *testing.T, db *gorm.DB, postgres bool) []string {
 	t.Helper()
-	require.NoError(t, db.AutoMigrate(&GormCheckpointModel{}, &GormParkedEventModel{}, &originalEventModel{}))
-	if postgres {
-		for _, stmt := range []string{
-			`CREATE SEQUENCE events_position_seq OWNED BY events.position`,
-			`ALTER TABLE events ALTER COLUMN position SET DEFAULT nextval('events_position_seq')`,
-			`ALTER TABLE events ADD COLUMN xact_id xid8 NOT NULL DEFAULT pg_current_xact_id()`,
-		} {
-			require.NoError(t, db.Exec(stmt).Error, stmt)
-		}
-	}
+	dbtest.CreateOriginalSchema(t, db, false)
 	var ids []string
 	created := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 	for i := 1; i <= 10; i++ {
@@ -102,13 +53,13 @@ func originalFixture(t *testing.T, db *gorm.DB, postgres bool) []string {
 			require.NoError(t, db.Exec(`INSERT INTO events (id, aggregate_id, event_type, sequence_no, transaction_id, payload, metadata, created_at)
 				VALUES (?, ?, 'orig.happened', ?, 'orig-tx', ?::jsonb, '{}'::jsonb, ?)`, id, agg, seq, payload, created).Error)
 		} else {
-			require.NoError(t, db.Create(&originalEventModel{ID: id, AggregateID: agg, EventType: "orig.happened", SequenceNo: seq,
+			require.NoError(t, db.Create(&dbtest.OriginalEvent{ID: id, AggregateID: agg, EventType: "orig.happened", SequenceNo: seq,
 				TransactionID: "orig-tx", Position: int64(i), Payload: []byte(payload), Metadata: []byte(`{}`), CreatedAt: created}).Error)
 		}
 		ids = append(ids, id)
 	}
-	require.NoError(t, db.Create(&GormCheckpointModel{Subscriber: "orig-sub", Position: 6, UpdatedAt: created}).Error)
-	require.NoError(t, db.Create(&GormParkedEventModel{Subscriber: "orig-sub", EventID: ids[3], EventType: "orig.happened",
+	require.NoError(t, db.Create(&dbtest.OriginalCheckpoint{Subscriber: "orig-sub", Position: 6, UpdatedAt: created}).Error)
+	require.NoError(t, db.Create(&dbtest.OriginalParkedEvent{Subscriber: "orig-sub", EventID: ids[3], EventType: "orig.happened",
 		Position: 4, Error: "original failure", Attempts: 6, ParkedAt: created}).Error)
 	return ids
 }
@@ -126,9 +77,9 @@ func takeoverSnapshot(t *testing.T, db *gorm.DB) string {
 	require.NoError(t, db.Raw(`SELECT id, aggregate_id, event_type, sequence_no, transaction_id, position,
 		CAST(payload AS TEXT) AS payload, CAST(metadata AS TEXT) AS metadata, created_at
 		FROM events ORDER BY position`).Scan(&events).Error)
-	var cps []GormCheckpointModel
+	var cps []dbtest.OriginalCheckpoint
 	require.NoError(t, db.Raw("SELECT subscriber, position, updated_at FROM subscriber_checkpoints ORDER BY subscriber").Scan(&cps).Error)
-	var parked []GormParkedEventModel
+	var parked []dbtest.OriginalParkedEvent
 	require.NoError(t, db.Raw(`SELECT subscriber, event_id, event_type, position, error, attempts, parked_at
 		FROM parked_events ORDER BY subscriber, event_id`).Scan(&parked).Error)
 	require.Len(t, events, 10)
@@ -250,7 +201,7 @@ func TestTakeOverOriginalDatabase(t *testing.T) {
 
 			// A row written through the documented model after the takeover is
 			// complete: listed, and replayable.
-			require.NoError(t, db.Create(&GormParkedEventModel{Subscriber: "orig-sub", EventID: ids[1], EventType: "orig.happened",
+			require.NoError(t, db.Create(&dbtest.OriginalParkedEvent{Subscriber: "orig-sub", EventID: ids[1], EventType: "orig.happened",
 				Position: 2, Error: "written through the model", Attempts: 1, ParkedAt: time.Now()}).Error)
 			parked, err = sub.ListParked(ctx)
 			require.NoError(t, err)
@@ -272,7 +223,7 @@ func TestTakeOverOriginalDatabase(t *testing.T) {
 
 // TestParkedModelRowIsReadByTheLibrary: on a table the library created, a
 // row written through the documented model (subscriptions.
-// GormParkedEventModel, which has no key columns) is complete: listed,
+// dbtest.OriginalParkedEvent, which has no key columns) is complete: listed,
 // re-parked and replayed like one the library parked.
 func TestParkedModelRowIsReadByTheLibrary(t *testing.T) {
 	for _, b := range gormEnvs() {

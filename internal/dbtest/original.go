@@ -7,17 +7,22 @@ import (
 	"gorm.io/gorm"
 )
 
-// The original module's models, copied from its documentation: the tables
-// it creates with GORM AutoMigrate. (Its event model's tags are not
+// The original module's models, copied from its documentation
+// (shared/spec/subscriptions-api.md, GormCheckpointModel and
+// GormParkedEventModel): the tables it creates with GORM AutoMigrate. The
+// one copy for every test that needs the original's schema or writes rows
+// as the original does. (Its event model's tags are not
 // documented; these give the documented columns, keys and indexes the
 // names GORM would.)
 type (
-	originalCheckpoint struct {
+	// OriginalCheckpoint is the original's GormCheckpointModel.
+	OriginalCheckpoint struct {
 		Subscriber string    `gorm:"primaryKey;column:subscriber"`
 		Position   int64     `gorm:"column:position;not null"`
 		UpdatedAt  time.Time `gorm:"column:updated_at"`
 	}
-	originalParkedEvent struct {
+	// OriginalParkedEvent is the original's GormParkedEventModel.
+	OriginalParkedEvent struct {
 		Subscriber string    `gorm:"primaryKey;column:subscriber"`
 		EventID    string    `gorm:"primaryKey;column:event_id"`
 		EventType  string    `gorm:"column:event_type"`
@@ -26,7 +31,8 @@ type (
 		Attempts   int       `gorm:"column:attempts"`
 		ParkedAt   time.Time `gorm:"column:parked_at"`
 	}
-	originalEvent struct {
+	// OriginalEvent is the original's events table.
+	OriginalEvent struct {
 		ID            string    `gorm:"primaryKey;column:id"`
 		AggregateID   string    `gorm:"column:aggregate_id;not null;uniqueIndex:idx_aggregate_sequence,priority:1"`
 		EventType     string    `gorm:"column:event_type;not null"`
@@ -39,9 +45,9 @@ type (
 	}
 )
 
-func (originalCheckpoint) TableName() string  { return "subscriber_checkpoints" }
-func (originalParkedEvent) TableName() string { return "parked_events" }
-func (originalEvent) TableName() string       { return "events" }
+func (OriginalCheckpoint) TableName() string  { return "subscriber_checkpoints" }
+func (OriginalParkedEvent) TableName() string { return "parked_events" }
+func (OriginalEvent) TableName() string       { return "events" }
 
 // OriginalRows is what CreateOriginalSchema stored: the events in feed
 // order, one subscriber's checkpoint (after the third event) and one
@@ -59,7 +65,7 @@ type OriginalRows struct {
 // writes them: five events, a checkpoint and a parked event.
 func CreateOriginalSchema(t testing.TB, db *gorm.DB, rows bool) OriginalRows {
 	t.Helper()
-	if err := db.AutoMigrate(&originalEvent{}, &originalCheckpoint{}, &originalParkedEvent{}); err != nil {
+	if err := db.AutoMigrate(&OriginalEvent{}, &OriginalCheckpoint{}, &OriginalParkedEvent{}); err != nil {
 		t.Fatalf("dbtest: original schema: %v", err)
 	}
 	if db.Name() == "postgres" {
@@ -79,7 +85,7 @@ func CreateOriginalSchema(t testing.TB, db *gorm.DB, rows bool) OriginalRows {
 	out := OriginalRows{Subscriber: "original-subscriber", Checkpoint: 3}
 	created := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	for i := 1; i <= 5; i++ {
-		ev := originalEvent{
+		ev := OriginalEvent{
 			ID: "original-event-" + string(rune('0'+i)), AggregateID: "original-agg", EventType: "original.happened",
 			SequenceNo: i, TransactionID: "original-tx", Position: int64(i),
 			Payload: []byte(`{"n":` + string(rune('0'+i)) + `}`), Metadata: []byte(`{}`), CreatedAt: created,
@@ -89,11 +95,11 @@ func CreateOriginalSchema(t testing.TB, db *gorm.DB, rows bool) OriginalRows {
 		}
 		out.EventIDs = append(out.EventIDs, ev.ID)
 	}
-	if err := db.Create(&originalCheckpoint{Subscriber: out.Subscriber, Position: out.Checkpoint, UpdatedAt: created}).Error; err != nil {
+	if err := db.Create(&OriginalCheckpoint{Subscriber: out.Subscriber, Position: out.Checkpoint, UpdatedAt: created}).Error; err != nil {
 		t.Fatalf("dbtest: original checkpoint: %v", err)
 	}
 	out.ParkedID = out.EventIDs[1]
-	if err := db.Create(&originalParkedEvent{Subscriber: out.Subscriber, EventID: out.ParkedID, EventType: "original.happened",
+	if err := db.Create(&OriginalParkedEvent{Subscriber: out.Subscriber, EventID: out.ParkedID, EventType: "original.happened",
 		Position: 2, Error: "original failure", Attempts: 6, ParkedAt: created}).Error; err != nil {
 		t.Fatalf("dbtest: original parked event: %v", err)
 	}
