@@ -68,6 +68,10 @@ func TestPostgresAppendsWaitingForTheLockShareOneTransaction(t *testing.T) {
 				{aggregate: "co-stored", expected: 0, events: []domain.EventEnvelope[any]{stored}, want: domain.ErrAlreadyAppended},
 				{aggregate: "co-canceled", expected: 0, want: context.Canceled, cancel: true},
 				{aggregate: "co-ok-3", expected: 0},
+				// Refused before the batch is sent: no version fits the
+				// sequence numbers. Answered however the transaction ends.
+				{aggregate: "co-gap", expected: 0, events: withSeqs("co-gap", 1, 3), want: domain.ErrInvalidEvent},
+				{aggregate: "co-behind", expected: 2, events: withSeqs("co-behind", 1, 2), want: domain.ErrConcurrencyConflict},
 			}
 			if c.refuse {
 				// A stored event ID under another aggregate passes every
@@ -163,3 +167,13 @@ func TestPostgresAppendsWaitingForTheLockShareOneTransaction(t *testing.T) {
 
 // errRefused marks the call the test trigger refuses.
 var errRefused = errors.New("refused")
+
+// withSeqs is one event per sequence number, for aggregate.
+func withSeqs(aggregate string, seqs ...int) []domain.EventEnvelope[any] {
+	out := make([]domain.EventEnvelope[any], len(seqs))
+	for i, seq := range seqs {
+		out[i] = newEvent(aggregate, "x", i)
+		out[i].SequenceNo = seq
+	}
+	return out
+}

@@ -135,7 +135,8 @@ func (s *GormEventStore) Append(ctx context.Context, aggregateID string, expecte
 	// input never takes the append lock. The aggregate's version is not
 	// known yet (-1): the version check and sequence numbers are checked
 	// again inside the transaction.
-	if _, err := prepareAppend(aggregateID, expectedVersion, -1, events); err != nil {
+	given, err := prepareAppend(aggregateID, expectedVersion, -1, events)
+	if err != nil {
 		return err
 	}
 	if len(events) == 0 {
@@ -154,13 +155,13 @@ func (s *GormEventStore) Append(ctx context.Context, aggregateID string, expecte
 	// The pipelined Postgres path when the pool is pgx's (the
 	// gorm.io/driver/postgres default), the portable one otherwise.
 	if s.postgres && s.pool != nil && !s.portableOnly && !s.notPgx.Load() {
-		err := s.appendPipelined(ctx, aggregateID, expectedVersion, events)
+		err := s.appendPipelined(ctx, aggregateID, expectedVersion, events, given)
 		if !errors.Is(err, errNotPgx) {
 			return err
 		}
 		s.notPgx.Store(true)
 	}
-	err := s.appendOnce(ctx, aggregateID, expectedVersion, events, s.postgres)
+	err = s.appendOnce(ctx, aggregateID, expectedVersion, events, s.postgres)
 	if s.postgres && isNotifyFailure(err) {
 		// A full notification queue must not fail the append: notifications
 		// are wake-ups, and subscribers poll anyway. (On a caller's
@@ -280,8 +281,14 @@ func (s *GormEventStore) appendOnce(ctx context.Context, aggregateID string, exp
 		if err != nil {
 			return err
 		}
-		if err := checkStoredIDs(aggregateID, expectedVersion, events, stored); err != nil {
-			return err
+		if len(stored) > 0 {
+			given, err := prepareAppend(aggregateID, expectedVersion, -1, events)
+			if err != nil {
+				return err
+			}
+			if err := checkStoredIDs(aggregateID, expectedVersion, events, payloadsOf(given), stored); err != nil {
+				return err
+			}
 		}
 		prepared, err := prepareAppend(aggregateID, expectedVersion, heads.Version, events)
 		if err != nil {
@@ -298,6 +305,9 @@ func (s *GormEventStore) appendOnce(ctx context.Context, aggregateID string, exp
 		}
 		if notify {
 			if err := tx.Exec("SELECT pg_notify(?, '')", PostgresNotifyChannel).Error; err != nil {
+				if !isNotifyFailure(err) { // a lost connection, a cancellation
+					return fmt.Errorf("notify subscribers: %w", err)
+				}
 				return notifyError{err}
 			}
 		}
