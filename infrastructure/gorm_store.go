@@ -165,7 +165,8 @@ func (s *GormEventStore) Append(ctx context.Context, aggregateID string, expecte
 	if s.postgres && isNotifyFailure(err) {
 		// A full notification queue must not fail the append: notifications
 		// are wake-ups, and subscribers poll anyway. (On a caller's
-		// transaction the NOTIFY is queued until its commit instead.)
+		// transaction the NOTIFY is queued until the caller's COMMIT, which
+		// the full queue then fails: see docs/appends.md.)
 		err = s.appendOnce(ctx, aggregateID, expectedVersion, events, false)
 	}
 	return err
