@@ -130,6 +130,8 @@ func NewGormEventStore(db *gorm.DB) (*GormEventStore, error) {
 
 // Append stores events for one aggregate atomically; see domain.EventStore.
 // Nothing is stored when any event is invalid or the version check fails.
+// It keeps no reference to events once it returns, even when it gives up
+// on an append that may still commit: the caller may reuse them.
 func (s *GormEventStore) Append(ctx context.Context, aggregateID string, expectedVersion int, events ...domain.EventEnvelope[any]) error {
 	// Validate what can be checked without the database first, so bad
 	// input never takes the append lock. The aggregate's version is not
