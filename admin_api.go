@@ -116,7 +116,7 @@ func errorStatus(err error, replay bool) int {
 		return http.StatusConflict
 	case errors.Is(err, ErrEventNotParked) && replay, errors.Is(err, ErrParkedAfterCheckpoint):
 		return http.StatusConflict
-	case errors.Is(err, ErrEventNotParked):
+	case errors.Is(err, ErrEventNotParked), errors.Is(err, domain.ErrEventNotFound):
 		return http.StatusNotFound
 	case errors.Is(err, ErrNoParkingLot), errors.Is(err, ErrParkingLotNotManaged):
 		return http.StatusConflict

@@ -184,7 +184,7 @@ func TestAdminHandler(t *testing.T) {
 					{"unknown subscriber's parked", "GET", adminPath("nobody", "parked"), "alice", "", "", nil, 404},
 					{"unknown event", "GET", adminPath("admin-sub", "parked", "no-such-event"), "alice", "", "", nil, 404},
 					{"discard unknown event", "DELETE", adminPath("admin-sub", "parked", "no-such-event"), "alice", "", "", jsonCT, 404},
-					{"replay event not parked", "POST", adminPath("admin-sub", "parked", "no-such-event", "replay"), "alice", "", "{}", jsonCT, 409},
+					{"replay unknown event", "POST", adminPath("admin-sub", "parked", "no-such-event", "replay"), "alice", "", "{}", jsonCT, 404},
 					{"reset negative", "POST", adminPath("admin-sub", "reset"), "alice", "", `{"position":-1}`, jsonCT, 400},
 					{"reset without position", "POST", adminPath("admin-sub", "reset"), "alice", "", `{}`, jsonCT, 400},
 					{"reset not a number", "POST", adminPath("admin-sub", "reset"), "alice", "", `{"position":"x"}`, jsonCT, 400},

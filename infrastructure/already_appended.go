@@ -1,8 +1,11 @@
 package infrastructure
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
-	"reflect"
+	"strconv"
+	"strings"
 
 	"github.com/eventfeed/subscriptions/domain"
 )
@@ -29,8 +32,9 @@ type storedEvent struct {
 // Every store calls it with the events' IDs looked up where they cannot
 // change under it (under its lock or write transaction), before the
 // version check: a retry's expectedVersion is stale by construction.
-// events must have passed prepareAppend.
-func checkStoredIDs(aggregateID string, expectedVersion int, events []domain.EventEnvelope[any], stored map[string]storedEvent) error {
+// events must have passed prepareAppend; payloads are their payloads as
+// it encoded them (payloadsOf), in order.
+func checkStoredIDs(aggregateID string, expectedVersion int, events []domain.EventEnvelope[any], payloads [][]byte, stored map[string]storedEvent) error {
 	// stored may hold other appends' events too (a coalesced batch).
 	var found []storedEvent
 	for _, ev := range events {
@@ -67,7 +71,7 @@ func checkStoredIDs(aggregateID string, expectedVersion int, events []domain.Eve
 		case got.TransactionID != ev.TransactionID:
 			differs = fmt.Sprintf("transaction ID %q", got.TransactionID)
 		default:
-			if !samePayload(ev.Payload, got.Payload) {
+			if !samePayload(payloads[i], got.Payload) {
 				differs = "another payload"
 			}
 		}
@@ -78,15 +82,114 @@ func checkStoredIDs(aggregateID string, expectedVersion int, events []domain.Eve
 	return fmt.Errorf("%w: aggregate %q: the %d event(s) from ID %q (version %d) are stored exactly as given: the retry of an append that committed", domain.ErrAlreadyAppended, aggregateID, len(events), events[0].ID, firstSeq)
 }
 
-// samePayload compares a payload as given with a stored one through their
-// decoded JSON, so that a database's normalisation (jsonb reorders keys
-// and drops whitespace) does not matter.
-func samePayload(given any, stored []byte) bool {
-	encoded, err := encodeJSON(given)
-	if err != nil {
-		return false
+// payloadsOf is the encoded payloads of prepared events, in order.
+func payloadsOf(prepared []preparedEvent) [][]byte {
+	out := make([][]byte, len(prepared))
+	for i, p := range prepared {
+		out[i] = p.payload
 	}
-	a, errA := decodeJSON(encoded)
-	b, errB := decodeJSON(stored)
-	return errA == nil && errB == nil && reflect.DeepEqual(a, b)
+	return out
+}
+
+// samePayload compares an encoded payload with a stored one as JSON
+// values, so that a database's normalisation (jsonb reorders keys, drops
+// whitespace and writes numbers its own way: 1e2 as 100, 1.50 kept) does
+// not matter, while every difference in value does: numbers are compared
+// by exact decimal value (sameNumber), never through float64, which
+// would take 9007199254740993 for 9007199254740992.
+func samePayload(given, stored []byte) bool {
+	a, errA := decodeExact(given)
+	b, errB := decodeExact(stored)
+	return errA == nil && errB == nil && sameJSON(a, b)
+}
+
+// decodeExact decodes a JSON text keeping numbers as their text.
+func decodeExact(raw []byte) (any, error) {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return nil, nil
+	}
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+func sameJSON(a, b any) bool {
+	switch a := a.(type) {
+	case map[string]any:
+		b, ok := b.(map[string]any)
+		if !ok || len(a) != len(b) {
+			return false
+		}
+		for k, av := range a {
+			bv, ok := b[k]
+			if !ok || !sameJSON(av, bv) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		b, ok := b.([]any)
+		if !ok || len(a) != len(b) {
+			return false
+		}
+		for i := range a {
+			if !sameJSON(a[i], b[i]) {
+				return false
+			}
+		}
+		return true
+	case json.Number:
+		b, ok := b.(json.Number)
+		return ok && sameNumber(string(a), string(b))
+	default: // string, bool, nil
+		return a == b
+	}
+}
+
+// sameNumber compares two JSON numbers by exact value, through a
+// canonical form (sign, significant digits, exponent) rather than big.Rat,
+// so that a number like 1e999999999 costs nothing to compare.
+func sameNumber(a, b string) bool {
+	ca, okA := canonicalNumber(a)
+	cb, okB := canonicalNumber(b)
+	if !okA || !okB {
+		return a == b
+	}
+	return ca == cb
+}
+
+// canonicalNumber writes a JSON number as sign, significant digits
+// without leading or trailing zeros, and exponent: "-1.50e1" and "-15"
+// both as "-15e0"; every zero as "0". ok is false for an exponent beyond
+// int64 (then only identical texts compare equal).
+func canonicalNumber(s string) (string, bool) {
+	sign := ""
+	if strings.HasPrefix(s, "-") {
+		sign, s = "-", s[1:]
+	}
+	mant, exp := s, int64(0)
+	if i := strings.IndexAny(s, "eE"); i >= 0 {
+		e, err := strconv.ParseInt(strings.TrimPrefix(s[i+1:], "+"), 10, 64)
+		if err != nil {
+			return "", false
+		}
+		mant, exp = s[:i], e
+	}
+	digits := mant
+	if i := strings.IndexByte(mant, '.'); i >= 0 {
+		frac := mant[i+1:]
+		digits = mant[:i] + frac
+		exp -= int64(len(frac))
+	}
+	digits = strings.TrimLeft(digits, "0")
+	if digits == "" {
+		return "0", true
+	}
+	trimmed := strings.TrimRight(digits, "0")
+	exp += int64(len(digits) - len(trimmed))
+	return sign + trimmed + "e" + strconv.FormatInt(exp, 10), true
 }

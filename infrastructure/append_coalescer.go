@@ -53,8 +53,9 @@ type appendRequest struct {
 	ctx             context.Context
 	aggregateID     string
 	expectedVersion int
-	events          []domain.EventEnvelope[any]
-	done            chan error // buffered: the batch's result for this append
+	events          []domain.EventEnvelope[any] // without payloads and metadata: see prepared
+	prepared        []preparedEvent             // validated and encoded in Append
+	done            chan error                  // buffered: the batch's result for this append
 }
 
 // appendBatch is the appends that share one transaction. members and
@@ -110,6 +111,13 @@ func (c *appendCoalescer) run(req *appendRequest, runBatch func(*appendBatch)) e
 	case err := <-req.done:
 		return err
 	case <-req.ctx.Done():
+		// Both may be ready at once, and select picks at random: an
+		// outcome that arrived is the answer.
+		select {
+		case err := <-req.done:
+			return err
+		default:
+		}
 	}
 	c.mu.Lock()
 	removed := !b.closed && b.remove(req)

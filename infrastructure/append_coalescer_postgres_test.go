@@ -3,6 +3,7 @@ package infrastructure_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -68,6 +69,10 @@ func TestPostgresAppendsWaitingForTheLockShareOneTransaction(t *testing.T) {
 				{aggregate: "co-stored", expected: 0, events: []domain.EventEnvelope[any]{stored}, want: domain.ErrAlreadyAppended},
 				{aggregate: "co-canceled", expected: 0, want: context.Canceled, cancel: true},
 				{aggregate: "co-ok-3", expected: 0},
+				// Refused before the batch is sent: no version fits the
+				// sequence numbers. Answered however the transaction ends.
+				{aggregate: "co-gap", expected: 0, events: withSeqs("co-gap", 1, 3), want: domain.ErrInvalidEvent},
+				{aggregate: "co-behind", expected: 2, events: withSeqs("co-behind", 1, 2), want: domain.ErrConcurrencyConflict},
 			}
 			if c.refuse {
 				// A stored event ID under another aggregate passes every
@@ -163,3 +168,95 @@ func TestPostgresAppendsWaitingForTheLockShareOneTransaction(t *testing.T) {
 
 // errRefused marks the call the test trigger refuses.
 var errRefused = errors.New("refused")
+
+// withSeqs is one event per sequence number, for aggregate.
+func withSeqs(aggregate string, seqs ...int) []domain.EventEnvelope[any] {
+	out := make([]domain.EventEnvelope[any], len(seqs))
+	for i, seq := range seqs {
+		out[i] = newEvent(aggregate, "x", i)
+		out[i].SequenceNo = seq
+	}
+	return out
+}
+
+// TestPostgresAppendKeepsNoReferenceToTheEvents gives up on an append that
+// shares a transaction held mid-way (at the gate) with another, then
+// changes its payload: the batch, which goes on for the other append and
+// then explains the one that gave up (a stale retry), reads only what
+// Append encoded before it returned: the payload is encoded once, by
+// Append. (The race detector cannot tell: it takes the database round
+// trips for synchronisation.)
+func TestPostgresAppendKeepsNoReferenceToTheEvents(t *testing.T) {
+	ctx := testCtx(t)
+	pg := dbtest.NewPostgres(t)
+	store := newGormStore(t, pg.DB)
+	payload := &countedPayload{}
+	retried := newEvent("co-retried", "x", payload)
+	require.NoError(t, store.Append(ctx, "co-retried", 0, retried))
+	require.NoError(t, store.Append(ctx, "co-retried", 1, newEvent("co-retried", "y", nil)))
+	observer := pgConnect(t, pg.DSN)
+	key := appendLockKey(t, observer)
+	gate := newAppendGate(t, pg)
+	// Two appends in flight, queued on the append lock the observer holds.
+	_, err := observer.Exec(ctx, "SELECT pg_advisory_lock($1)", key)
+	require.NoError(t, err)
+	doneFirst := goAsync(func() error { return store.Append(ctx, "first", 0, newEvent("first", "x", nil)) })
+	doneSecond := goAsync(func() error { return store.Append(ctx, "second", 0, newEvent("second", "x", nil)) })
+	waitForLockWaiters(t, observer, key, 2, "the two appends in flight")
+	// Behind them, one batch: an append held at the gate, then the retry.
+	doneHeld := goAsync(func() error { return store.Append(ctx, "held", 0, newEvent("held", "x", nil)) })
+	eventually(t, "the held append forms a batch", func() bool { return infrastructure.FormingAppends(store) == 1 })
+	encoded := payload.calls.Load()
+	giveUp, cancel := context.WithCancel(ctx)
+	defer cancel()
+	doneRetry := goAsync(func() error { return store.Append(giveUp, "co-retried", 0, retried) })
+	eventually(t, "the retry joins it", func() bool { return infrastructure.FormingAppends(store) == 2 })
+	_, err = observer.Exec(ctx, "SELECT pg_advisory_unlock($1)", key)
+	require.NoError(t, err)
+	require.NoError(t, result(t, doneFirst, "first"))
+	require.NoError(t, result(t, doneSecond, "second"))
+	gate.waitHeld(t, 1)
+
+	cancel()
+	err = result(t, doneRetry, "the retry that gave up")
+	require.ErrorIs(t, err, context.Canceled)
+	require.ErrorContains(t, err, "may still succeed")
+	gate.release()
+	require.NoError(t, result(t, doneHeld, "held")) // the batch ended
+	require.Equal(t, encoded+1, payload.calls.Load(), "the payload was encoded once, in Append")
+	version, err := store.GetCurrentVersion(ctx, "co-retried")
+	require.NoError(t, err)
+	require.Equal(t, 2, version)
+}
+
+// countedPayload counts its encodings.
+type countedPayload struct{ calls atomic.Int32 }
+
+func (p *countedPayload) MarshalJSON() ([]byte, error) {
+	p.calls.Add(1)
+	return []byte(`{"amount": 1}`), nil
+}
+
+// TestPostgresRefusalUnexplainedIsNoConflict: when the stored events
+// cannot be read after the commit, a refused append may be the retry of
+// one that committed; it is told the outcome is unknown, with the read's
+// error in the chain, never a version conflict (which would have the
+// caller run its command twice).
+func TestPostgresRefusalUnexplainedIsNoConflict(t *testing.T) {
+	ctx := testCtx(t)
+	pg := dbtest.NewPostgres(t)
+	store := newGormStore(t, pg.DB)
+	ev := newEvent("co-unknown", "x", nil)
+	require.NoError(t, store.Append(ctx, "co-unknown", 0, ev))
+	conn := pgConnect(t, pg.DSN)
+	require.ErrorIs(t, infrastructure.ExplainRefusal(ctx, conn, "co-unknown", 0, ev), domain.ErrAlreadyAppended, "read: explained")
+
+	canceled, cancel := context.WithCancel(ctx)
+	cancel()
+	err := infrastructure.ExplainRefusal(canceled, conn, "co-unknown", 0, ev)
+	require.ErrorIs(t, err, context.Canceled, "the read's error is kept in the chain")
+	require.NotErrorIs(t, err, domain.ErrConcurrencyConflict)
+	require.NotErrorIs(t, err, domain.ErrAlreadyAppended)
+	require.ErrorContains(t, err, "retry the same call")
+	require.ErrorContains(t, err, "co-unknown")
+}

@@ -20,8 +20,17 @@ var errNotPgx = errors.New("connection is not a pgx connection")
 
 // appendPipelined appends through the coalescer: alone when the store's
 // appends are not queued for the lock, in a shared transaction otherwise.
-func (s *GormEventStore) appendPipelined(ctx context.Context, aggregateID string, expectedVersion int, events []domain.EventEnvelope[any]) error {
-	return s.coalescer.run(&appendRequest{ctx: ctx, aggregateID: aggregateID, expectedVersion: expectedVersion, events: events}, s.runBatch)
+// prepared is the call's events as Append validated and encoded them
+// (prepareAppend with an unknown version): the batch goroutine reads those
+// and a copy of the envelopes without their payloads and metadata, never
+// the caller's values, which the caller owns again once Append returns.
+func (s *GormEventStore) appendPipelined(ctx context.Context, aggregateID string, expectedVersion int, events []domain.EventEnvelope[any], prepared []preparedEvent) error {
+	own := make([]domain.EventEnvelope[any], len(events))
+	for i, ev := range events {
+		ev.Payload, ev.Metadata = nil, nil
+		own[i] = ev
+	}
+	return s.coalescer.run(&appendRequest{ctx: ctx, aggregateID: aggregateID, expectedVersion: expectedVersion, events: own, prepared: prepared}, s.runBatch)
 }
 
 // runBatch is one append transaction for a batch of appends, delivering
@@ -42,7 +51,13 @@ func (s *GormEventStore) runBatch(b *appendBatch) {
 			results[m] = err
 		}
 	}
-	for m, err := range results {
+	for _, m := range b.members {
+		err, ok := results[m]
+		if !ok {
+			// Every path above should have answered; never leave a
+			// caller waiting for an answer that will not come.
+			err = fmt.Errorf("append %d event(s) to aggregate %q: internal error: the append transaction gave no outcome for this append, which may or may not be stored: retry the same call", len(m.events), m.aggregateID)
+		}
 		m.done <- err
 	}
 }
@@ -220,8 +235,10 @@ func explainRefusals(ctx context.Context, pc *pgx.Conn, refused []*appendRequest
 	for _, m := range refused {
 		var why error
 		if err != nil {
-			why = fmt.Errorf("%w: aggregate %q: the version check failed, nothing was stored (reading the stored version failed: %v)", domain.ErrConcurrencyConflict, m.aggregateID, err)
-		} else if why = checkStoredIDs(m.aggregateID, m.expectedVersion, m.events, stored); why == nil {
+			// Maybe the retry of an append that committed: not a
+			// conflict, which would have the caller run its command again.
+			why = outcomeUnknown(m, err)
+		} else if why = checkStoredIDs(m.aggregateID, m.expectedVersion, m.events, payloadsOf(m.prepared), stored); why == nil {
 			if _, why = prepareAppend(m.aggregateID, m.expectedVersion, versions[m.aggregateID], m.events); why == nil {
 				why = fmt.Errorf("%w: aggregate %q: the version check failed, nothing was stored (the aggregate is now at version %d)", domain.ErrConcurrencyConflict, m.aggregateID, versions[m.aggregateID])
 			}
@@ -233,37 +250,59 @@ func explainRefusals(ctx context.Context, pc *pgx.Conn, refused []*appendRequest
 // appendOnConn runs the append transaction of members on pc, in one
 // round trip: BEGIN, the append lock, every member's checked INSERTs, the
 // NOTIFY and the COMMIT. The lock is held for the statements and the
-// commit's flush only, never for a round trip to the client.
+// commit's flush only, never for a round trip to the client. Every member
+// gets an outcome, however the transaction ends: an append refused before
+// the batch is sent (sequence numbers no version fits) stored nothing
+// either way and is explained after it (explainRefusals).
 func (s *GormEventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, members []*appendRequest, notify bool) map[*appendRequest]error {
 	results := map[*appendRequest]error{}
-	fail := func(reqs []*appendRequest, err error) map[*appendRequest]error {
-		for _, m := range reqs {
-			results[m] = fmt.Errorf("append %d event(s) to aggregate %q: %w", len(m.events), m.aggregateID, err)
-		}
-		return results
-	}
 	var (
 		plans   []appendPlan
-		refused []*appendRequest // inserted nothing: explained after the commit
+		refused []*appendRequest // inserted nothing: explained after the transaction
 	)
 	for _, m := range members {
-		prepared, err := prepareAppend(m.aggregateID, m.expectedVersion, -1, m.events)
-		if err != nil {
-			results[m] = err
-			continue
-		}
 		required, ok := requiredVersion(m)
 		if !ok {
 			refused = append(refused, m)
 			continue
 		}
-		plans = append(plans, appendPlan{m, checkedInsert(m.aggregateID, required, prepared)})
+		plans = append(plans, appendPlan{m, checkedInsert(m.aggregateID, required, m.prepared)})
 	}
-	if len(plans) == 0 {
-		if len(refused) > 0 {
-			explainRefusals(ctx, pc, refused, results)
+	if len(plans) > 0 {
+		refused = append(refused, s.runPlans(ctx, pc, plans, notify, results)...)
+	}
+	if len(refused) > 0 {
+		// The transaction may have ended in an error: end it before reading.
+		if err := pgxconn.EndSession(ctx, pc, nil); err != nil {
+			for _, m := range refused {
+				results[m] = outcomeUnknown(m, err)
+			}
+			return results
 		}
-		return results
+		explainRefusals(ctx, pc, refused, results)
+	}
+	return results
+}
+
+// outcomeUnknown is the answer for an append that stored nothing in this
+// call but could not be told apart from the retry of one that committed
+// (reading the stored events failed): neither a conflict (the caller
+// would reload and run its command again) nor a success.
+func outcomeUnknown(m *appendRequest, readErr error) error {
+	return fmt.Errorf("append %d event(s) to aggregate %q: nothing was stored by this call, and whether an earlier call stored these events is unknown: retry the same call: %w",
+		len(m.events), m.aggregateID, readErr)
+}
+
+// runPlans sends the transaction of plans and records the outcome of
+// every plan's member in results, except the members whose version check
+// failed in a transaction that committed: those it returns, for
+// explainRefusals.
+func (s *GormEventStore) runPlans(ctx context.Context, pc *pgx.Conn, plans []appendPlan, notify bool, results map[*appendRequest]error) (refused []*appendRequest) {
+	fail := func(err error) []*appendRequest {
+		for _, p := range plans {
+			results[p.m] = fmt.Errorf("append %d event(s) to aggregate %q: %w", len(p.m.events), p.m.aggregateID, err)
+		}
+		return nil
 	}
 	write := &pgx.Batch{}
 	write.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
@@ -284,7 +323,7 @@ func (s *GormEventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, members
 		}
 	}
 	if err != nil {
-		return fail(plansMembers(plans), err)
+		return fail(err)
 	}
 	var accepted []*appendRequest
 	for _, p := range plans {
@@ -292,7 +331,8 @@ func (s *GormEventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, members
 		if err != nil {
 			// Not committed: the rest of the batch is skipped.
 			_ = br.Close()
-			return s.afterRefusedInsert(ctx, pc, plans, err, notify, results)
+			s.afterRefusedInsert(ctx, pc, plans, err, notify, results)
+			return nil
 		}
 		if tag.RowsAffected() == int64(len(p.m.events)) {
 			accepted = append(accepted, p.m)
@@ -302,35 +342,35 @@ func (s *GormEventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, members
 	}
 	if notify {
 		if _, err := br.Exec(); err != nil {
+			if !isNotifyFailure(err) {
+				// A lost connection, a cancellation: not the queue.
+				return fail(fmt.Errorf("notify subscribers: %w", err))
+			}
 			for _, p := range plans {
 				results[p.m] = notifyError{err}
 			}
-			return results
+			return nil
 		}
 	}
 	tag, err := br.Exec()
 	if err == nil && tag.String() != "COMMIT" {
 		err = fmt.Errorf("the transaction was rolled back (%s)", tag.String())
 	}
-	if err == nil {
-		err = br.Close()
-	}
 	if err != nil {
 		if isNotifyFailure(err) {
 			for _, p := range plans {
 				results[p.m] = err
 			}
-			return results
+			return nil
 		}
-		return fail(plansMembers(plans), fmt.Errorf("commit: %w", err))
+		return fail(fmt.Errorf("commit: %w", err))
 	}
+	// COMMIT acknowledged: the outcome is decided, whatever closing the
+	// batch reports (the deferred Close; the connection is then dropped).
 	for _, m := range accepted {
 		results[m] = nil
 	}
-	if len(refused) > 0 {
-		explainRefusals(ctx, pc, refused, results)
-	}
-	return results
+	return refused
 }
 
 // appendPlan is one member's statement in the append transaction.
@@ -372,13 +412,18 @@ func (s *GormEventStore) afterRefusedInsert(ctx context.Context, pc *pgx.Conn, p
 	if errors.Is(err, domain.ErrInvalidEvent) {
 		// An event ID is stored: stored events never change, so which
 		// kind is decided after the rollback.
-		if cerr := pgxconn.EndSession(ctx, pc, nil); cerr == nil {
-			stored := map[string]storedEvent{}
-			if rerr := readStored(ctx, pc, []*appendRequest{m}, stored); rerr == nil {
-				if classified := checkStoredIDs(m.aggregateID, m.expectedVersion, m.events, stored); classified != nil {
-					err = classified
-				}
-			}
+		rerr := pgxconn.EndSession(ctx, pc, nil)
+		stored := map[string]storedEvent{}
+		if rerr == nil {
+			rerr = readStored(ctx, pc, []*appendRequest{m}, stored)
+		}
+		if rerr != nil {
+			// Maybe the retry of an append that committed.
+			results[m] = outcomeUnknown(m, fmt.Errorf("%v; then: %w", err, rerr))
+			return results
+		}
+		if classified := checkStoredIDs(m.aggregateID, m.expectedVersion, m.events, payloadsOf(m.prepared), stored); classified != nil {
+			err = classified
 		}
 	}
 	if !errors.Is(err, domain.ErrInvalidEvent) && !errors.Is(err, domain.ErrConcurrencyConflict) && !errors.Is(err, domain.ErrAlreadyAppended) {

@@ -142,13 +142,16 @@ func NewGormEventStore(db *gorm.DB, opts ...GormEventStoreOption) (*GormEventSto
 // Append stores events for one aggregate atomically; see domain.EventStore.
 // Nothing is stored when any event is invalid or the version check fails.
 // Sequence numbers are assigned or checked as domain.EventStore.Append
-// says, inside the append's transaction.
+// says, inside the append's transaction. It keeps no reference to events
+// once it returns, even when it gives up on an append that may still
+// commit: the caller may reuse them.
 func (s *GormEventStore) Append(ctx context.Context, aggregateID string, expectedVersion int, events ...domain.EventEnvelope[any]) error {
 	// Validate what can be checked without the database first, so bad
 	// input never takes the append lock. The aggregate's version is not
 	// known yet (-1): the version check and sequence numbers are checked
 	// again inside the transaction.
-	if _, err := prepareAppend(aggregateID, expectedVersion, -1, events); err != nil {
+	given, err := prepareAppend(aggregateID, expectedVersion, -1, events)
+	if err != nil {
 		return err
 	}
 	if len(events) == 0 {
@@ -167,17 +170,18 @@ func (s *GormEventStore) Append(ctx context.Context, aggregateID string, expecte
 	// The pipelined Postgres path when the pool is pgx's (the
 	// gorm.io/driver/postgres default), the portable one otherwise.
 	if s.postgres && s.pool != nil && !s.portableOnly && !s.notPgx.Load() {
-		err := s.appendPipelined(ctx, aggregateID, expectedVersion, events)
+		err := s.appendPipelined(ctx, aggregateID, expectedVersion, events, given)
 		if !errors.Is(err, errNotPgx) {
 			return err
 		}
 		s.notPgx.Store(true)
 	}
-	err := s.appendOnce(ctx, aggregateID, expectedVersion, events, s.postgres)
+	err = s.appendOnce(ctx, aggregateID, expectedVersion, events, s.postgres)
 	if s.postgres && isNotifyFailure(err) {
 		// A full notification queue must not fail the append: notifications
 		// are wake-ups, and subscribers poll anyway. (On a caller's
-		// transaction the NOTIFY is queued until its commit instead.)
+		// transaction the NOTIFY is queued until the caller's COMMIT, which
+		// the full queue then fails: see docs/appends.md.)
 		err = s.appendOnce(ctx, aggregateID, expectedVersion, events, false)
 	}
 	return err
@@ -293,8 +297,14 @@ func (s *GormEventStore) appendOnce(ctx context.Context, aggregateID string, exp
 		if err != nil {
 			return err
 		}
-		if err := checkStoredIDs(aggregateID, expectedVersion, events, stored); err != nil {
-			return err
+		if len(stored) > 0 {
+			given, err := prepareAppend(aggregateID, expectedVersion, -1, events)
+			if err != nil {
+				return err
+			}
+			if err := checkStoredIDs(aggregateID, expectedVersion, events, payloadsOf(given), stored); err != nil {
+				return err
+			}
 		}
 		prepared, err := prepareAppend(aggregateID, expectedVersion, heads.Version, events)
 		if err != nil {
@@ -311,6 +321,9 @@ func (s *GormEventStore) appendOnce(ctx context.Context, aggregateID string, exp
 		}
 		if notify {
 			if err := tx.Exec("SELECT pg_notify(?, '')", s.channel).Error; err != nil {
+				if !isNotifyFailure(err) { // a lost connection, a cancellation
+					return fmt.Errorf("notify subscribers: %w", err)
+				}
 				return notifyError{err}
 			}
 		}

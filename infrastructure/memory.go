@@ -50,7 +50,8 @@ func (m *MemoryStore) Append(ctx context.Context, aggregateID string, expectedVe
 	}
 	// Input first, then stored IDs (a retry's version is stale by
 	// construction), then the version.
-	if _, err := prepareAppend(aggregateID, expectedVersion, -1, events); err != nil {
+	given, err := prepareAppend(aggregateID, expectedVersion, -1, events)
+	if err != nil {
 		return err
 	}
 	stored := map[string]storedEvent{}
@@ -65,7 +66,7 @@ func (m *MemoryStore) Append(ctx context.Context, aggregateID string, expectedVe
 				TransactionID: e.TransactionID, SequenceNo: e.SequenceNo, Payload: payload}
 		}
 	}
-	if err := checkStoredIDs(aggregateID, expectedVersion, events, stored); err != nil {
+	if err := checkStoredIDs(aggregateID, expectedVersion, events, payloadsOf(given), stored); err != nil {
 		return err
 	}
 	prepared, err := prepareAppend(aggregateID, expectedVersion, len(m.byAgg[aggregateID]), events)

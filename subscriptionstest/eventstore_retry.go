@@ -1,6 +1,7 @@
 package subscriptionstest
 
 import (
+	"encoding/json"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -82,6 +83,38 @@ func testIdenticalRetry(t *testing.T, s domain.EventStore) {
 	err = s.Append(ctx, agg, 0, newEvent(agg, "late", nil))
 	require.ErrorIs(t, err, domain.ErrConcurrencyConflict)
 	require.NotErrorIs(t, err, domain.ErrAlreadyAppended)
+}
+
+// testRetryExactNumbers retries appends whose payloads hold numbers a
+// float64 cannot tell apart or cannot hold: a retry is recognised by the
+// numbers' exact values (whatever notation the store keeps them in), and a
+// payload that differs in the last digit is another event.
+func testRetryExactNumbers(t *testing.T, s domain.EventStore) {
+	ctx := testCtx(t)
+	cases := []struct {
+		name, stored, retried string
+		want                  error
+	}{
+		{"a digit past float64 precision", `{"amount": 9007199254740993}`, `{"amount": 9007199254740992}`, domain.ErrInvalidEvent},
+		{"the same big integer", `{"amount": 9007199254740993}`, `{"amount": 9007199254740993}`, domain.ErrAlreadyAppended},
+		{"the largest float64 (jsonb writes out its 309 digits)", `{"x": 1.7976931348623157e308}`, `{"x": 1.7976931348623157e308}`, domain.ErrAlreadyAppended},
+		{"a digit past float64 precision near its largest", `{"x": 1.7976931348623157e308}`, `{"x": 1.7976931348623156e308}`, domain.ErrInvalidEvent},
+		{"another notation of one value", `[1.50, 100, -0.0]`, `[15e-1, 1e2, 0]`, domain.ErrAlreadyAppended},
+		{"a tiny difference", `[0.1000000000000000000001]`, `[0.1]`, domain.ErrInvalidEvent},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			agg := uniqueID("retry-num")
+			ev := newEvent(agg, "counted", json.RawMessage(c.stored))
+			require.NoError(t, s.Append(ctx, agg, 0, ev))
+			ev.Payload = json.RawMessage(c.retried)
+			err := s.Append(ctx, agg, 0, ev)
+			require.ErrorIs(t, err, c.want)
+			events, err := s.GetEvents(ctx, agg)
+			require.NoError(t, err)
+			require.Len(t, events, 1, "nothing is stored again")
+		})
+	}
 }
 
 // testLargeAppend appends more events in one call than one INSERT

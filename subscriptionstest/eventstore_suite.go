@@ -66,6 +66,7 @@ func RunEventStoreSuite(t *testing.T, h EventStoreHarness) {
 		{"InvalidReadArguments", func(t *testing.T, s domain.EventStore) { testInvalidReadArguments(t, s, max) }},
 		{"DuplicateEventID", testDuplicateEventID},
 		{"IdenticalRetry", testIdenticalRetry},
+		{"RetryExactNumbers", testRetryExactNumbers},
 		{"LargeAppend", testLargeAppend},
 		{"ReadAfterLimits", testReadAfterLimits},
 		{"EmptyStore", testEmptyStore},
