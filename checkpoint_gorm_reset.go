@@ -2,6 +2,7 @@ package subscriptions
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -45,21 +46,16 @@ func (g *GormCheckpointStore) Delete(ctx context.Context, subscriber string, app
 
 // fenced runs write (the checkpoint change, first, so that on Postgres it
 // takes the row lock before apply runs) and apply in one transaction,
-// with the subscriber's batches held off.
+// with the subscriber's batches held off. When it returns, nothing of the
+// transaction holds a lock any more, whether it committed, failed or was
+// abandoned because ctx ended (see fencedPostgres).
 func (g *GormCheckpointStore) fenced(ctx context.Context, subscriber, what string, write func(tx *gorm.DB) error, apply func(ctx context.Context) error) error {
 	if err := ctx.Err(); err != nil {
 		// Before anything is touched: an abandoned reset leaves a batch in
 		// flight alone (on SQLite the fence would abort it).
 		return fmt.Errorf("subscriptions: %s: %w", what, err)
 	}
-	if !g.postgres {
-		release, err := g.fenceSQLite(ctx, subscriber, what)
-		if err != nil {
-			return err
-		}
-		defer release()
-	}
-	err := g.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	run := func(tx *gorm.DB) error {
 		if err := write(tx); err != nil {
 			return err
 		}
@@ -70,9 +66,52 @@ func (g *GormCheckpointStore) fenced(ctx context.Context, subscriber, what strin
 			return applyError(err)
 		}
 		return nil
-	}, g.txOptions())
+	}
+	var err error
+	if g.postgres {
+		err = g.fencedPostgres(ctx, run)
+	} else {
+		var release func()
+		release, err = g.fenceSQLite(ctx, subscriber, what)
+		if err != nil {
+			return err
+		}
+		defer release()
+		err = g.db.WithContext(ctx).Transaction(run, g.txOptions())
+	}
 	if err != nil {
+		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
+			return fmt.Errorf("subscriptions: %s: %w: %w", what, ctxErr, err)
+		}
 		return fmt.Errorf("subscriptions: %s: %w", what, err)
 	}
 	return nil
+}
+
+// fencedPostgres runs the transaction on a connection of its own, with
+// ctx's cancellation handled on the server rather than by the driver. A
+// driver that gives up when ctx ends closes its socket but leaves the
+// server running the statement: the checkpoint write, waiting for the row
+// lock of a batch in flight, would take that lock once the batch ended and
+// hold it until the server noticed the closed socket, so the caller's next
+// Acquire could find the row still locked by the abandoned transaction.
+// Here the statements run without ctx's cancellation, the statement
+// running when ctx ends is cancelled on the server (cancelBackendOnDone),
+// the transaction rolls back, and only then does fencedPostgres return.
+func (g *GormCheckpointStore) fencedPostgres(ctx context.Context, run func(tx *gorm.DB) error) error {
+	return g.db.WithContext(context.WithoutCancel(ctx)).Connection(func(conn *gorm.DB) error {
+		var pid int64
+		if err := conn.Raw("SELECT pg_backend_pid()").Scan(&pid).Error; err != nil {
+			return fmt.Errorf("read backend pid: %w", err)
+		}
+		stop := cancelBackendOnDone(ctx, g.db, pid)
+		defer stop()
+		return conn.Transaction(func(tx *gorm.DB) error {
+			if err := run(tx); err != nil {
+				return err
+			}
+			// Abandoned after the last statement: roll back, do not commit.
+			return ctx.Err()
+		}, g.txOptions())
+	})
 }

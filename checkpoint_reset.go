@@ -24,7 +24,14 @@ import (
 // checkpoint write) fails, nothing is changed: the transaction rolls back
 // and the error is returned; a panic in apply rolls back too, lifts the
 // hold-off and propagates. A nil apply only moves the checkpoint.
-// Implementations are safe for concurrent use.
+// If ctx ends first (while waiting for the batch in flight, say), the
+// error wraps ctx's error and nothing is changed. However it ends, when
+// either method returns nothing of it holds a lock or the hold-off any
+// more, so every replica's next Acquire is granted at once; on Postgres
+// GormCheckpointStore cancels the statement running on the server when
+// ctx ends and returns only after the transaction rolled back, since a
+// client that merely stops waiting leaves the statement to take the row
+// lock after it returned. Implementations are safe for concurrent use.
 //
 // What apply must not do, because the hold-off lasts until it returns:
 //   - commit, roll back or keep the transaction (use it after returning);

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
@@ -198,4 +199,73 @@ func TestCheckpointStoreAbandonedResetKeepsTheBatch(t *testing.T) {
 	pos, err := cps.Position(ctx, "core-abandoned-reset")
 	require.NoError(t, err)
 	require.Equal(t, int64(5), pos)
+}
+
+// TestCheckpointStoreAbandonedResetReleasesItsLocksOnPostgres: a ResetWith
+// or Delete abandoned while it waits for a batch's row lock must not leave
+// its statement waiting on the server. A driver that gives up client-side
+// leaves it there: it would take the row once the batch ends and hold it
+// until the server noticed the closed socket, so the next Acquire skipped
+// the row (the flaky ...WaitingForABatchHonoursCtx contract case). Here the
+// batch is still in flight when the call returns, so a statement left
+// behind is still waiting, and seen, every time.
+func TestCheckpointStoreAbandonedResetReleasesItsLocksOnPostgres(t *testing.T) {
+	ops := []struct {
+		name string
+		run  func(ctx context.Context, s *subscriptions.GormCheckpointStore, name string) error
+	}{
+		{"ResetWith", func(ctx context.Context, s *subscriptions.GormCheckpointStore, name string) error {
+			return s.ResetWith(ctx, name, 0, nil)
+		}},
+		{"Delete", func(ctx context.Context, s *subscriptions.GormCheckpointStore, name string) error {
+			return s.Delete(ctx, name, nil)
+		}},
+	}
+	for _, op := range ops {
+		t.Run(op.name, func(t *testing.T) {
+			pg := dbtest.NewPostgres(t)
+			resetter, err := subscriptions.NewGormCheckpointStore(pg.DB)
+			require.NoError(t, err)
+			other, err := subscriptions.NewGormCheckpointStore(pg.Open(t))
+			require.NoError(t, err)
+			ctx := context.Background()
+			const name = "abandoned-reset-locks"
+			coreAdvance(t, other, name, 5)
+			batch, acquired, err := other.Acquire(ctx, name)
+			require.NoError(t, err)
+			require.True(t, acquired)
+
+			// Locks that only the reset's transaction takes on the table: the
+			// tuple lock of a writer waiting for the row, and the table's
+			// RowExclusiveLock (the batch holds RowShareLock).
+			resetLocks := func() int64 {
+				var n int64
+				require.NoError(t, pg.DB.Raw(`SELECT count(*) FROM pg_locks
+					WHERE relation = 'subscriber_checkpoints'::regclass
+					AND (locktype = 'tuple' OR mode = 'RowExclusiveLock')`).Scan(&n).Error)
+				return n
+			}
+			require.Zero(t, resetLocks())
+
+			rctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- op.run(rctx, resetter, name) }()
+			require.Eventually(t, func() bool { return resetLocks() > 0 }, time.Minute, 10*time.Millisecond,
+				"the %s waits for the batch's row lock", op.name)
+			cancel()
+			err = <-done
+			require.ErrorIs(t, err, context.Canceled)
+			require.Zero(t, resetLocks(), "the abandoned %s's statement still runs on the server", op.name)
+
+			require.NoError(t, batch.Rollback())
+			batch, acquired, err = other.Acquire(ctx, name)
+			require.NoError(t, err)
+			require.True(t, acquired, "batches resume after an abandoned %s", op.name)
+			require.NoError(t, batch.Rollback())
+			pos, err := other.Position(ctx, name)
+			require.NoError(t, err)
+			require.EqualValues(t, 5, pos, "an abandoned %s changes nothing", op.name)
+		})
+	}
 }

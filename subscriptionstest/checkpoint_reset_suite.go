@@ -162,7 +162,7 @@ func runCheckpointResetterCases(t *testing.T, h CheckpointStoreHarness) {
 				require.NoError(t, batch.Rollback())
 				return
 			}
-			require.Error(t, err, "the %s waits for the batch in flight until ctx ends", op.name)
+			require.ErrorIs(t, err, context.DeadlineExceeded, "the %s waits for the batch in flight until ctx ends", op.name)
 			require.Contains(t, err.Error(), op.what+` "`+name+`"`, "the error names the operation")
 			require.NoError(t, batch.Rollback())
 			pos, err := r.Position(ctx, name)
