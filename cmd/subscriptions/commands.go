@@ -22,36 +22,59 @@ func (c *cli) logger() *slog.Logger {
 // what a Run in the calling process is doing, always "stopped" here, so
 // the CLI replaces it with what the database says: caught up, behind, or
 // a checkpoint ahead of the head; Error is a read that failed.
+//
+// A partitioned subscriber is one dbStatus: Status reads its partitions
+// (Position is the lowest checkpoint of a partition with events still to
+// handle, the head when every partition is caught up; Lag the events left
+// in all partitions; LagSeconds the age of the oldest of them), and
+// PartitionCheckpoints lists each partition.
 type dbStatus struct {
 	subscriptions.Status
 	State string `json:"state"`
 	Error string `json:"error,omitempty"`
+	// Partitions is the partition count, 0 for an unpartitioned subscriber.
+	Partitions           int               `json:"partitions"`
+	PartitionCheckpoints []partitionStatus `json:"partition_checkpoints,omitempty"`
+	// OtherCheckpoints are partition rows of another partition count.
+	OtherCheckpoints []string `json:"other_checkpoints,omitempty"`
 }
 
 // status prints every subscriber's status (Subscriber.Status, read from
-// the database).
+// the database), a partitioned subscriber's partitions with -partitions
+// or -json.
 func (c *cli) status(ctx context.Context, d *database) error {
-	names, err := d.subscriberNames(ctx)
+	groups, err := d.groups(ctx)
 	if err != nil {
 		return err
 	}
-	out := make([]dbStatus, 0, len(names))
-	for _, name := range names {
-		sub, err := d.subscriber(name, c.logger())
+	out := make([]dbStatus, 0, len(groups))
+	for _, g := range groups {
+		sub, err := d.subscriber(g, c.logger())
 		if err != nil {
 			return err
 		}
 		st, err := sub.Status(ctx)
-		row := dbStatus{Status: st}
+		row := dbStatus{Status: st, Partitions: g.partitions, OtherCheckpoints: g.other}
 		switch {
 		case errors.Is(err, subscriptions.ErrCheckpointAhead):
 			row.State = "checkpoint ahead of head"
 		case err != nil:
-			row.Subscriber, row.State, row.Error = name, "error", err.Error()
+			row.Subscriber, row.State, row.Error = g.name, "error", err.Error()
 		case st.Lag > 0:
 			row.State = "behind"
 		default:
 			row.State = "caught up"
+		}
+		if g.partitions > 0 && (c.json || c.partitions) && row.Error == "" {
+			head := st.Head
+			if head == 0 {
+				if head, err = d.events.HeadPosition(ctx); err != nil {
+					return fmt.Errorf("read the feed head: %w", err)
+				}
+			}
+			if row.PartitionCheckpoints, err = d.partitionStatuses(ctx, g, head); err != nil {
+				return err
+			}
 		}
 		out = append(out, row)
 	}
@@ -63,37 +86,63 @@ func (c *cli) status(ctx context.Context, d *database) error {
 		return nil
 	}
 	rows := make([][]string, 0, len(out))
+	var notes []string
 	for _, s := range out {
 		state := s.State
 		if s.Error != "" {
 			state += ": " + s.Error
 		}
+		parts := "-"
+		if s.Partitions > 0 {
+			parts = strconv.Itoa(s.Partitions)
+		}
 		rows = append(rows, []string{s.Subscriber, strconv.FormatInt(s.Position, 10), strconv.FormatInt(s.Head, 10),
-			strconv.FormatInt(s.Lag, 10), seconds(s.LagSeconds), strconv.Itoa(s.Parked), state})
+			strconv.FormatInt(s.Lag, 10), seconds(s.LagSeconds), strconv.Itoa(s.Parked), parts, state})
+		for _, p := range s.PartitionCheckpoints {
+			pstate := "caught up"
+			switch {
+			case p.Position > s.Head:
+				pstate = "checkpoint ahead of head"
+			case p.Lag > 0:
+				pstate = "behind"
+			}
+			rows = append(rows, []string{p.Checkpoint, strconv.FormatInt(p.Position, 10), strconv.FormatInt(s.Head, 10),
+				strconv.FormatInt(p.Lag, 10), seconds(p.LagSeconds), "-", fmt.Sprintf("%d of %d", p.Partition, s.Partitions), pstate})
+		}
+		if len(s.OtherCheckpoints) > 0 {
+			notes = append(notes, fmt.Sprintf("note: %s also has checkpoints of another partition count (%s ...), not used while it runs with %d (docs/partitions.md)",
+				s.Subscriber, s.OtherCheckpoints[0], s.Partitions))
+		}
 	}
-	return c.table([]string{"SUBSCRIBER", "POSITION", "HEAD", "LAG", "LAG_TIME", "PARKED", "STATE"}, rows)
+	if err := c.table([]string{"SUBSCRIBER", "POSITION", "HEAD", "LAG", "LAG_TIME", "PARKED", "PARTITIONS", "STATE"}, rows); err != nil {
+		return err
+	}
+	for _, n := range notes {
+		fmt.Fprintln(c.stdout, n)
+	}
+	return nil
 }
 
-// subscribersFor returns -subscriber's name (checked to exist) or every
-// subscriber.
-func (c *cli) subscribersFor(ctx context.Context, d *database) ([]string, error) {
-	names, err := d.subscriberNames(ctx)
+// subscribersFor returns -subscriber's subscriber (checked to exist; the
+// name of a partitioned subscriber, not of one of its checkpoints) or
+// every subscriber.
+func (c *cli) subscribersFor(ctx context.Context, d *database) ([]*group, error) {
+	groups, err := d.groups(ctx)
 	if err != nil {
 		return nil, err
 	}
 	if c.subscriber == "" {
-		return names, nil
+		return groups, nil
 	}
-	for _, n := range names {
-		if n == c.subscriber {
-			return []string{n}, nil
-		}
+	g, err := findGroup(groups, c.subscriber)
+	if err != nil {
+		return nil, err
 	}
-	return nil, fmt.Errorf("no subscriber %q in this database (status lists them)", c.subscriber)
+	return []*group{g}, nil
 }
 
 func (c *cli) parkedList(ctx context.Context, d *database) error {
-	names, err := c.subscribersFor(ctx, d)
+	groups, err := c.subscribersFor(ctx, d)
 	if err != nil {
 		return err
 	}
@@ -102,9 +151,9 @@ func (c *cli) parkedList(ctx context.Context, d *database) error {
 		Subscriber string                   `json:"subscriber"`
 		Page       subscriptions.ParkedPage `json:"page"`
 	}
-	var all []listed
-	for _, name := range names {
-		sub, err := d.subscriber(name, c.logger())
+	all := []listed{}
+	for _, g := range groups {
+		sub, err := d.subscriber(g, c.logger())
 		if err != nil {
 			return err
 		}
@@ -112,7 +161,7 @@ func (c *cli) parkedList(ctx context.Context, d *database) error {
 		if err != nil {
 			return err
 		}
-		all = append(all, listed{name, page})
+		all = append(all, listed{g.name, page})
 	}
 	if c.json {
 		return c.printJSON(map[string]any{"parked": all})
@@ -144,7 +193,7 @@ func (c *cli) parkedList(ctx context.Context, d *database) error {
 // findParked finds the one subscriber that parked eventID (or checks
 // -subscriber's).
 func (c *cli) findParked(ctx context.Context, d *database, eventID string) (*subscriptions.Subscriber, subscriptions.ParkedEvent, error) {
-	names, err := c.subscribersFor(ctx, d)
+	groups, err := c.subscribersFor(ctx, d)
 	if err != nil {
 		return nil, subscriptions.ParkedEvent{}, err
 	}
@@ -152,8 +201,8 @@ func (c *cli) findParked(ctx context.Context, d *database, eventID string) (*sub
 		found []*subscriptions.Subscriber
 		entry subscriptions.ParkedEvent
 	)
-	for _, name := range names {
-		sub, err := d.subscriber(name, c.logger())
+	for _, g := range groups {
+		sub, err := d.subscriber(g, c.logger())
 		if err != nil {
 			return nil, entry, err
 		}
@@ -245,26 +294,46 @@ func (c *cli) reset(ctx context.Context, d *database, name, positionArg string) 
 	if err != nil || position < 0 {
 		return usageError{fmt.Sprintf("reset: POSITION %q: want a whole number >= 0", positionArg)}
 	}
-	names, err := d.subscriberNames(ctx)
+	groups, err := d.groups(ctx)
 	if err != nil {
 		return err
 	}
-	known := false
-	for _, n := range names {
-		known = known || n == name
-	}
-	if !known {
-		return fmt.Errorf("no subscriber %q in this database (status lists them)", name)
-	}
-	current, err := d.checkpoints.Position(ctx, name)
+	g, err := findGroup(groups, name)
 	if err != nil {
 		return err
 	}
-	if err := c.confirm(fmt.Sprintf("Reset subscriber %q from position %d to %d? Events after %d will be processed again.",
-		name, current, position, position)); err != nil {
+	// A checkpoint past the head would skip every event appended until the
+	// feed gets there (and Status reports it as ErrCheckpointAhead).
+	head, err := d.events.HeadPosition(ctx)
+	if err != nil {
+		return fmt.Errorf("read the feed head: %w", err)
+	}
+	if position > head {
+		return fmt.Errorf("reset: position %d is beyond the feed head %d: subscriber %q would skip the events appended until the feed reaches it; nothing was changed", position, head, name)
+	}
+	from, current := "", int64(0)
+	if g.partitions > 0 {
+		lo, hi := int64(-1), int64(0)
+		for p := range g.partitions {
+			pos := g.checkpoints[p]
+			if lo < 0 || pos < lo {
+				lo = pos
+			}
+			hi = max(hi, pos)
+		}
+		current = lo
+		from = fmt.Sprintf("its %d partitions (at positions %d to %d)", g.partitions, lo, hi)
+	} else {
+		if current, err = d.checkpoints.Position(ctx, name); err != nil {
+			return err
+		}
+		from = fmt.Sprintf("position %d", current)
+	}
+	if err := c.confirm(fmt.Sprintf("Reset subscriber %q from %s to %d? Events after %d will be processed again.",
+		name, from, position, position)); err != nil {
 		return err
 	}
-	sub, err := d.subscriber(name, c.logger())
+	sub, err := d.subscriber(g, c.logger())
 	if err != nil {
 		return err
 	}
@@ -272,9 +341,13 @@ func (c *cli) reset(ctx context.Context, d *database, name, positionArg string) 
 		return err
 	}
 	if c.json {
-		return c.printJSON(map[string]any{"subscriber": name, "from": current, "position": position})
+		out := map[string]any{"subscriber": name, "from": current, "position": position}
+		if g.partitions > 0 {
+			out["partitions"] = g.partitions
+		}
+		return c.printJSON(out)
 	}
-	fmt.Fprintf(c.stdout, "reset: subscriber %q from position %d to %d\n", name, current, position)
+	fmt.Fprintf(c.stdout, "reset: subscriber %q from %s to %d\n", name, from, position)
 	return nil
 }
 
@@ -292,11 +365,17 @@ func (c *cli) migrate(ctx context.Context) error {
 		if err := migrations.Verify(ctx, db); err != nil {
 			return err
 		}
+		if c.json {
+			return c.printJSON(map[string]any{"schema": "current"})
+		}
 		fmt.Fprintln(c.stdout, "schema is current")
 		return nil
 	}
 	if err := migrations.Migrate(ctx, db); err != nil {
 		return err
+	}
+	if c.json {
+		return c.printJSON(map[string]any{"schema": "migrated"})
 	}
 	fmt.Fprintln(c.stdout, "schema migrated")
 	return nil

@@ -169,23 +169,15 @@ func hasTable(ctx context.Context, db *gorm.DB, kind, table string) (bool, error
 	return n > 0, err
 }
 
-// subscriberNames lists every subscriber with a checkpoint or a parked
-// event, sorted.
-func (d *database) subscriberNames(ctx context.Context) ([]string, error) {
-	var names []string
-	err := d.db.WithContext(ctx).Raw(`SELECT subscriber FROM subscriber_checkpoints
-		UNION SELECT subscriber FROM parked_events ORDER BY 1`).Scan(&names).Error
-	if err != nil {
-		return nil, fmt.Errorf("list subscribers: %w", err)
+// subscriber is a Subscriber for g over the database's stores, with g's
+// partitions. Its handler refuses to run: the CLI never processes events.
+// Its log lines (the audit line of a discard, a reset) go to stderr.
+func (d *database) subscriber(g *group, log *slog.Logger) (*subscriptions.Subscriber, error) {
+	opts := []subscriptions.SubscriberOption{subscriptions.WithParkingLot(d.parking), subscriptions.WithLogger(log)}
+	if g.partitions > 0 {
+		opts = append(opts, subscriptions.WithPartitions(g.partitions))
 	}
-	return names, nil
-}
-
-// subscriber is a Subscriber for name over the database's stores. Its
-// handler refuses to run: the CLI never processes events. Its log lines
-// (the audit line of a discard, a reset) go to stderr.
-func (d *database) subscriber(name string, log *slog.Logger) (*subscriptions.Subscriber, error) {
-	return subscriptions.NewSubscriber(name, d.events, d.checkpoints, func(context.Context, domain.EventEnvelope[any]) error {
+	return subscriptions.NewSubscriber(g.name, d.events, d.checkpoints, func(context.Context, domain.EventEnvelope[any]) error {
 		return errors.New("the subscriptions CLI has no event handler")
-	}, subscriptions.WithParkingLot(d.parking), subscriptions.WithLogger(log))
+	}, opts...)
 }

@@ -4,15 +4,16 @@
 //
 //	subscriptions [-dsn DSN] [-json] [-yes] COMMAND [flags] [args]
 //
-//	status                              every subscriber: position, head, lag, parked count
+//	status [-partitions]                every subscriber: position, head, lag, parked count, partitions
 //	parked list [-subscriber S] [-type T] [-aggregate A] [-after P] [-limit N]
 //	parked show [-subscriber S] EVENT_ID  one parked event with its stored event
 //	parked discard [-subscriber S] EVENT_ID  remove it without processing (asks first)
-//	reset SUBSCRIBER POSITION           set the checkpoint (asks first)
+//	reset SUBSCRIBER POSITION           set the checkpoint (asks first; not beyond the head)
 //
 // The DSN comes from -dsn or SUBSCRIPTIONS_DSN: a Postgres URL or
 // key=value DSN, or a SQLite file (a path, or file:PATH?params). The
-// password is never printed. -json prints JSON for scripts instead of
+// password is never printed. A partitioned subscriber is shown and named
+// by its name, not by its partitions' checkpoint rows. -json prints JSON for scripts instead of
 // tables; -yes skips the confirmations. Flags may come before or after
 // the command's arguments.
 //
@@ -46,12 +47,17 @@ func main() {
 const usage = `usage: subscriptions [-dsn DSN] [-json] [-yes] COMMAND [flags] [args]
 
 commands:
-  status                                    every subscriber: position, head, lag (events, time), parked count
+  status [-partitions]                      every subscriber: position, head, lag (events, time), parked count,
+                                            partitions. A partitioned subscriber is one row: its position is the
+                                            lowest partition checkpoint with events left (the head when all are
+                                            caught up), its lag the events left in all partitions, its lag time
+                                            the oldest one's age; -partitions (and -json) add each partition
   parked list [-subscriber S] [-type T] [-aggregate A] [-after P] [-limit N]
   parked show [-subscriber S] EVENT_ID      one parked event, with the stored event and its payload
   parked discard [-subscriber S] EVENT_ID   remove a parked event without processing it (asks first)
   parked replay ...                         not here: replay needs the application's handler (see below)
-  reset SUBSCRIBER POSITION                 set a subscriber's checkpoint (asks first)
+  reset SUBSCRIBER POSITION                 set a subscriber's checkpoint, every partition's if partitioned
+                                            (asks first; refuses a position beyond the feed head)
   migrate [-verify]                         apply the module's schema migrations (migrations.Migrate);
                                             -verify only checks them (migrations.Verify), changing nothing
 
@@ -93,6 +99,7 @@ type cli struct {
 	after      int64
 	limit      int
 	verify     bool
+	partitions bool
 
 	stdin          io.Reader
 	stdout, stderr io.Writer
@@ -182,7 +189,10 @@ func (c *cli) dispatch(ctx context.Context, args []string, getenv func(string) s
 	case "help", "-h", "-help", "--help":
 		return flag.ErrHelp
 	case "status":
-		pos, err = c.flags(cmd, rest, nil)
+		pos, err = c.flags(cmd, rest, func(fs *flag.FlagSet) { fs.BoolVar(&c.partitions, "partitions", false, "") })
+		if err == nil && len(pos) != 0 {
+			err = usageError{fmt.Sprintf("status: takes no arguments, got %d", len(pos))}
+		}
 	case "parked":
 		if len(rest) == 0 {
 			return usageError{"parked: want list, show, discard (or replay)"}

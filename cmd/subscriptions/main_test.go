@@ -183,8 +183,8 @@ func TestEndToEnd(t *testing.T) {
 
 			r := run("", "status")
 			require.Equal(t, 0, r.code, r.stderr)
-			require.Regexp(t, `(?m)^SUBSCRIBER\s+POSITION\s+HEAD\s+LAG\s+LAG_TIME\s+PARKED\s+STATE$`, r.stdout)
-			require.Regexp(t, `(?m)^balances\s+11\s+11\s+0\s+0s\s+1\s+caught up$`, r.stdout)
+			require.Regexp(t, `(?m)^SUBSCRIBER\s+POSITION\s+HEAD\s+LAG\s+LAG_TIME\s+PARKED\s+PARTITIONS\s+STATE$`, r.stdout)
+			require.Regexp(t, `(?m)^balances\s+11\s+11\s+0\s+0s\s+1\s+-\s+caught up$`, r.stdout)
 
 			// The example's constructors migrated the database: migrate
 			// finds nothing to do, and -verify agrees.
@@ -282,6 +282,8 @@ func TestEndToEnd(t *testing.T) {
 				{[]string{"reset", "balances", "-3"}, 2, "want a whole number >= 0"},
 				{[]string{"reset", "balances", "x"}, 2, "want a whole number >= 0"},
 				{[]string{"reset", "nobody", "1", "-yes"}, 1, `no subscriber "nobody"`},
+				{[]string{"reset", "balances", "12", "-yes"}, 1, "position 12 is beyond the feed head 11"},
+				{[]string{"status", "extra"}, 2, "status: takes no arguments"},
 				{[]string{"parked", "list", "-subscriber", "nobody"}, 1, `no subscriber "nobody"`},
 				{[]string{"parked", "show"}, 2, "want exactly one EVENT_ID"},
 				{[]string{"parked", "frob"}, 2, "unknown"},
@@ -296,9 +298,6 @@ func TestEndToEnd(t *testing.T) {
 	}
 }
 
-// TestErrorsWithoutADatabase: no DSN, a missing SQLite file, a database
-// without the module's tables, and a server that refuses: each a clear
-// message, a non-zero exit, and never the password.
 // TestMigrateCommand: on a database without the module's tables,
 // migrate -verify fails naming what is missing and changes nothing;
 // migrate creates the schema, after which -verify passes.
@@ -321,12 +320,24 @@ func TestMigrateCommand(t *testing.T) {
 	r = run("migrate", "-verify")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Equal(t, "schema is current\n", r.stdout)
+	r = run("migrate", "-verify", "-json")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.JSONEq(t, `{"schema":"current"}`, r.stdout)
+	r = run("-json", "status")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.JSONEq(t, `{"subscribers":[]}`, r.stdout)
+	r = run("-json", "parked", "list")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.JSONEq(t, `{"parked":[]}`, r.stdout)
 
 	r = run("migrate", "extra")
 	require.Equal(t, 2, r.code)
 	require.Contains(t, r.stderr, "migrate: takes no arguments")
 }
 
+// TestErrorsWithoutADatabase: no DSN, a missing SQLite file, a database
+// without the module's tables, and a server that refuses: each a clear
+// message, a non-zero exit, and never the password.
 func TestErrorsWithoutADatabase(t *testing.T) {
 	cli, _ := binaries(t)
 	const password = "Pa55-w0rd-never-shown"
