@@ -325,7 +325,20 @@ func (h *adminHandler) apiReset(w http.ResponseWriter, r *http.Request, s *Subsc
 		writeJSONError(w, http.StatusBadRequest, `position: want {"position": N} with N >= 0`)
 		return
 	}
-	err := s.ResetCheckpoint(r.Context(), *req.Position)
+	// A checkpoint past the head would skip every event appended until the
+	// feed gets there (Status then reports ErrCheckpointAhead): refused.
+	head, err := s.events.HeadPosition(r.Context())
+	if err != nil {
+		err = fmt.Errorf("subscriptions: reset of %q: read the feed head: %w", s.name, err)
+		h.audit(r, caller, AdminReset, s.name, err, "position", *req.Position)
+		writeJSONError(w, errorStatus(err, false), err.Error())
+		return
+	}
+	if *req.Position > head {
+		writeJSONError(w, http.StatusBadRequest, fmt.Sprintf("position: %d is beyond the feed head %d (the subscriber would skip the events appended until the feed reaches it); nothing was changed", *req.Position, head))
+		return
+	}
+	err = s.ResetCheckpoint(r.Context(), *req.Position)
 	h.audit(r, caller, AdminReset, s.name, err, "position", *req.Position)
 	if err != nil {
 		writeJSONError(w, errorStatus(err, false), err.Error())

@@ -186,6 +186,7 @@ func TestAdminHandler(t *testing.T) {
 					{"discard unknown event", "DELETE", adminPath("admin-sub", "parked", "no-such-event"), "alice", "", "", jsonCT, 404},
 					{"replay unknown event", "POST", adminPath("admin-sub", "parked", "no-such-event", "replay"), "alice", "", "{}", jsonCT, 404},
 					{"reset negative", "POST", adminPath("admin-sub", "reset"), "alice", "", `{"position":-1}`, jsonCT, 400},
+					{"reset beyond the head", "POST", adminPath("admin-sub", "reset"), "alice", "", `{"position":1000000}`, jsonCT, 400},
 					{"reset without position", "POST", adminPath("admin-sub", "reset"), "alice", "", `{}`, jsonCT, 400},
 					{"reset not a number", "POST", adminPath("admin-sub", "reset"), "alice", "", `{"position":"x"}`, jsonCT, 400},
 					{"reset unknown field", "POST", adminPath("admin-sub", "reset"), "alice", "", `{"position":1,"x":1}`, jsonCT, 400},
@@ -275,6 +276,7 @@ func TestAdminHandler(t *testing.T) {
 				w = f.do("DELETE", adminPath("admin-sub", "parked", p1), "carol", "", "", jsonCT)
 				require.Equal(t, 200, w.Code, w.Body.String())
 				require.Contains(t, f.logs.String(), "action=discard caller=carol")
+				require.Regexp(t, `action=discard caller=carol .*event_id=`+regexp.QuoteMeta(p1)+` event_type=admin.poison position=\d+ parked_error=`, f.logs.String(), "the audit line names the event and its error")
 				w = f.do("POST", adminPath("admin-sub", "replay"), "alice", "", `{"event_type":"admin.poison","continue_on_error":true}`, jsonCT)
 				require.Equal(t, 200, w.Code, w.Body.String())
 				res := decodeJSON[subscriptions.ParkedReplayResult](t, w)
@@ -410,4 +412,20 @@ func TestAdminHostileNames(t *testing.T) {
 		require.Equal(t, n, got.Parked.Subscriber)
 		require.Equal(t, "<b>ev</b>/1", got.Parked.EventID)
 	}
+}
+
+// TestAdminTrustedOrigins: an origin listed with WithAdminTrustedOrigins
+// may act (a proxy rewrote Host); any other origin is still refused.
+func TestAdminTrustedOrigins(t *testing.T) {
+	f := newAdminFixture(t, envBackends()[0].New(t), subscriptions.WithAdminTrustedOrigins("https://ops.example.com"))
+	reset := adminPath("admin-sub", "reset")
+	hdr := func(origin string) map[string]string {
+		return map[string]string{"Content-Type": "application/json", "Origin": origin}
+	}
+	w := f.do("POST", reset, "alice", "", `{"position":1}`, hdr("https://evil.example.com"))
+	require.Equal(t, 403, w.Code, w.Body.String())
+	w = f.do("POST", reset, "alice", "", `{"position":1}`, hdr("https://OPS.example.com"))
+	require.Equal(t, 200, w.Code, w.Body.String())
+	st := decodeJSON[map[string]any](t, f.do("GET", adminPath("admin-sub"), "alice", "", "", nil))
+	require.Equal(t, float64(1), st["position"])
 }
