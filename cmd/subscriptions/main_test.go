@@ -376,3 +376,11 @@ func TestErrorsWithoutADatabase(t *testing.T) {
 		require.Contains(t, r.stderr, "no subscriber_checkpoints table")
 	}
 }
+
+// TestHelpIsDocumented: docs/operations.md shows the help this command
+// prints, word for word.
+func TestHelpIsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/operations.md")
+	require.NoError(t, err)
+	require.Contains(t, string(doc), "```\n"+usage+"```\n", "copy the output of `go run ./cmd/subscriptions help` into docs/operations.md")
+}
