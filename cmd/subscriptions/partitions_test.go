@@ -166,6 +166,20 @@ func TestPartitionedSubscriber(t *testing.T) {
 			r = run("parked", "show", "-subscriber", "orders", ids[1])
 			require.Equal(t, 0, r.code, r.stderr)
 			require.Contains(t, r.stdout, "cannot handle a bad order")
+			r = run("-json", "parked", "show", ids[1])
+			require.Equal(t, 0, r.code, r.stderr)
+			var shown struct {
+				Parked struct {
+					Subscriber string
+					Error      string
+				}
+				Event struct {
+					EventType string `json:"event_type"`
+				}
+			}
+			require.NoError(t, json.Unmarshal([]byte(r.stdout), &shown), r.stdout)
+			require.Equal(t, "orders", shown.Parked.Subscriber)
+			require.Equal(t, "order.bad", shown.Event.EventType)
 
 			for _, bad := range []struct {
 				args []string
@@ -180,6 +194,14 @@ func TestPartitionedSubscriber(t *testing.T) {
 				require.Equal(t, 1, r.code, "%v: %s", bad.args, r.stderr)
 				require.Contains(t, r.stderr, bad.msg, bad.args)
 			}
+
+			r = run("-json", "-yes", "parked", "discard", ids[1])
+			require.Equal(t, 0, r.code, r.stderr)
+			require.Contains(t, r.stdout, `"discarded"`)
+			require.Contains(t, r.stderr, "parked event discarded", "the audit line")
+			r = run("status", "-json")
+			require.Equal(t, 0, r.code, r.stderr)
+			require.Contains(t, r.stdout, `"parked": 0`)
 
 			r = run("reset", "orders", "2", "-json", "-yes")
 			require.Equal(t, 0, r.code, r.stderr)
