@@ -51,7 +51,10 @@ func (c *cli) status(ctx context.Context, d *database) error {
 	for _, g := range groups {
 		sub, err := d.subscriber(g, c.logger())
 		if err != nil {
-			return err
+			// A name this version refuses (written by hand?): its row says
+			// why, the others are still shown.
+			out = append(out, dbStatus{Status: subscriptions.Status{Subscriber: g.name}, State: "error", Error: err.Error(), Partitions: g.partitions})
+			continue
 		}
 		st, err := sub.Status(ctx)
 		row := dbStatus{Status: st, Partitions: g.partitions, OtherCheckpoints: g.other}
@@ -66,14 +69,8 @@ func (c *cli) status(ctx context.Context, d *database) error {
 			row.State = "caught up"
 		}
 		if g.partitions > 0 && (c.json || c.partitions) && row.Error == "" {
-			head := st.Head
-			if head == 0 {
-				if head, err = d.events.HeadPosition(ctx); err != nil {
-					return fmt.Errorf("read the feed head: %w", err)
-				}
-			}
-			if row.PartitionCheckpoints, err = d.partitionStatuses(ctx, g, head); err != nil {
-				return err
+			if row.PartitionCheckpoints, err = d.partitionStatuses(ctx, g, st.Head); err != nil {
+				row.State, row.Error = "error", err.Error()
 			}
 		}
 		out = append(out, row)

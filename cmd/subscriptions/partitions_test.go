@@ -213,6 +213,19 @@ func TestPartitionedSubscriber(t *testing.T) {
 				require.Equal(t, int64(2), pc.Position, "every partition was reset")
 			}
 			require.Equal(t, int64(2), st.Subscribers[0].Position)
+
+			// A row this version refuses (a partition count past
+			// MaxPartitions): its subscriber's row says why, the others are
+			// still shown.
+			require.NoError(t, db.Exec("INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, ?, ?)",
+				"broken/partitions", subscriptions.MaxPartitions+1, time.Now().UTC()).Error)
+			r = run("status")
+			require.Equal(t, 0, r.code, r.stderr)
+			require.Regexp(t, `(?m)^broken\s+0\s+0\s+0\s+0s\s+0\s+1025\s+error: .*partitions 1025 must be between`, r.stdout)
+			require.Regexp(t, `(?m)^orders\s+2\s+`, r.stdout)
+			r = run("status", "-json")
+			require.Equal(t, 0, r.code, r.stderr)
+			require.Contains(t, r.stdout, "partitions 1025 must be between 1 and 1024 (WithPartitions)", "JSON has the whole error")
 		})
 	}
 }
