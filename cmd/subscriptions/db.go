@@ -12,14 +12,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"gorm.io/driver/postgres"
-	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
-	"github.com/eventfeed/subscriptions/internal/dsn"
 	"github.com/eventfeed/subscriptions/internal/secret"
 )
 
@@ -115,15 +113,15 @@ func openHandle(ctx context.Context, d string) (db *gorm.DB, kind string, close 
 		if strings.HasPrefix(path, "file:") {
 			path, _, _ = strings.Cut(strings.TrimPrefix(path, "file:"), "?")
 		} else {
-			full = dsn.SQLiteFile(path)
+			full = sqliteFileDSN(path)
 		}
 		if st, err := os.Stat(path); err != nil {
 			return nil, "", nil, fmt.Errorf("SQLite database %s: %w (a Postgres DSN starts with postgres:// or has host=...)", path, err)
 		} else if st.IsDir() {
 			return nil, "", nil, fmt.Errorf("SQLite database %s is a directory", path)
 		}
-		if db, err = gorm.Open(sqlite.Open(full), cfg); err != nil {
-			return nil, "", nil, fmt.Errorf("open SQLite database %s: %w", path, err)
+		if db, err = gorm.Open(openSQLite(full), cfg); err != nil {
+			return nil, "", nil, fmt.Errorf("open SQLite database %s with %s: %w", path, sqliteDriver, err)
 		}
 		pool, err := db.DB()
 		if err != nil {

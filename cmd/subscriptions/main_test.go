@@ -384,3 +384,22 @@ func TestHelpIsDocumented(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(doc), "```\n"+usage+"```\n", "copy the output of `go run ./cmd/subscriptions help` into docs/operations.md")
 }
+
+// TestStaticBinaryReadsSQLite builds the command with CGO_ENABLED=0 (a
+// static binary, as operators ship it) and checks that it still opens a
+// SQLite file, through the pure-Go driver (sqlite_purego.go).
+func TestStaticBinaryReadsSQLite(t *testing.T) {
+	_, example := binaries(t)
+	static := filepath.Join(t.TempDir(), "subscriptions-static")
+	build := exec.Command("go", "build", "-o", static, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "CGO_ENABLED=0 go build: %s", out)
+
+	line := liveExample(t, example)
+	m := regexp.MustCompile(`^database: SQLite file (\S+) `).FindStringSubmatch(line)
+	require.NotNil(t, m, line)
+	r := runCLI(t, static, "", nil, "-dsn", m[1], "status")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `(?m)^balances\s+11\s+11\s+0\s+0s\s+1\s+-\s+caught up$`, r.stdout)
+}

@@ -193,9 +193,7 @@ var Mattn = SQLiteDriver{Name: "mattn", Open: sqlite.Open, FileDSN: SQLiteFileDS
 var Glebarez = SQLiteDriver{
 	Name: "glebarez",
 	Open: glebarez.Open,
-	FileDSN: func(path string) string {
-		return "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate&_pragma=foreign_keys(1)"
-	},
+	FileDSN: dsn.SQLiteFileGlebarez,
 	MemoryDSN: func(name string) string {
 		return "file:/" + name + "?vfs=memdb&_pragma=busy_timeout(10000)&_txlock=immediate"
 	},

@@ -30,3 +30,9 @@ func Postgres() string {
 func SQLiteFile(path string) string {
 	return "file:" + path + "?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate&_foreign_keys=1"
 }
+
+// SQLiteFileGlebarez is SQLiteFile for github.com/glebarez/sqlite (pure Go),
+// which ignores the cgo driver's parameters and takes pragmas instead.
+func SQLiteFileGlebarez(path string) string {
+	return "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate&_pragma=foreign_keys(1)"
+}
