@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/internal/ctxsleep"
 	"github.com/eventfeed/subscriptions/internal/ident"
 	"github.com/eventfeed/subscriptions/internal/secret"
 )
@@ -213,7 +214,7 @@ func (l *PostgresListener) Run(ctx context.Context) error {
 		}
 		l.logger.Warn(msg, "channel", l.channel, "server", l.target,
 			"consecutive_failures", failures, "retry_in", l.reconnectDelay, "error", secret.Scrub(err.Error(), l.secrets))
-		if !sleepContext(ctx, l.reconnectDelay) {
+		if !ctxsleep.Sleep(ctx, l.reconnectDelay) {
 			return nil
 		}
 	}
@@ -245,18 +246,5 @@ func (l *PostgresListener) listen(ctx context.Context, failures int) (connected 
 			return true, fmt.Errorf("wait for notification: %w", err)
 		}
 		l.subs.notify()
-	}
-}
-
-// sleepContext waits d unless ctx is cancelled first; it reports whether the
-// full delay passed. The timer is stopped either way.
-func sleepContext(ctx context.Context, d time.Duration) bool {
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-timer.C:
-		return true
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/internal/ctxsleep"
 )
 
 // outcome is what one cycle leaves the run loop to do.
@@ -199,19 +200,6 @@ func (r *runner) wait(ctx context.Context, d time.Duration, allowWake bool) (wok
 			}
 			return true, false
 		}
-	}
-}
-
-// sleep waits d unless ctx is cancelled first; it reports whether the full
-// delay passed.
-func (r *runner) sleep(ctx context.Context, d time.Duration) bool {
-	r.timer.Reset(d)
-	defer r.timer.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-r.timer.C:
-		return true
 	}
 }
 
@@ -466,7 +454,7 @@ func (r *runner) failed(ctx context.Context, start int64, ev domain.EventEnvelop
 		s.tel.count(ctx, OutcomeRetried, 1)
 	}
 	for n := 2; n <= attempts; n++ {
-		if !r.sleep(ctx, s.backoff(n-1)) {
+		if !ctxsleep.Sleep(ctx, s.backoff(n-1)) {
 			return outcomeStopped
 		}
 		out, done, aerr := r.attempt(ctx, start, ev, n, n == attempts, first)

@@ -12,6 +12,7 @@ import (
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/internal/ctxsleep"
 )
 
 // batchRebuildSize is the batch of every variant of scenario 10.
@@ -175,7 +176,7 @@ func batchLibraryRebuild(ctx context.Context, store domain.EventStore, cps subsc
 		if pos >= head {
 			break
 		}
-		if !sleepCtx(ctx, time.Millisecond) {
+		if !ctxsleep.Sleep(ctx, time.Millisecond) {
 			cancel()
 			return errors.Join(ctx.Err(), <-errc)
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/internal/ctxsleep"
 )
 
 // stmtCounter counts statements at the driver: pgx calls it for every
@@ -91,7 +92,7 @@ func measureIdle(ctx context.Context, c *stmtCounter, p *pollCounter, d time.Dur
 	t0 := time.Now()
 	c.on.Store(true)
 	p.on.Store(true)
-	ok := sleepCtx(ctx, d)
+	ok := ctxsleep.Sleep(ctx, d)
 	p.on.Store(false)
 	c.on.Store(false)
 	m := idleMeasure{polls: p.polls.Load(), stmts: c.stmts.Load(), begins: c.begins.Load(), cpu: processCPU() - cpu0, window: time.Since(t0)}
@@ -165,12 +166,12 @@ func runIdle(ctx context.Context, b *bench) ([]Row, error) {
 			if pos >= head {
 				break
 			}
-			if !sleepCtx(ctx, 5*time.Millisecond) {
+			if !ctxsleep.Sleep(ctx, 5*time.Millisecond) {
 				return nil, errors.Join(ctx.Err(), stopAll())
 			}
 		}
 	}
-	sleepCtx(ctx, 2*sz.idleInterval) // every subscriber is now in its idle loop
+	ctxsleep.Sleep(ctx, 2*sz.idleInterval) // every subscriber is now in its idle loop
 	lib, err := measureIdle(ctx, counter, polls, sz.idleDuration)
 	if err := errors.Join(err, stopAll()); err != nil {
 		return nil, err
@@ -194,7 +195,7 @@ func runIdle(ctx context.Context, b *bench) ([]Row, error) {
 			}
 		})
 	}
-	sleepCtx(ctx, 2*sz.idleInterval)
+	ctxsleep.Sleep(ctx, 2*sz.idleInterval)
 	base, err := measureIdle(ctx, counter, polls, sz.idleDuration)
 	bcancel()
 	wg.Wait()

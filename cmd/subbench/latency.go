@@ -18,6 +18,7 @@ import (
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/internal/ctxsleep"
 )
 
 // latencies summarises one pass of timed appends.
@@ -176,7 +177,7 @@ func (e *latencyEnv) timedAppends(ctx context.Context, aggregate string, wait fu
 			out.handled = append(out.handled, at)
 			out.afterNotify = append(out.afterNotify, at.Sub(notified))
 		}
-		if !sleepCtx(ctx, e.sz.latencySpacing) {
+		if !ctxsleep.Sleep(ctx, e.sz.latencySpacing) {
 			return out, ctx.Err()
 		}
 	}
@@ -358,7 +359,7 @@ func holdUnrelated(ctx context.Context, dsn string, hold time.Duration) (stop fu
 				first = false
 				started <- nil
 			}
-			sleepCtx(hctx, hold)
+			ctxsleep.Sleep(hctx, hold)
 			return tx.Commit(context.Background())
 		}
 		for hctx.Err() == nil {
@@ -384,18 +385,6 @@ func holdUnrelated(ctx context.Context, dsn string, hold time.Duration) (stop fu
 		return nil, err
 	}
 	return stop, nil
-}
-
-// sleepCtx sleeps d unless ctx ends first; it reports whether d passed.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 // span is one statement on the subscriber's pool, as pgx saw it.

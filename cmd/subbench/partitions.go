@@ -12,6 +12,7 @@ import (
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/internal/ctxsleep"
 )
 
 // partitionCase is one run of the "partitions" scenario: a subscriber with
@@ -188,7 +189,7 @@ func runPartitionCase(ctx context.Context, b *bench, sc *partitionSchema, c part
 		if k >= int64(c.events) {
 			break
 		}
-		if !sleepCtx(ctx, 2*time.Millisecond) {
+		if !ctxsleep.Sleep(ctx, 2*time.Millisecond) {
 			return res, errors.Join(ctx.Err(), stopAll())
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/internal/ctxsleep"
 )
 
 // replicaResult is one catch-up by one or more replicas of a subscriber.
@@ -215,7 +216,7 @@ func (set *replicaSet) run(ctx context.Context, b *bench, setup *gorm.DB, from, 
 		if pos >= head {
 			break
 		}
-		if !sleepCtx(ctx, time.Millisecond) {
+		if !ctxsleep.Sleep(ctx, time.Millisecond) {
 			return res, errors.Join(ctx.Err(), stopAll())
 		}
 	}
