@@ -49,7 +49,7 @@ func TestBatchHandlerSuite(t *testing.T) {
 					want := partAppend(t, e.Events, map[string]int{}, 8, 100)
 					sub := coreNewSub(t, "batch-whole", e.Events, e.Checkpoints, nil,
 						append(opts, subscriptions.WithBatchHandler(h))...)
-					coreStart(t, sub)
+					start(t, sub)
 					waitCaughtUp(t, sub)
 					handled := proj.handled(t)
 					for _, ev := range want {
@@ -90,7 +90,7 @@ func TestBatchHandlerSuite(t *testing.T) {
 					sub := coreNewSub(t, "batch-poison", e.Events, e.Checkpoints, nil,
 						append(opts, subscriptions.WithBatchHandler(h), subscriptions.WithParkingLot(e.Parking),
 							subscriptions.WithMaxRetries(2), subscriptions.WithRetryBackoff(time.Millisecond, time.Millisecond))...)
-					coreStart(t, sub)
+					start(t, sub)
 					waitCaughtUp(t, sub)
 					parked, err := sub.ListParked(context.Background())
 					require.NoError(t, err)
@@ -164,7 +164,7 @@ func TestBatchHandlerShutdownGrace(t *testing.T) {
 			}
 			opts := []subscriptions.SubscriberOption{subscriptions.WithBatchHandler(h), subscriptions.WithShutdownGrace(20 * time.Millisecond)}
 			sub := coreNewSub(t, "batch-grace", e.Events, e.Checkpoints, nil, opts...)
-			run := coreStart(t, sub)
+			run := start(t, sub)
 			<-entered
 			run.stop(t)
 			lag, err := sub.Lag(context.Background())
@@ -173,7 +173,7 @@ func TestBatchHandlerShutdownGrace(t *testing.T) {
 
 			block = false
 			sub = coreNewSub(t, "batch-grace", e.Events, e.Checkpoints, nil, opts...)
-			coreStart(t, sub)
+			start(t, sub)
 			waitCaughtUp(t, sub)
 			if e.DB != nil {
 				handled := proj.handled(t)

@@ -118,7 +118,7 @@ func TestBlueGreenRebuild(t *testing.T) {
 			// Version 1 is live.
 			v1 := coreNewSub(t, "bg/v1", e.Events, e.Checkpoints, bgHandler("bg_v1"),
 				subscriptions.WithBatchSize(1000), subscriptions.WithParkingLot(e.Parking))
-			runV1 := coreStart(t, v1)
+			runV1 := start(t, v1)
 			wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 			defer cancel()
 			_, err := v1.WaitCaughtUp(wctx)
@@ -181,7 +181,7 @@ func TestBlueGreenRebuild(t *testing.T) {
 			// Version 2 replays everything into its own table.
 			v2 := coreNewSub(t, "bg/v2", e.Events, e.Checkpoints, bgHandler("bg_v2"),
 				subscriptions.WithBatchSize(1000), subscriptions.WithParkingLot(e.Parking))
-			runV2 := coreStart(t, v2)
+			runV2 := start(t, v2)
 			head, err := v2.WaitCaughtUp(wctx)
 			require.NoError(t, err)
 			require.GreaterOrEqual(t, head, int64(bgEvents()))

@@ -110,11 +110,8 @@ func faultNewOutageRig(t *testing.T, admin *gorm.DB, dsn, name, table string) *f
 // requireAlive requires that neither Run nor the listener has returned.
 func (rig *faultOutageRig) requireAlive(t *testing.T) {
 	t.Helper()
-	select {
-	case err := <-rig.run.done:
-		rig.run.done <- err
-		t.Fatalf("the subscriber's Run returned (%v) during the outage", err)
-	default:
+	if rig.run.returned() {
+		t.Fatalf("the subscriber's Run returned (%v) during the outage", rig.run.wait(t).err)
 	}
 	select {
 	case err := <-rig.listenDone:

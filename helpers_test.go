@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -182,36 +183,92 @@ func projected(t testing.TB, db *gorm.DB, table string) []string {
 	return ids
 }
 
-// running is a Subscriber started by start; stop cancels it and checks
-// that Run returned nil.
+// running is a Subscriber's Run on a goroutine, started by start: the one
+// way the root tests run a subscriber in the background. A panic in Run is
+// recovered and reported as the result.
 type running struct {
-	cancel context.CancelFunc
-	done   chan error
-	once   sync.Once
+	cancel  context.CancelFunc
+	done    chan runResult // holds the result once Run returned; readers put it back
+	checked atomic.Bool    // a test has looked at the result (wait or stop)
 }
 
-// start runs sub.Run on a goroutine until stop (or the test's cleanup).
+// runResult is how Run ended.
+type runResult struct {
+	err      error
+	panicked bool
+	panicVal any
+}
+
+// start runs sub.Run on a goroutine until cancel or stop, or the test's
+// cleanup, which cancels it, waits (bounded) for the goroutine to end
+// (goleak) and, unless the test looked at the result itself, requires
+// that Run returned nil without panicking.
 func start(t testing.TB, sub *subscriptions.Subscriber) *running {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- sub.Run(ctx) }()
-	t.Cleanup(func() { r.stop(t) })
+	r := &running{cancel: cancel, done: make(chan runResult, 1)}
+	go func() {
+		var res runResult
+		defer func() {
+			if v := recover(); v != nil {
+				res.panicked, res.panicVal = true, v
+			}
+			r.done <- res
+		}()
+		res.err = sub.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case res := <-r.done:
+			r.done <- res
+			if r.checked.Load() {
+				return
+			}
+			if res.panicked {
+				t.Errorf("Run panicked: %v", res.panicVal)
+			} else if res.err != nil {
+				t.Errorf("Run returned %v, want nil after cancellation", res.err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("Run did not return within 30s of the test's end")
+		}
+	})
 	return r
 }
 
-// stop cancels Run and waits (bounded) for it to return nil.
+// wait waits (bounded) for Run to return and returns its result.
+func (r *running) wait(t testing.TB) runResult {
+	t.Helper()
+	select {
+	case res := <-r.done:
+		r.done <- res // keep it for the cleanup and later readers
+		r.checked.Store(true)
+		return res
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return within 30s")
+		return runResult{}
+	}
+}
+
+// stop cancels Run and requires it to return nil without panicking.
 func (r *running) stop(t testing.TB) {
 	t.Helper()
-	r.once.Do(func() {
-		r.cancel()
-		select {
-		case err := <-r.done:
-			require.NoError(t, err)
-		case <-time.After(30 * time.Second):
-			t.Fatal("Run did not return within 30s of cancellation")
-		}
-	})
+	r.cancel()
+	res := r.wait(t)
+	require.False(t, res.panicked, "Run panicked: %v", res.panicVal)
+	require.NoError(t, res.err)
+}
+
+// returned reports whether Run has returned, without waiting.
+func (r *running) returned() bool {
+	select {
+	case res := <-r.done:
+		r.done <- res
+		return true
+	default:
+		return false
+	}
 }
 
 // waitCaughtUp waits until the subscriber's lag is 0.

@@ -201,14 +201,14 @@ func TestPartitionsSuite(t *testing.T) {
 				want := partAppend(t, e.Events, seq, 24, 150) // a backlog
 				const name = "part-replicas"
 				var subs []*subscriptions.Subscriber
-				var runs []*coreRun
+				var runs []*running
 				for i := 0; i < 3; i++ {
 					events, cps, _ := partReplica(t, e)
 					sub := coreNewSub(t, name, events, cps, proj.handler(true),
 						subscriptions.WithPartitions(8), subscriptions.WithConcurrency(2),
 						subscriptions.WithBatchSize(7), subscriptions.WithPollInterval(poll))
 					subs = append(subs, sub)
-					runs = append(runs, coreStart(t, sub))
+					runs = append(runs, start(t, sub))
 				}
 				want = append(want, partAppend(t, e.Events, seq, 24, 150)...) // live
 				// A replica stops mid-way; the others take its partitions.
@@ -242,7 +242,7 @@ func TestPartitionsSuite(t *testing.T) {
 					return handler(ctx, ev)
 				}, subscriptions.WithPartitions(4), subscriptions.WithConcurrency(4),
 					subscriptions.WithBatchSize(5), subscriptions.WithPollInterval(poll))
-				run := coreStart(t, sub)
+				run := start(t, sub)
 				<-started
 				close(gate)
 				// Reset to 0 once some batches have committed, while the others run.
@@ -289,7 +289,7 @@ func TestPartitionsSuite(t *testing.T) {
 				sub := coreNewSub(t, "part-rebuild", e.Events, e.Checkpoints, proj.handler(true),
 					subscriptions.WithPartitions(4), subscriptions.WithConcurrency(4), subscriptions.WithParkingLot(e.Parking),
 					subscriptions.WithBatchSize(5), subscriptions.WithPollInterval(poll))
-				run := coreStart(t, sub)
+				run := start(t, sub)
 				require.Eventually(t, func() bool { return len(proj.handled(t)) >= 40 }, 30*time.Second, time.Millisecond)
 				// The rebuild empties the projection and moves every partition
 				// to 0 at once: afterwards each event is projected once, in
@@ -329,7 +329,7 @@ func TestPartitionsSuite(t *testing.T) {
 				// The partition count is forgotten too: another n may run.
 				other := coreNewSub(t, "part-rebuild", e.Events, e.Checkpoints, func(context.Context, domain.EventEnvelope[any]) error { return nil },
 					subscriptions.WithPartitions(2), subscriptions.WithPollInterval(poll))
-				coreStart(t, other)
+				start(t, other)
 				waitCaughtUp(t, other)
 			})
 
@@ -343,7 +343,7 @@ func TestPartitionsSuite(t *testing.T) {
 				require.Equal(t, int64(len(want)), st.Lag)
 				require.Zero(t, st.Position)
 				require.Positive(t, st.LagSeconds)
-				coreStart(t, sub)
+				start(t, sub)
 				waitCaughtUp(t, sub)
 				st, err = sub.Status(context.Background())
 				require.NoError(t, err)
@@ -356,11 +356,11 @@ func TestPartitionsSuite(t *testing.T) {
 				h := func(context.Context, domain.EventEnvelope[any]) error { return nil }
 				partAppend(t, e.Events, map[string]int{}, 4, 10)
 				sub := coreNewSub(t, "part-count", e.Events, e.Checkpoints, h, subscriptions.WithPartitions(4))
-				run := coreStart(t, sub)
+				run := start(t, sub)
 				waitCaughtUp(t, sub)
 				run.stop(t)
 				other := coreNewSub(t, "part-count", e.Events, e.Checkpoints, h, subscriptions.WithPartitions(8))
-				res := coreStart(t, other).wait(t)
+				res := start(t, other).wait(t)
 				require.ErrorIs(t, res.err, subscriptions.ErrPartitionsChanged)
 				require.ErrorContains(t, res.err, "WithPartitions(4)")
 			})
@@ -371,13 +371,13 @@ func TestPartitionsSuite(t *testing.T) {
 				seq := map[string]int{}
 				first := partAppend(t, e.Events, seq, 6, 30)
 				plain := coreNewSub(t, "part-seed", e.Events, e.Checkpoints, proj.handler(true))
-				run := coreStart(t, plain)
+				run := start(t, plain)
 				waitCaughtUp(t, plain)
 				run.stop(t)
 				more := partAppend(t, e.Events, seq, 6, 30)
 				parted := coreNewSub(t, "part-seed", e.Events, e.Checkpoints, proj.handler(true),
 					subscriptions.WithPartitions(3), subscriptions.WithConcurrency(3), subscriptions.WithPollInterval(poll))
-				coreStart(t, parted)
+				start(t, parted)
 				waitCaughtUp(t, parted)
 				handled := proj.handled(t)
 				for _, ev := range append(first, more...) {
@@ -408,7 +408,7 @@ func TestPartitionsSuite(t *testing.T) {
 				}, subscriptions.WithPartitions(4), subscriptions.WithConcurrency(2), subscriptions.WithParkingLot(e.Parking),
 					subscriptions.WithMaxRetries(1), subscriptions.WithRetryBackoff(time.Millisecond, time.Millisecond),
 					subscriptions.WithPollInterval(poll))
-				coreStart(t, sub)
+				start(t, sub)
 				waitCaughtUp(t, sub)
 				parked, err := sub.ListParked(context.Background())
 				require.NoError(t, err)
@@ -453,7 +453,7 @@ func TestPartitionsIdleCostDoesNotGrowWithN(t *testing.T) {
 	const name = "part-idle"
 	sub := coreNewSub(t, name, events, cps, func(context.Context, domain.EventEnvelope[any]) error { return nil },
 		subscriptions.WithPartitions(16), subscriptions.WithConcurrency(4), subscriptions.WithPollInterval(20*time.Millisecond))
-	run := coreStart(t, sub)
+	run := start(t, sub)
 	waitCaughtUp(t, sub)
 	// Let the partitions settle (the first sweep after catching up may
 	// look at some again), then count.
@@ -494,7 +494,7 @@ func TestPartitionsWakeSignalWakesTheWorkers(t *testing.T) {
 			sub := coreNewSub(t, "part-wake", store, e.Checkpoints, proj.handler(true),
 				subscriptions.WithPartitions(4), subscriptions.WithConcurrency(2),
 				subscriptions.WithPollInterval(time.Hour), subscriptions.WithWakeSignal(notifier.Subscribe()))
-			coreStart(t, sub)
+			start(t, sub)
 			want := partAppend(t, store, seq, 8, 40)
 			require.Eventually(t, func() bool { return len(proj.handled(t)) == len(want) }, 30*time.Second, 5*time.Millisecond)
 			require.Empty(t, proj.orderViolations())
@@ -511,7 +511,7 @@ func TestPartitionsHandlerPanicPropagates(t *testing.T) {
 	sub := coreNewSub(t, "part-panic", events, cps, func(context.Context, domain.EventEnvelope[any]) error {
 		panic("boom")
 	}, subscriptions.WithPartitions(4), subscriptions.WithConcurrency(4))
-	res := coreStart(t, sub).wait(t)
+	res := start(t, sub).wait(t)
 	require.True(t, res.panicked)
 	require.Equal(t, "boom", res.panicVal)
 }

@@ -39,8 +39,8 @@ func startRebuildReplicas(t *testing.T, eb envBackend) *rebuildReplicas {
 	r := &rebuildReplicas{e: e, table: table}
 	r.a = coreNewSub(t, "rebuild", e.Events, e.Checkpoints, handler, subscriptions.WithBatchSize(3))
 	r.b = coreNewSub(t, "rebuild", eventsB, cpsB, handler, subscriptions.WithBatchSize(3))
-	coreStart(t, r.a)
-	coreStart(t, r.b)
+	start(t, r.a)
+	start(t, r.b)
 	appendN(t, e.Events, "rebuild.event", 0, 30)
 	_, err = r.a.WaitCaughtUp(context.Background())
 	require.NoError(t, err)

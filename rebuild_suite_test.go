@@ -113,7 +113,7 @@ func TestResetCheckpointWithSuite(t *testing.T) {
 				ids := appendN(t, e.Events, "rw.fail", 0, 12)
 				proj := newCountProjection(t, e)
 				sub := coreNewSub(t, "rw-fail", e.Events, e.Checkpoints, proj.apply, subscriptions.WithBatchSize(5))
-				run := coreStart(t, sub)
+				run := start(t, sub)
 				head, err := sub.WaitCaughtUp(ctx)
 				require.NoError(t, err)
 				run.stop(t)
@@ -155,7 +155,7 @@ func TestResetCheckpointWithSuite(t *testing.T) {
 					return nil
 				}
 				sub := coreNewSub(t, "rw-inflight", e.Events, e.Checkpoints, handler, subscriptions.WithBatchSize(5))
-				run := coreStart(t, sub)
+				run := start(t, sub)
 				gate.waitEntered(t) // the batch of events 10..14 is in flight
 
 				resetDone := make(chan error, 1)
@@ -212,7 +212,7 @@ func TestDeleteStateSuite(t *testing.T) {
 			opts := []subscriptions.SubscriberOption{subscriptions.WithParkingLot(e.Parking), subscriptions.WithMaxRetries(0)}
 			old := coreNewSub(t, "ds-old", e.Events, e.Checkpoints, handler, opts...)
 			other := coreNewSub(t, "ds-other", e.Events, e.Checkpoints, handler, opts...)
-			runOld, runOther := coreStart(t, old), coreStart(t, other)
+			runOld, runOther := start(t, old), start(t, other)
 			for _, s := range []*subscriptions.Subscriber{old, other} {
 				_, err := s.WaitCaughtUp(ctx)
 				require.NoError(t, err)
@@ -259,7 +259,7 @@ func TestRunTwiceSuite(t *testing.T) {
 				return nil
 			})
 			ids := appendN(t, e.Events, "twice.event", 0, 5)
-			run := coreStart(t, sub)
+			run := start(t, sub)
 			_, err := sub.WaitCaughtUp(ctx)
 			require.NoError(t, err)
 
@@ -272,7 +272,7 @@ func TestRunTwiceSuite(t *testing.T) {
 			run.stop(t)
 
 			ids = append(ids, appendN(t, e.Events, "twice.event", 5, 5)...)
-			run = coreStart(t, sub)
+			run = start(t, sub)
 			_, err = sub.WaitCaughtUp(ctx)
 			require.NoError(t, err)
 			run.stop(t)
@@ -299,7 +299,7 @@ func TestWaitCaughtUpSuite(t *testing.T) {
 
 			head, err := e.Events.HeadPosition(ctx)
 			require.NoError(t, err)
-			run := coreStart(t, sub)
+			run := start(t, sub)
 			got, err := sub.WaitCaughtUp(ctx)
 			require.NoError(t, err)
 			require.Equal(t, head, got)
@@ -341,7 +341,7 @@ func TestDeleteStateIsAtomic(t *testing.T) {
 				}
 				return nil
 			}, subscriptions.WithParkingLot(lot), subscriptions.WithMaxRetries(0))
-			run := coreStart(t, sub)
+			run := start(t, sub)
 			head, err := sub.WaitCaughtUp(ctx)
 			require.NoError(t, err)
 			run.stop(t)
@@ -387,7 +387,7 @@ func TestDeleteStateRefusesRun(t *testing.T) {
 			require.ErrorIs(t, runErr, subscriptions.ErrRunning, "a Run during DeleteState is refused")
 
 			appendN(t, e.Events, "ds.run", 0, 3)
-			run := coreStart(t, sub)
+			run := start(t, sub)
 			_, err := sub.WaitCaughtUp(ctx)
 			require.NoError(t, err, "the Subscriber runs after DeleteState")
 			run.stop(t)
@@ -440,7 +440,7 @@ func TestRebuildPurgesParkedEvents(t *testing.T) {
 			lot := e.Parking.(subscriptions.ParkingLotPurger)
 			sub := coreNewSub(t, "rp", e.Events, e.Checkpoints, handler,
 				subscriptions.WithParkingLot(lot), subscriptions.WithMaxRetries(0))
-			run := coreStart(t, sub)
+			run := start(t, sub)
 			_, err := sub.WaitCaughtUp(ctx)
 			require.NoError(t, err)
 			run.stop(t)
@@ -455,7 +455,7 @@ func TestRebuildPurgesParkedEvents(t *testing.T) {
 				}
 				return lot.Purge(ctx, sub.Name())
 			}))
-			run = coreStart(t, sub)
+			run = start(t, sub)
 			_, err = sub.WaitCaughtUp(ctx)
 			require.NoError(t, err)
 			run.stop(t)

@@ -70,7 +70,7 @@ func TestReplicasProcessExactlyOnceAndTakeOver(t *testing.T) {
 			}
 
 			calls := &coreReplicaLog{}
-			runs := make([]*coreRun, n)
+			runs := make([]*running, n)
 			for i := 0; i < n; i++ {
 				db := pg.Open(t)
 				events, err := infrastructure.NewGormEventStore(db)
@@ -88,7 +88,7 @@ func TestReplicasProcessExactlyOnceAndTakeOver(t *testing.T) {
 					}
 					return nil
 				}, subscriptions.WithBatchSize(5), subscriptions.WithPollInterval(poll))
-				runs[i] = coreStart(t, sub)
+				runs[i] = start(t, sub)
 			}
 
 			// Meanwhile, new events keep arriving.
@@ -205,7 +205,7 @@ func TestReplicaStopsWhileAnotherHoldsTheFirstBatch(t *testing.T) {
 		}
 		return nil
 	})
-	holderRun := coreStart(t, holder)
+	holderRun := start(t, holder)
 	gate.waitEntered(t) // the first batch, which inserted the row, is open
 
 	db := pg.Open(t)
@@ -216,7 +216,7 @@ func TestReplicaStopsWhileAnotherHoldsTheFirstBatch(t *testing.T) {
 	cps := &coreSkipCounter{CheckpointStore: gormCPs}
 	var handled atomic.Int32
 	other := coreNewSub(t, name, events, cps, func(context.Context, coreEnvelope) error { handled.Add(1); return nil })
-	otherRun := coreStart(t, other)
+	otherRun := start(t, other)
 	// The other replica must skip (Acquire returns acquired=false) rather
 	// than queue behind the first batch's row: see it skip twice.
 	require.Eventually(t, func() bool { return cps.skipped.Load() >= 2 }, 20*time.Second, time.Millisecond,

@@ -195,7 +195,7 @@ func TestSubscriberResetWhileBatchInFlight(t *testing.T) {
 			logger, logs := newLogger()
 			sub := coreNewSub(t, "core-reset-in-flight", e.Events, e.Checkpoints, handler,
 				subscriptions.WithBatchSize(10), subscriptions.WithLogger(logger))
-			run := coreStart(t, sub)
+			run := start(t, sub)
 			gate.waitEntered(t) // the batch of events 10..19 is in flight
 
 			// k is how many events were handled before the replay from the
@@ -349,7 +349,7 @@ func TestSubscriberResetRebuildsProjection(t *testing.T) {
 			}
 			const name = "core-rebuild"
 			sub := coreNewSub(t, name, e.Events, e.Checkpoints, handler, subscriptions.WithBatchSize(7))
-			run := coreStart(t, sub)
+			run := start(t, sub)
 			waitCaughtUp(t, sub)
 			require.Equal(t, ids, read())
 
@@ -374,7 +374,7 @@ func TestSubscriberResetRebuildsProjection(t *testing.T) {
 				require.NoError(t, err)
 			}
 			sub2 := coreNewSub(t, name, e.Events, cps, handler, subscriptions.WithBatchSize(7))
-			run2 := coreStart(t, sub2)
+			run2 := start(t, sub2)
 			waitCaughtUp(t, sub2)
 			run2.stop(t)
 			require.Equal(t, ids, read(), "every event re-projected exactly once")

@@ -45,7 +45,7 @@ func TestHandlerTimeoutSuite(t *testing.T) {
 				subscriptions.WithHandlerTimeout(30*time.Millisecond),
 				subscriptions.WithParkingLot(e.Parking), subscriptions.WithMaxRetries(1),
 				subscriptions.WithRetryBackoff(time.Millisecond, time.Millisecond))
-			run := coreStart(t, sub)
+			run := start(t, sub)
 			_, err := sub.WaitCaughtUp(ctx)
 			require.NoError(t, err)
 			run.stop(t)
@@ -119,7 +119,7 @@ func TestShutdownGraceSuite(t *testing.T) {
 					sub := coreNewSub(t, "grace", e.Events, e.Checkpoints, handler, subscriptions.WithBatchSize(5),
 						subscriptions.WithShutdownGrace(20*time.Millisecond), subscriptions.WithLogger(logger),
 						subscriptions.WithParkingLot(e.Parking), subscriptions.WithMaxRetries(0))
-					run := coreStart(t, sub)
+					run := start(t, sub)
 					gate.waitEntered(t) // the batch of events 5..9 is in flight
 					run.stop(t)         // returns although the handler never would
 					require.ErrorIs(t, <-cause, subscriptions.ErrShutdownGrace)
@@ -134,7 +134,7 @@ func TestShutdownGraceSuite(t *testing.T) {
 					require.Empty(t, parked, "an event cut off by shutdown is not parked")
 
 					hang.Store(false)
-					run = coreStart(t, sub)
+					run = start(t, sub)
 					_, err = sub.WaitCaughtUp(ctx)
 					require.NoError(t, err)
 					run.stop(t)
@@ -169,7 +169,7 @@ func TestShutdownGraceSuite(t *testing.T) {
 				// right after the cancellation.
 				sub := coreNewSub(t, "within", e.Events, e.Checkpoints, handler, subscriptions.WithBatchSize(5),
 					subscriptions.WithShutdownGrace(time.Hour))
-				run := coreStart(t, sub)
+				run := start(t, sub)
 				gate.waitEntered(t)
 				run.cancel()
 				gate.open()
@@ -197,7 +197,7 @@ func TestShutdownGraceSuite(t *testing.T) {
 					return proj.apply(ctx, ev)
 				}
 				sub := coreNewSub(t, "drain", e.Events, e.Checkpoints, handler, subscriptions.WithBatchSize(5))
-				run := coreStart(t, sub)
+				run := start(t, sub)
 				gate.waitEntered(t)
 				run.cancel()
 				gate.open()

@@ -15,6 +15,7 @@ import (
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
+	"github.com/eventfeed/subscriptions/internal/feedtest"
 )
 
 // Shared helpers of the subscriber-core tests (subscriber_*, checkpoint_*,
@@ -33,23 +34,12 @@ func coreFeed(t testing.TB, store domain.EventStore) []domain.EventEnvelope[any]
 	return events
 }
 
-// coreIDs returns the events' IDs in order.
-func coreIDs(events []domain.EventEnvelope[any]) []string {
-	ids := make([]string, len(events))
-	for i, ev := range events {
-		ids[i] = ev.ID
-	}
-	return ids
-}
-
-// corePositions returns the events' positions in order.
-func corePositions(events []domain.EventEnvelope[any]) []int64 {
-	ps := make([]int64, len(events))
-	for i, ev := range events {
-		ps[i] = ev.Position
-	}
-	return ps
-}
+// coreIDs and corePositions are the shared feed helpers
+// (internal/feedtest) under the core tests' names.
+var (
+	coreIDs       = feedtest.IDs
+	corePositions = feedtest.Positions
+)
 
 // coreRecorder records what a handler saw, safe for concurrent use.
 type coreRecorder struct {
@@ -93,79 +83,6 @@ func coreNewSub(t testing.TB, name string, events domain.EventStore, cps subscri
 	sub, err := subscriptions.NewSubscriber(name, events, cps, h, all...)
 	require.NoError(t, err)
 	return sub
-}
-
-// coreRun runs sub.Run on a goroutine, recovering a panic: the result
-// arrives on the returned channel. cancel stops it.
-type coreRun struct {
-	cancel context.CancelFunc
-	done   chan coreRunResult
-}
-
-type coreRunResult struct {
-	err      error
-	panicked bool
-	panicVal any
-}
-
-func coreStart(t testing.TB, sub *subscriptions.Subscriber) *coreRun {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &coreRun{cancel: cancel, done: make(chan coreRunResult, 1)}
-	go func() {
-		var res coreRunResult
-		defer func() {
-			if v := recover(); v != nil {
-				res.panicked, res.panicVal = true, v
-			}
-			r.done <- res
-		}()
-		res.err = sub.Run(ctx)
-	}()
-	t.Cleanup(func() {
-		// Make sure the goroutine is gone before the test ends (goleak).
-		cancel()
-		select {
-		case res := <-r.done:
-			r.done <- res
-		case <-time.After(30 * time.Second):
-			t.Errorf("Run did not return within 30s of the test's end")
-		}
-	})
-	return r
-}
-
-// wait waits (bounded) for Run to return and returns its result.
-func (r *coreRun) wait(t testing.TB) coreRunResult {
-	t.Helper()
-	select {
-	case res := <-r.done:
-		r.done <- res // keep it for the cleanup
-		return res
-	case <-time.After(30 * time.Second):
-		t.Fatal("Run did not return within 30s")
-		return coreRunResult{}
-	}
-}
-
-// stop cancels Run and requires it to return nil without panicking.
-func (r *coreRun) stop(t testing.TB) {
-	t.Helper()
-	r.cancel()
-	res := r.wait(t)
-	require.False(t, res.panicked, "Run panicked: %v", res.panicVal)
-	require.NoError(t, res.err)
-}
-
-// returned reports whether Run has returned, without waiting.
-func (r *coreRun) returned() bool {
-	select {
-	case res := <-r.done:
-		r.done <- res
-		return true
-	default:
-		return false
-	}
 }
 
 // coreGate blocks a handler at one event until released, telling the test

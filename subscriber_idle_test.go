@@ -150,7 +150,7 @@ func TestSubscriberIdlePollIsCheap(t *testing.T) {
 	const name = "core-idle"
 	sub := coreNewSub(t, name, events, cps, func(context.Context, coreEnvelope) error { return nil },
 		subscriptions.WithPollInterval(20*time.Millisecond))
-	run := coreStart(t, sub)
+	run := start(t, sub)
 	// Caught up, watched through the other pool so as not to count it.
 	require.Eventually(t, func() bool {
 		var pos int64

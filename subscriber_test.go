@@ -32,7 +32,7 @@ func TestSubscriberProcessesInOrderAndResumes(t *testing.T) {
 			sub := coreNewSub(t, name, e.Events, e.Checkpoints,
 				func(ctx context.Context, ev coreEnvelope) error { first.record(ctx, ev); return nil },
 				subscriptions.WithBatchSize(7))
-			run := coreStart(t, sub)
+			run := start(t, sub)
 			waitCaughtUp(t, sub)
 			run.stop(t)
 			require.Equal(t, coreIDs(coreFeed(t, e.Events)), first.ids())
@@ -60,7 +60,7 @@ func TestSubscriberProcessesInOrderAndResumes(t *testing.T) {
 			sub2 := coreNewSub(t, name, events, cps,
 				func(ctx context.Context, ev coreEnvelope) error { second.record(ctx, ev); return nil },
 				subscriptions.WithBatchSize(7))
-			run2 := coreStart(t, sub2)
+			run2 := start(t, sub2)
 			waitCaughtUp(t, sub2)
 			run2.stop(t)
 
@@ -94,7 +94,7 @@ func TestSubscriberHandlerSeesBatchTx(t *testing.T) {
 				}
 				return nil
 			})
-			run := coreStart(t, sub)
+			run := start(t, sub)
 			waitCaughtUp(t, sub)
 			run.stop(t)
 			want := []bool{true, true, true, true}
@@ -140,7 +140,7 @@ func TestSubscriberExactlyOnceWithFailingHandler(t *testing.T) {
 				logger, logs := newLogger()
 				sub := coreNewSub(t, name, e.Events, e.Checkpoints, failing,
 					subscriptions.WithBatchSize(10), subscriptions.WithLogger(logger))
-				run := coreStart(t, sub)
+				run := start(t, sub)
 				// Batch 10..19 fails at 15, the events before it commit on their
 				// own, then 15 keeps failing as the first of its batch.
 				require.Eventually(t, func() bool { return failures.Load() >= 3 }, 30*time.Second, time.Millisecond)
@@ -159,7 +159,7 @@ func TestSubscriberExactlyOnceWithFailingHandler(t *testing.T) {
 				sub2 := coreNewSub(t, name, e.Events, cps, func(ctx context.Context, ev coreEnvelope) error {
 					return p.Project(ctx, table, ev)
 				}, subscriptions.WithBatchSize(10))
-				run2 := coreStart(t, sub2)
+				run2 := start(t, sub2)
 				waitCaughtUp(t, sub2)
 				run2.stop(t)
 				require.Equal(t, ids, projected(t, e.DB, table), "every event projected exactly once, in order")
@@ -196,7 +196,7 @@ func TestSubscriberDrainsOnShutdown(t *testing.T) {
 				}
 				return nil
 			}, subscriptions.WithBatchSize(10))
-			run := coreStart(t, sub)
+			run := start(t, sub)
 			gate.waitEntered(t)
 			run.cancel()
 			require.False(t, run.returned(), "Run returned while its batch was in flight")
@@ -242,7 +242,7 @@ func TestSubscriberLag(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, head-feed[3].Position, lag)
 
-			run := coreStart(t, sub)
+			run := start(t, sub)
 			waitCaughtUp(t, sub)
 			run.stop(t)
 			lag, err = sub.Lag(ctx)
@@ -296,7 +296,7 @@ func TestSubscriberPanicReleasesCheckpoint(t *testing.T) {
 				}
 				return nil
 			}, subscriptions.WithBatchSize(5))
-			run := coreStart(t, sub)
+			run := start(t, sub)
 			res := run.wait(t)
 			require.True(t, res.panicked, "the panic must propagate out of Run (err %v)", res.err)
 			require.Equal(t, corePanic{feed[7].ID}, res.panicVal)
@@ -324,7 +324,7 @@ func TestSubscriberPanicReleasesCheckpoint(t *testing.T) {
 				}
 				return nil
 			}, subscriptions.WithBatchSize(5))
-			run2 := coreStart(t, sub2)
+			run2 := start(t, sub2)
 			waitCaughtUp(t, sub2)
 			run2.stop(t)
 			if table != "" {
@@ -367,7 +367,7 @@ func TestSubscriberRunFailsFastWithoutGlobalFeed(t *testing.T) {
 			var calls atomic.Int32
 			sub := coreNewSub(t, "core-no-feed", store, subscriptions.NewMemoryCheckpointStore(),
 				func(context.Context, coreEnvelope) error { calls.Add(1); return nil })
-			res := coreStart(t, sub).wait(t)
+			res := start(t, sub).wait(t)
 			require.False(t, res.panicked)
 			require.ErrorIs(t, res.err, domain.ErrGlobalOrderingNotSupported)
 			require.Contains(t, res.err.Error(), "core-no-feed")
@@ -450,7 +450,7 @@ func TestSubscriberTransientErrorsAreRetried(t *testing.T) {
 		sub := coreNewSub(t, "core-flaky-feed", store, subscriptions.NewMemoryCheckpointStore(),
 			func(ctx context.Context, ev coreEnvelope) error { rec.record(ctx, ev); return nil },
 			subscriptions.WithLogger(logger), subscriptions.WithBatchSize(5))
-		run := coreStart(t, sub)
+		run := start(t, sub)
 		// Not waitCaughtUp: Lag would consume the head failure meant for Run.
 		require.Eventually(t, func() bool { return rec.len() >= 12 }, 30*time.Second, time.Millisecond)
 		require.False(t, run.returned(), "a transient error must not stop Run")
@@ -485,7 +485,7 @@ func TestSubscriberTransientErrorsAreRetried(t *testing.T) {
 				}
 				return nil
 			}, subscriptions.WithLogger(logger), subscriptions.WithBatchSize(10))
-			run := coreStart(t, sub)
+			run := start(t, sub)
 			require.Eventually(t, func() bool {
 				pos, err := e.Checkpoints.Position(context.Background(), sub.Name())
 				return err == nil && pos == feed[19].Position
@@ -661,7 +661,7 @@ func TestSubscriberWithEventDispatcher(t *testing.T) {
 			}))
 
 			sub := coreNewSub(t, "core-dispatch", e.Events, e.Checkpoints, d.Dispatch)
-			run := coreStart(t, sub)
+			run := start(t, sub)
 			waitCaughtUp(t, sub)
 			run.stop(t)
 
@@ -703,7 +703,7 @@ func TestSubscriberSurvivesTerminatedConnections(t *testing.T) {
 		}
 		return nil
 	}, subscriptions.WithBatchSize(10), subscriptions.WithLogger(logger))
-	run := coreStart(t, sub)
+	run := start(t, sub)
 	gate.waitEntered(t) // the batch of events 10..19 holds a transaction
 
 	terminate := func() int {
@@ -762,7 +762,7 @@ func TestSubscriberLogsMidBatchHandlerFailure(t *testing.T) {
 		rec.record(ctx, ev)
 		return nil
 	}, subscriptions.WithBatchSize(10), subscriptions.WithLogger(logger))
-	run := coreStart(t, sub)
+	run := start(t, sub)
 	waitCaughtUp(t, sub)
 	run.stop(t)
 	// The events before the failing one were redelivered (at-least-once).
