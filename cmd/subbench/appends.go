@@ -32,15 +32,8 @@ func (r appendResult) rate() float64 { return float64(r.events) / r.elapsed.Seco
 // runAppends: scenario 7.
 func runAppends(ctx context.Context, b *bench) ([]Row, error) {
 	sz := b.sizes()
-	dsn, err := b.newSchema(ctx, "appends")
+	dsn, setup, _, err := b.newPGStore(ctx, "appends", 2)
 	if err != nil {
-		return nil, err
-	}
-	setup, err := b.openPG(dsn, 2, nil)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := infrastructure.NewGormEventStore(setup); err != nil {
 		return nil, err
 	}
 	// The same columns as events, positions from a sequence, no lock.
@@ -255,26 +248,50 @@ func timedWriters(ctx context.Context, writers int, d time.Duration, appendOne f
 //     as the store holds its append lock;
 //   - notify: [BEGIN; INSERT; pg_notify; COMMIT] in one round trip.
 func plainAppend(ctx context.Context, db *gorm.DB, aggregate string, events []domain.EventEnvelope[any], lockKey int64, notify bool) error {
-	const insert = "INSERT INTO plain_events (id, aggregate_id, event_type, sequence_no, transaction_id, payload, metadata, created_at) VALUES "
-	var sql strings.Builder
-	sql.WriteString(insert)
-	args := make([]any, 0, 8*len(events))
+	rows := make([][]any, len(events))
 	for i, e := range events {
-		payload, err := json.Marshal(e.Payload)
+		payload, metadata, err := eventJSON(e)
 		if err != nil {
 			return err
 		}
-		metadata, err := json.Marshal(e.Metadata)
-		if err != nil {
-			return err
-		}
-		if i > 0 {
-			sql.WriteString(", ")
-		}
-		n := len(args)
-		fmt.Fprintf(&sql, "($%d, $%d, $%d, $%d, $%d, $%d::jsonb, $%d::jsonb, $%d)", n+1, n+2, n+3, n+4, n+5, n+6, n+7, n+8)
-		args = append(args, e.ID, aggregate, e.EventType, i+1, e.TransactionID, string(payload), string(metadata), e.Created.UTC().Truncate(time.Microsecond))
+		rows[i] = []any{e.ID, aggregate, e.EventType, i + 1, e.TransactionID, payload, metadata, e.Created.UTC().Truncate(time.Microsecond)}
 	}
+	sql, args := insertValues("INSERT INTO plain_events (id, aggregate_id, event_type, sequence_no, transaction_id, payload, metadata, created_at) VALUES ", rows)
+	return onPgxConn(ctx, db, func(c *pgx.Conn) error {
+		run := func(b *pgx.Batch) error {
+			return c.SendBatch(ctx, b).Close()
+		}
+		switch {
+		case lockKey == 0 && !notify:
+			_, err := c.Exec(ctx, sql, args...)
+			return err
+		case lockKey != 0:
+			first := &pgx.Batch{}
+			first.Queue("BEGIN")
+			first.Queue("SELECT pg_advisory_xact_lock($1)", lockKey)
+			second := &pgx.Batch{}
+			second.Queue(sql, args...)
+			second.Queue("COMMIT")
+			if err := run(first); err != nil {
+				return err
+			}
+			return run(second)
+		default:
+			b := &pgx.Batch{}
+			b.Queue("BEGIN")
+			b.Queue(sql, args...)
+			b.Queue("SELECT pg_notify($1, '')", infrastructure.PostgresNotifyChannel)
+			b.Queue("COMMIT")
+			return run(b)
+		}
+	})
+}
+
+// onPgxConn runs fn on one connection of db's pool as a *pgx.Conn (the
+// benchmark's hand-written appends pipeline statements, as the store
+// does). A transaction fn leaves open (it failed mid-way) is rolled back,
+// so that the connection goes back to the pool idle.
+func onPgxConn(ctx context.Context, db *gorm.DB, fn func(c *pgx.Conn) error) error {
 	pool, err := db.DB()
 	if err != nil {
 		return err
@@ -290,34 +307,55 @@ func plainAppend(ctx context.Context, db *gorm.DB, aggregate string, events []do
 			return errors.New("not a pgx connection")
 		}
 		c := pc.Conn()
-		run := func(b *pgx.Batch) error {
-			return c.SendBatch(ctx, b).Close()
-		}
-		var err error
-		switch {
-		case lockKey == 0 && !notify:
-			_, err = c.Exec(ctx, sql.String(), args...)
-		case lockKey != 0:
-			first := &pgx.Batch{}
-			first.Queue("BEGIN")
-			first.Queue("SELECT pg_advisory_xact_lock($1)", lockKey)
-			second := &pgx.Batch{}
-			second.Queue(sql.String(), args...)
-			second.Queue("COMMIT")
-			if err = run(first); err == nil {
-				err = run(second)
+		defer func() {
+			if c.PgConn().TxStatus() != 'I' {
+				_, _ = c.Exec(context.WithoutCancel(ctx), "ROLLBACK")
 			}
-		default:
-			b := &pgx.Batch{}
-			b.Queue("BEGIN")
-			b.Queue(sql.String(), args...)
-			b.Queue("SELECT pg_notify($1, '')", infrastructure.PostgresNotifyChannel)
-			b.Queue("COMMIT")
-			err = run(b)
-		}
-		if c.PgConn().TxStatus() != 'I' {
-			_, _ = c.Exec(context.WithoutCancel(ctx), "ROLLBACK")
-		}
-		return err
+		}()
+		return fn(c)
 	})
+}
+
+// jsonb is an INSERT value that insertValues casts to jsonb.
+type jsonb string
+
+// eventJSON is e's payload and metadata as the events table stores them.
+func eventJSON(e domain.EventEnvelope[any]) (payload, metadata jsonb, err error) {
+	p, err := json.Marshal(e.Payload)
+	if err != nil {
+		return "", "", err
+	}
+	m, err := json.Marshal(e.Metadata)
+	if err != nil {
+		return "", "", err
+	}
+	return jsonb(p), jsonb(m), nil
+}
+
+// insertValues is head followed by one tuple of numbered placeholders per
+// row ("($1, $2::jsonb, ...)", a jsonb value cast), and the rows' values
+// in placeholder order: a multi-row INSERT for pgx.
+func insertValues(head string, rows [][]any) (string, []any) {
+	var sql strings.Builder
+	sql.WriteString(head)
+	var args []any
+	for i, row := range rows {
+		if i > 0 {
+			sql.WriteString(", ")
+		}
+		sql.WriteString("(")
+		for j, v := range row {
+			if j > 0 {
+				sql.WriteString(", ")
+			}
+			args = append(args, v)
+			fmt.Fprintf(&sql, "$%d", len(args))
+			if s, ok := v.(jsonb); ok {
+				sql.WriteString("::jsonb")
+				args[len(args)-1] = string(s)
+			}
+		}
+		sql.WriteString(")")
+	}
+	return sql.String(), args
 }

@@ -2,10 +2,7 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -38,26 +35,7 @@ func appendLockKey(ctx context.Context, db *gorm.DB) (int64, error) {
 // transaction. It skips the library's input validation (the events are
 // the benchmark's own) and appends with expectedVersion -1.
 func previousAppend(ctx context.Context, db *gorm.DB, lockKey int64, aggregate string, events []domain.EventEnvelope[any]) error {
-	pool, err := db.DB()
-	if err != nil {
-		return err
-	}
-	conn, err := pool.Conn(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	return conn.Raw(func(dc any) error {
-		pc, ok := dc.(interface{ Conn() *pgx.Conn })
-		if !ok {
-			return errors.New("not a pgx connection")
-		}
-		c := pc.Conn()
-		defer func() {
-			if c.PgConn().TxStatus() != 'I' {
-				_, _ = c.Exec(context.WithoutCancel(ctx), "ROLLBACK")
-			}
-		}()
+	return onPgxConn(ctx, db, func(c *pgx.Conn) error {
 		first := &pgx.Batch{}
 		first.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 		first.Queue("SELECT pg_advisory_xact_lock($1)", lockKey)
@@ -70,28 +48,18 @@ func previousAppend(ctx context.Context, db *gorm.DB, lockKey int64, aggregate s
 		if err := c.SendBatch(ctx, first).Close(); err != nil {
 			return err
 		}
-		var sql strings.Builder
-		sql.WriteString("INSERT INTO events (id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at) VALUES ")
-		args := make([]any, 0, 9*len(events))
+		rows := make([][]any, len(events))
 		for i, e := range events {
-			payload, err := json.Marshal(e.Payload)
+			payload, metadata, err := eventJSON(e)
 			if err != nil {
 				return err
 			}
-			metadata, err := json.Marshal(e.Metadata)
-			if err != nil {
-				return err
-			}
-			if i > 0 {
-				sql.WriteString(", ")
-			}
-			n := len(args)
-			fmt.Fprintf(&sql, "($%d, $%d, $%d, $%d, $%d, $%d, $%d::jsonb, $%d::jsonb, $%d)", n+1, n+2, n+3, n+4, n+5, n+6, n+7, n+8, n+9)
-			args = append(args, e.ID, aggregate, e.EventType, version+int64(i+1), e.TransactionID, head+int64(i+1),
-				string(payload), string(metadata), e.Created.UTC().Truncate(time.Microsecond))
+			rows[i] = []any{e.ID, aggregate, e.EventType, version + int64(i+1), e.TransactionID, head + int64(i+1),
+				payload, metadata, e.Created.UTC().Truncate(time.Microsecond)}
 		}
+		sql, args := insertValues("INSERT INTO events (id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at) VALUES ", rows)
 		second := &pgx.Batch{}
-		second.Queue(sql.String(), args...)
+		second.Queue(sql, args...)
 		second.Queue("SELECT pg_notify($1, '')", infrastructure.PostgresNotifyChannel)
 		second.Queue("COMMIT")
 		return c.SendBatch(ctx, second).Close()

@@ -11,7 +11,6 @@ import (
 
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
-	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/ctxsleep"
 )
 
@@ -25,29 +24,19 @@ const batchRebuildSize = 1000
 // alternating order; each figure is its better run.
 func runBatchHandler(ctx context.Context, b *bench) ([]Row, error) {
 	n := b.sizes().batchEvents
-	dsn, err := b.newSchema(ctx, "batch")
-	if err != nil {
-		return nil, err
-	}
-	db, err := b.openPG(dsn, 4, nil)
-	if err != nil {
-		return nil, err
-	}
-	store, err := infrastructure.NewGormEventStore(db)
+	_, db, store, err := b.newPGStore(ctx, "batch", 4)
 	if err != nil {
 		return nil, err
 	}
 	if err := fillStore(ctx, store, n, 20); err != nil {
 		return nil, err
 	}
-	for _, stmt := range []string{
+	if err := execAll(db,
 		`CREATE TABLE batch_projection (event_id text NOT NULL PRIMARY KEY, aggregate_id text NOT NULL, position bigint NOT NULL)`,
 		`CREATE TABLE bench_checkpoint (name text NOT NULL PRIMARY KEY, position bigint NOT NULL, updated_at timestamp)`,
 		`ANALYZE`,
-	} {
-		if err := db.Exec(stmt).Error; err != nil {
-			return nil, err
-		}
+	); err != nil {
+		return nil, err
 	}
 	cps, err := subscriptions.NewGormCheckpointStore(db)
 	if err != nil {

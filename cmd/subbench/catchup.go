@@ -255,15 +255,7 @@ func runCatchupPostgres(ctx context.Context, b *bench) ([]Row, error) {
 // postgresContestants opens one pool, event store and projection table per
 // variant on a schema filled with the scenario's history.
 func postgresContestants(ctx context.Context, b *bench, schema string, kinds []string) ([]*dbContestant, error) {
-	dsn, err := b.newSchema(ctx, schema)
-	if err != nil {
-		return nil, err
-	}
-	db, err := b.openPG(dsn, 16, nil)
-	if err != nil {
-		return nil, err
-	}
-	store, err := infrastructure.NewGormEventStore(db)
+	dsn, db, store, err := b.newPGStore(ctx, schema, 16)
 	if err != nil {
 		return nil, err
 	}

@@ -24,6 +24,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
+	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/dsn"
 	"github.com/eventfeed/subscriptions/internal/secret"
 )
@@ -102,6 +103,37 @@ func (b *bench) newSchema(ctx context.Context, name string) (string, error) {
 	q.Set("application_name", b.runID)
 	u.RawQuery = q.Encode()
 	return u.String(), nil
+}
+
+// newPGStore is the set-up every Postgres scenario starts from: a fresh
+// schema (newSchema), a pool of maxConns on it (openPG) and an event store
+// on that pool, whose constructor applies the module's migrations. The
+// pool and the schema are released with the bench.
+func (b *bench) newPGStore(ctx context.Context, name string, maxConns int) (string, *gorm.DB, *infrastructure.GormEventStore, error) {
+	dsn, err := b.newSchema(ctx, name)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	db, err := b.openPG(dsn, maxConns, nil)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	store, err := infrastructure.NewGormEventStore(db)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	return dsn, db, store, nil
+}
+
+// execAll runs a scenario's set-up statements (projection tables,
+// ANALYZE) in order, stopping at the first that fails.
+func execAll(db *gorm.DB, stmts ...string) error {
+	for _, stmt := range stmts {
+		if err := db.Exec(stmt).Error; err != nil {
+			return fmt.Errorf("set up: %w", err)
+		}
+	}
+	return nil
 }
 
 // openPG opens a GORM pool on dsn through pgx's database/sql driver, with

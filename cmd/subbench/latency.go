@@ -431,30 +431,33 @@ func (t *spanTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.Trace
 	t.mu.Unlock()
 }
 
-// statementKind names the subscriber's statements.
+// statementKinds names the subscriber's statements, first match wins: a
+// prefix of the folded statement text, or a part of it.
+var statementKinds = []struct {
+	prefix bool
+	text   string
+	kind   string
+}{
+	{true, "begin", "BEGIN"},
+	{true, "commit", "COMMIT"},
+	{true, "rollback", "ROLLBACK"},
+	{false, "for update", "lock checkpoint"},
+	{false, "from subscriber_checkpoints", "read checkpoint"},
+	{false, "from events where position >", "read feed"},
+	{false, "max(position)", "read head"},
+	{true, "update subscriber_checkpoints", "advance checkpoint"},
+	{true, "insert into subscriber_checkpoints", "create checkpoint"},
+	{false, "_projection", "handler upsert"},
+}
+
+// statementKind names the subscriber's statement sql (statementKinds), or
+// "other".
 func statementKind(sql string) string {
 	s := strings.ToLower(strings.Join(strings.Fields(sql), " "))
-	switch {
-	case strings.HasPrefix(s, "begin"):
-		return "BEGIN"
-	case strings.HasPrefix(s, "commit"):
-		return "COMMIT"
-	case strings.HasPrefix(s, "rollback"):
-		return "ROLLBACK"
-	case strings.Contains(s, "for update"):
-		return "lock checkpoint"
-	case strings.Contains(s, "from subscriber_checkpoints"):
-		return "read checkpoint"
-	case strings.Contains(s, "from events where position >"):
-		return "read feed"
-	case strings.Contains(s, "max(position)"):
-		return "read head"
-	case strings.HasPrefix(s, "update subscriber_checkpoints"):
-		return "advance checkpoint"
-	case strings.HasPrefix(s, "insert into subscriber_checkpoints"):
-		return "create checkpoint"
-	case strings.Contains(s, "_projection"):
-		return "handler upsert"
+	for _, k := range statementKinds {
+		if k.prefix && strings.HasPrefix(s, k.text) || !k.prefix && strings.Contains(s, k.text) {
+			return k.kind
+		}
 	}
 	return "other"
 }

@@ -226,15 +226,7 @@ type partitionSchema struct {
 }
 
 func newPartitionSchema(ctx context.Context, b *bench, name string, events int) (*partitionSchema, error) {
-	dsn, err := b.newSchema(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	setup, err := b.openPG(dsn, 4, nil)
-	if err != nil {
-		return nil, err
-	}
-	store, err := infrastructure.NewGormEventStore(setup)
+	dsn, setup, store, err := b.newPGStore(ctx, name, 4)
 	if err != nil {
 		return nil, err
 	}
@@ -243,10 +235,7 @@ func newPartitionSchema(ctx context.Context, b *bench, name string, events int) 
 	if err := fillStore(ctx, store, events, 20); err != nil {
 		return nil, err
 	}
-	if err := setup.Exec(`CREATE TABLE partition_projection (event_id text NOT NULL PRIMARY KEY, calls integer NOT NULL)`).Error; err != nil {
-		return nil, err
-	}
-	if err := setup.Exec("ANALYZE").Error; err != nil {
+	if err := execAll(setup, `CREATE TABLE partition_projection (event_id text NOT NULL PRIMARY KEY, calls integer NOT NULL)`, "ANALYZE"); err != nil {
 		return nil, err
 	}
 	if _, err := subscriptions.NewGormCheckpointStore(setup); err != nil {

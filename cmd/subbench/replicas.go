@@ -28,25 +28,14 @@ type replicaResult struct {
 func runReplicas(ctx context.Context, b *bench) ([]Row, error) {
 	sz := b.sizes()
 	n := sz.replicaEvents
-	dsn, err := b.newSchema(ctx, "replicas")
-	if err != nil {
-		return nil, err
-	}
-	setup, err := b.openPG(dsn, 4, nil)
-	if err != nil {
-		return nil, err
-	}
-	store, err := infrastructure.NewGormEventStore(setup)
+	dsn, setup, store, err := b.newPGStore(ctx, "replicas", 4)
 	if err != nil {
 		return nil, err
 	}
 	if err := fillStore(ctx, store, n, 1000); err != nil {
 		return nil, err
 	}
-	if err := setup.Exec(`CREATE TABLE replica_projection (event_id text NOT NULL PRIMARY KEY, calls integer NOT NULL)`).Error; err != nil {
-		return nil, err
-	}
-	if err := setup.Exec("ANALYZE").Error; err != nil {
+	if err := execAll(setup, `CREATE TABLE replica_projection (event_id text NOT NULL PRIMARY KEY, calls integer NOT NULL)`, "ANALYZE"); err != nil {
 		return nil, err
 	}
 	head, err := store.HeadPosition(ctx)
