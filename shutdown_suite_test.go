@@ -151,64 +151,50 @@ func TestShutdownGraceSuite(t *testing.T) {
 				})
 			}
 
-			t.Run("a handler finishing within the grace commits its batch", func(t *testing.T) {
-				e := b.New(t)
-				ids := appendN(t, e.Events, "within.event", 0, 10)
-				proj := newCountProjection(t, e)
-				gate := newCoreGate()
-				defer gate.open()
-				ctxErr := make(chan error, 1)
-				handler := func(ctx context.Context, ev coreEnvelope) error {
-					if ev.ID == ids[6] {
-						gate.pass()
-						ctxErr <- ctx.Err()
+			// The batch in flight commits when its handler finishes after
+			// the cancellation: within a grace (one no test machine
+			// exhausts; the handler is released right after the
+			// cancellation), or with no grace at all, by default.
+			for _, tc := range []struct {
+				name, sub, eventType string
+				opts                 []subscriptions.SubscriberOption
+				ctxMsg               string
+			}{
+				{"a handler finishing within the grace commits its batch", "within", "within.event",
+					[]subscriptions.SubscriberOption{subscriptions.WithShutdownGrace(time.Hour)},
+					"the handler's context is not cancelled within the grace"},
+				{"no grace: the batch in flight drains", "drain", "drain.event", nil,
+					"the handler's context is not cancelled by default"},
+			} {
+				t.Run(tc.name, func(t *testing.T) {
+					e := b.New(t)
+					ids := appendN(t, e.Events, tc.eventType, 0, 10)
+					proj := newCountProjection(t, e)
+					gate := newCoreGate()
+					defer gate.open()
+					ctxErr := make(chan error, 1)
+					handler := func(ctx context.Context, ev coreEnvelope) error {
+						if ev.ID == ids[6] {
+							gate.pass()
+							ctxErr <- ctx.Err()
+						}
+						return proj.apply(ctx, ev)
 					}
-					return proj.apply(ctx, ev)
-				}
-				// A grace no test machine exhausts: the handler is released
-				// right after the cancellation.
-				sub := coreNewSub(t, "within", e.Events, e.Checkpoints, handler, subscriptions.WithBatchSize(5),
-					subscriptions.WithShutdownGrace(time.Hour))
-				run := start(t, sub)
-				gate.waitEntered(t)
-				run.cancel()
-				gate.open()
-				require.NoError(t, <-ctxErr, "the handler's context is not cancelled within the grace")
-				run.stop(t)
-				p, err := e.Checkpoints.Position(ctx, sub.Name())
-				require.NoError(t, err)
-				feed := coreFeed(t, e.Events)
-				require.Equal(t, feed[9].Position, p, "the batch in flight committed")
-				require.Equal(t, onceEach(ids), proj.counts(t))
-			})
-
-			t.Run("no grace: the batch in flight drains", func(t *testing.T) {
-				e := b.New(t)
-				ids := appendN(t, e.Events, "drain.event", 0, 10)
-				proj := newCountProjection(t, e)
-				gate := newCoreGate()
-				defer gate.open()
-				ctxErr := make(chan error, 1)
-				handler := func(ctx context.Context, ev coreEnvelope) error {
-					if ev.ID == ids[6] {
-						gate.pass()
-						ctxErr <- ctx.Err()
-					}
-					return proj.apply(ctx, ev)
-				}
-				sub := coreNewSub(t, "drain", e.Events, e.Checkpoints, handler, subscriptions.WithBatchSize(5))
-				run := start(t, sub)
-				gate.waitEntered(t)
-				run.cancel()
-				gate.open()
-				require.NoError(t, <-ctxErr, "the handler's context is not cancelled by default")
-				run.stop(t)
-				p, err := e.Checkpoints.Position(ctx, sub.Name())
-				require.NoError(t, err)
-				feed := coreFeed(t, e.Events)
-				require.Equal(t, feed[9].Position, p, "the batch in flight committed")
-				require.Equal(t, onceEach(ids), proj.counts(t))
-			})
+					opts := append([]subscriptions.SubscriberOption{subscriptions.WithBatchSize(5)}, tc.opts...)
+					sub := coreNewSub(t, tc.sub, e.Events, e.Checkpoints, handler, opts...)
+					run := start(t, sub)
+					gate.waitEntered(t)
+					run.cancel()
+					gate.open()
+					require.NoError(t, <-ctxErr, tc.ctxMsg)
+					run.stop(t)
+					p, err := e.Checkpoints.Position(ctx, sub.Name())
+					require.NoError(t, err)
+					feed := coreFeed(t, e.Events)
+					require.Equal(t, feed[9].Position, p, "the batch in flight committed")
+					require.Equal(t, onceEach(ids), proj.counts(t))
+				})
+			}
 		})
 	}
 }

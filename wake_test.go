@@ -230,17 +230,16 @@ func TestWakeSignalAcrossProcessesPostgres(t *testing.T) {
 	require.Less(t, wakeMax(latencies), wakeBound)
 }
 
-// TestWakeRecheckAfterFruitlessWake: a notification can arrive before the
-// commit it announces is visible to the subscriber's read. Here the wake's
-// read finds nothing and the event becomes visible right after it, with no
-// further signal: the subscriber's quick re-check must find it, well before
-// the 1-minute poll.
-func TestWakeRecheckAfterFruitlessWake(t *testing.T) {
+// startWakeRecheck starts a subscriber named name on a memory store with
+// a wake channel and the 1-minute poll, and returns once its first read
+// is done: the set-up of the fruitless-wake tests.
+func startWakeRecheck(t *testing.T, name string) (*infrastructure.MemoryStore, *wakeCountingStore, chan struct{}, *wakeHandled) {
+	t.Helper()
 	store := infrastructure.NewMemoryStore()
 	counting := &wakeCountingStore{EventStore: store}
 	wake := make(chan struct{}, 1)
 	handled := newWakeHandled(4)
-	sub, err := subscriptions.NewSubscriber("wake-recheck", counting, subscriptions.NewMemoryCheckpointStore(), handled.handler("wake-recheck"),
+	sub, err := subscriptions.NewSubscriber(name, counting, subscriptions.NewMemoryCheckpointStore(), handled.handler(name),
 		subscriptions.WithPollInterval(wakePoll), subscriptions.WithWakeSignal(wake), subscriptions.WithLogger(quietLogger()))
 	require.NoError(t, err)
 
@@ -249,6 +248,16 @@ func TestWakeRecheckAfterFruitlessWake(t *testing.T) {
 	counting.setAfterRead(func(int64, int) { once.Do(func() { close(firstRead) }) })
 	start(t, sub)
 	wakeRecv(t, firstRead, "the subscriber's first read")
+	return store, counting, wake, handled
+}
+
+// TestWakeRecheckAfterFruitlessWake: a notification can arrive before the
+// commit it announces is visible to the subscriber's read. Here the wake's
+// read finds nothing and the event becomes visible right after it, with no
+// further signal: the subscriber's quick re-check must find it, well before
+// the 1-minute poll.
+func TestWakeRecheckAfterFruitlessWake(t *testing.T) {
+	store, counting, wake, handled := startWakeRecheck(t, "wake-recheck")
 
 	// The wake's read (the second) finds nothing; the event commits right
 	// after it, before the subscriber even sees the empty result.
@@ -279,19 +288,7 @@ func TestWakeRecheckAfterFruitlessWake(t *testing.T) {
 // visible only after the first re-check (5 ms) also found nothing; the
 // 25 ms re-check must find it.
 func TestWakeRechecksRepeatAfterFruitlessWake(t *testing.T) {
-	store := infrastructure.NewMemoryStore()
-	counting := &wakeCountingStore{EventStore: store}
-	wake := make(chan struct{}, 1)
-	handled := newWakeHandled(4)
-	sub, err := subscriptions.NewSubscriber("wake-recheck2", counting, subscriptions.NewMemoryCheckpointStore(), handled.handler("wake-recheck2"),
-		subscriptions.WithPollInterval(wakePoll), subscriptions.WithWakeSignal(wake), subscriptions.WithLogger(quietLogger()))
-	require.NoError(t, err)
-
-	firstRead := make(chan struct{})
-	var once sync.Once
-	counting.setAfterRead(func(int64, int) { once.Do(func() { close(firstRead) }) })
-	start(t, sub)
-	wakeRecv(t, firstRead, "the subscriber's first read")
+	store, counting, wake, handled := startWakeRecheck(t, "wake-recheck2")
 
 	ev := domain.NewEventEnvelope[any](map[string]any{"n": 1}, "wake-agg", "wake.test", 0)
 	var appendErr error
