@@ -44,23 +44,17 @@ func RunCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
 	t.Run(h.Name, func(t *testing.T) {
 		t.Run("PositionOfUnknownIsZero", func(t *testing.T) {
 			cps, _ := h.New(t)
-			pos, err := cps.Position(ctx, "never-seen")
-			require.NoError(t, err)
-			require.Zero(t, pos)
+			requirePosition(t, cps, "never-seen", 0)
 		})
 
 		t.Run("AcquireCreatesAtZero", func(t *testing.T) {
 			cps, _ := h.New(t)
-			batch, acquired, err := cps.Acquire(ctx, "created-by-acquire")
-			require.NoError(t, err)
-			require.True(t, acquired)
+			batch := mustAcquire(t, cps, "created-by-acquire")
 			require.NotNil(t, batch)
 			require.Zero(t, batch.Position())
 			// The row exists inside the batch: committing advances it.
 			require.NoError(t, batch.Commit(ctx, 3))
-			pos, err := cps.Position(ctx, "created-by-acquire")
-			require.NoError(t, err)
-			require.EqualValues(t, 3, pos)
+			requirePosition(t, cps, "created-by-acquire", 3)
 		})
 
 		t.Run("SecondAcquireWhileActiveIsRefused", func(t *testing.T) {
@@ -68,9 +62,7 @@ func RunCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
 			const name = "busy"
 			advance(t, cps, name, 5)
 
-			first, acquired, err := cps.Acquire(ctx, name)
-			require.NoError(t, err)
-			require.True(t, acquired)
+			first := mustAcquire(t, cps, name)
 
 			second, acquired, err := other.Acquire(ctx, name)
 			require.NoError(t, err)
@@ -80,9 +72,7 @@ func RunCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
 			if !h.SerializesWriters {
 				// Another name is independent. (SQLite serializes all
 				// writers: a second batch would queue on the write lock.)
-				unrelated, acquired, err := other.Acquire(ctx, name+"-other")
-				require.NoError(t, err)
-				require.True(t, acquired)
+				unrelated := mustAcquire(t, other, name+"-other")
 				require.NoError(t, unrelated.Rollback())
 			}
 
@@ -99,9 +89,7 @@ func RunCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
 			// The first batch of a brand-new subscriber creates its row; a
 			// competing Acquire must not double-acquire it and must not hang.
 			const name = "brand-new"
-			first, acquired, err := cps.Acquire(ctx, name)
-			require.NoError(t, err)
-			require.True(t, acquired)
+			first := mustAcquire(t, cps, name)
 			defer func() { _ = first.Rollback() }()
 
 			type result struct {
@@ -132,39 +120,25 @@ func RunCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
 		t.Run("CommitAdvances", func(t *testing.T) {
 			cps, _ := h.New(t)
 			const name = "commit"
-			batch, acquired, err := cps.Acquire(ctx, name)
-			require.NoError(t, err)
-			require.True(t, acquired)
+			batch := mustAcquire(t, cps, name)
 			require.NoError(t, batch.Commit(ctx, 7))
-			pos, err := cps.Position(ctx, name)
-			require.NoError(t, err)
-			require.EqualValues(t, 7, pos)
+			requirePosition(t, cps, name, 7)
 
-			batch, acquired, err = cps.Acquire(ctx, name)
-			require.NoError(t, err)
-			require.True(t, acquired)
+			batch = mustAcquire(t, cps, name)
 			require.EqualValues(t, 7, batch.Position())
 			require.NoError(t, batch.Commit(ctx, 12))
-			pos, err = cps.Position(ctx, name)
-			require.NoError(t, err)
-			require.EqualValues(t, 12, pos)
+			requirePosition(t, cps, name, 12)
 		})
 
 		t.Run("CommitBehindStartIsRefused", func(t *testing.T) {
 			cps, _ := h.New(t)
 			const name = "behind"
 			advance(t, cps, name, 10)
-			batch, acquired, err := cps.Acquire(ctx, name)
-			require.NoError(t, err)
-			require.True(t, acquired)
+			batch := mustAcquire(t, cps, name)
 			require.Error(t, batch.Commit(ctx, 4))
-			pos, err := cps.Position(ctx, name)
-			require.NoError(t, err)
-			require.EqualValues(t, 10, pos)
+			requirePosition(t, cps, name, 10)
 			// The failed commit ended the batch: the checkpoint is free.
-			batch, acquired, err = cps.Acquire(ctx, name)
-			require.NoError(t, err)
-			require.True(t, acquired)
+			batch = mustAcquire(t, cps, name)
 			require.NoError(t, batch.Rollback())
 		})
 
@@ -172,14 +146,10 @@ func RunCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
 			cps, _ := h.New(t)
 			const name = "rollback"
 			advance(t, cps, name, 9)
-			batch, acquired, err := cps.Acquire(ctx, name)
-			require.NoError(t, err)
-			require.True(t, acquired)
+			batch := mustAcquire(t, cps, name)
 			require.NoError(t, batch.Rollback())
-			pos, err := cps.Position(ctx, name)
-			require.NoError(t, err)
-			require.EqualValues(t, 9, pos)
-			batch, acquired, err = cps.Acquire(ctx, name)
+			requirePosition(t, cps, name, 9)
+			batch, acquired, err := cps.Acquire(ctx, name)
 			require.NoError(t, err)
 			require.True(t, acquired, "a rolled-back batch must release the checkpoint")
 			require.EqualValues(t, 9, batch.Position())
@@ -204,18 +174,14 @@ func RunCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
 			for _, tc := range cases {
 				t.Run(tc.name, func(t *testing.T) {
 					name := "twice-" + tc.name
-					batch, acquired, err := cps.Acquire(ctx, name)
-					require.NoError(t, err)
-					require.True(t, acquired)
+					batch := mustAcquire(t, cps, name)
 					require.NoError(t, tc.first(batch))
 					require.ErrorIs(t, tc.second(batch), subscriptions.ErrBatchFinished)
 					pos, err := cps.Position(ctx, name)
 					require.NoError(t, err)
 					require.Equal(t, tc.want, pos)
 					// The second call did not disturb the next batch.
-					next, acquired, err := cps.Acquire(ctx, name)
-					require.NoError(t, err)
-					require.True(t, acquired)
+					next := mustAcquire(t, cps, name)
 					require.ErrorIs(t, tc.second(batch), subscriptions.ErrBatchFinished, "a finished batch must not end its successor")
 					require.NoError(t, next.Rollback())
 				})
@@ -226,19 +192,13 @@ func RunCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
 			cps, _ := h.New(t)
 			const name = "created-by-reset"
 			require.NoError(t, cps.Reset(ctx, name, 42))
-			pos, err := cps.Position(ctx, name)
-			require.NoError(t, err)
-			require.EqualValues(t, 42, pos)
-			batch, acquired, err := cps.Acquire(ctx, name)
-			require.NoError(t, err)
-			require.True(t, acquired)
+			requirePosition(t, cps, name, 42)
+			batch := mustAcquire(t, cps, name)
 			require.EqualValues(t, 42, batch.Position())
 			require.NoError(t, batch.Rollback())
 			// Reset moves an existing checkpoint both ways.
 			require.NoError(t, cps.Reset(ctx, name, 0))
-			pos, err = cps.Position(ctx, name)
-			require.NoError(t, err)
-			require.Zero(t, pos)
+			requirePosition(t, cps, name, 0)
 		})
 
 		t.Run("NegativeResetIsAnError", func(t *testing.T) {
@@ -246,16 +206,12 @@ func RunCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
 			const name = "negative"
 			advance(t, cps, name, 3)
 			require.Error(t, cps.Reset(ctx, name, -1))
-			pos, err := cps.Position(ctx, name)
-			require.NoError(t, err)
-			require.EqualValues(t, 3, pos)
+			requirePosition(t, cps, name, 3)
 		})
 
 		t.Run("HandlerContext", func(t *testing.T) {
 			cps, _ := h.New(t)
-			batch, acquired, err := cps.Acquire(ctx, "handler-context")
-			require.NoError(t, err)
-			require.True(t, acquired)
+			batch := mustAcquire(t, cps, "handler-context")
 			defer func() { require.NoError(t, batch.Rollback()) }()
 			tx := subscriptions.TxFromContext(batch.HandlerContext(ctx))
 			if !h.Transactional {
@@ -273,15 +229,11 @@ func RunCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
 			// on every store (no-ops without a transaction); what they
 			// undo inside a transaction is the backend's own test.
 			cps, _ := h.New(t)
-			batch, acquired, err := cps.Acquire(ctx, "savepoints")
-			require.NoError(t, err)
-			require.True(t, acquired)
+			batch := mustAcquire(t, cps, "savepoints")
 			require.NoError(t, batch.Savepoint(ctx, "sp"))
 			require.NoError(t, batch.RollbackToSavepoint(ctx, "sp"))
 			require.NoError(t, batch.Commit(ctx, 1))
-			pos, err := cps.Position(ctx, "savepoints")
-			require.NoError(t, err)
-			require.EqualValues(t, 1, pos)
+			requirePosition(t, cps, "savepoints", 1)
 		})
 
 		t.Run("NamesAreStoredExactly", func(t *testing.T) {
@@ -353,4 +305,22 @@ func advance(t *testing.T, cps subscriptions.CheckpointStore, name string, pos i
 	require.NoError(t, err)
 	require.True(t, acquired, "name %q", name)
 	require.NoError(t, batch.Commit(context.Background(), pos), "name %q", name)
+}
+
+// mustAcquire acquires name's checkpoint and fails the test unless the
+// batch is granted.
+func mustAcquire(t *testing.T, cps subscriptions.CheckpointStore, name string) subscriptions.Batch {
+	t.Helper()
+	batch, acquired, err := cps.Acquire(context.Background(), name)
+	require.NoError(t, err)
+	require.True(t, acquired)
+	return batch
+}
+
+// requirePosition fails unless name's committed position is want.
+func requirePosition(t *testing.T, cps subscriptions.CheckpointStore, name string, want int64) {
+	t.Helper()
+	pos, err := cps.Position(context.Background(), name)
+	require.NoError(t, err)
+	require.EqualValues(t, want, pos)
 }
