@@ -12,7 +12,6 @@ import (
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
-	"github.com/eventfeed/subscriptions/internal/ctxsleep"
 )
 
 // partitionCase is one run of the "partitions" scenario: a subscriber with
@@ -165,36 +164,12 @@ func runPartitionCase(ctx context.Context, b *bench, sc *partitionSchema, c part
 		err := setup.Raw("SELECT COUNT(*) FROM partition_projection").Scan(&k).Error
 		return k, err
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errc := make(chan error, len(subs))
 	kinds.take()
-	start := time.Now()
-	for _, s := range subs {
-		go func() { errc <- s.Run(rctx) }()
-	}
-	stopAll := func() error {
-		cancel()
-		var errs []error
-		for range subs {
-			errs = append(errs, <-errc)
-		}
-		return errors.Join(errs...)
-	}
-	for {
+	elapsed, err := runSubscribersUntil(ctx, subs, 2*time.Millisecond, func() (bool, error) {
 		k, err := counted()
-		if err != nil {
-			return res, errors.Join(err, stopAll())
-		}
-		if k >= int64(c.events) {
-			break
-		}
-		if !ctxsleep.Sleep(ctx, 2*time.Millisecond) {
-			return res, errors.Join(ctx.Err(), stopAll())
-		}
-	}
-	elapsed := time.Since(start)
-	if err := stopAll(); err != nil {
+		return k >= int64(c.events), err
+	})
+	if err != nil {
 		return res, err
 	}
 	var total int64

@@ -182,35 +182,11 @@ func (set *replicaSet) run(ctx context.Context, b *bench, setup *gorm.DB, from, 
 			return res, err
 		}
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errc := make(chan error, replicas)
-	start := time.Now()
-	for _, s := range subs {
-		go func() { errc <- s.Run(rctx) }()
-	}
-	stopAll := func() error {
-		cancel()
-		var errs []error
-		for range replicas {
-			errs = append(errs, <-errc)
-		}
-		return errors.Join(errs...)
-	}
-	for {
+	res.elapsed, err = runSubscribersUntil(ctx, subs, time.Millisecond, func() (bool, error) {
 		pos, err := cps.Position(ctx, name)
-		if err != nil {
-			return res, errors.Join(err, stopAll())
-		}
-		if pos >= head {
-			break
-		}
-		if !ctxsleep.Sleep(ctx, time.Millisecond) {
-			return res, errors.Join(ctx.Err(), stopAll())
-		}
-	}
-	res.elapsed = time.Since(start)
-	if err := stopAll(); err != nil {
+		return pos >= head, err
+	})
+	if err != nil {
 		return res, err
 	}
 	var missing int64
@@ -240,4 +216,41 @@ func (set *replicaSet) run(ctx context.Context, b *bench, setup *gorm.DB, from, 
 	}
 	res.dupCommitted = agg.Calls - agg.Rows
 	return res, nil
+}
+
+// runSubscribersUntil runs every subscriber of subs on a goroutine of its
+// own until done reports true (asked every interval), then stops them all
+// and waits for them. It returns the time from the start to done's true,
+// the stop not included, and the subscribers' errors joined with done's
+// or ctx's. No goroutine outlives the call.
+func runSubscribersUntil(ctx context.Context, subs []*subscriptions.Subscriber, every time.Duration, done func() (bool, error)) (time.Duration, error) {
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, len(subs))
+	start := time.Now()
+	for _, s := range subs {
+		go func() { errc <- s.Run(rctx) }()
+	}
+	stopAll := func() error {
+		cancel()
+		var errs []error
+		for range subs {
+			errs = append(errs, <-errc)
+		}
+		return errors.Join(errs...)
+	}
+	for {
+		ok, err := done()
+		if err != nil {
+			return 0, errors.Join(err, stopAll())
+		}
+		if ok {
+			break
+		}
+		if !ctxsleep.Sleep(ctx, every) {
+			return 0, errors.Join(ctx.Err(), stopAll())
+		}
+	}
+	elapsed := time.Since(start)
+	return elapsed, stopAll()
 }
