@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/internal/feedtest"
 )
 
 // The limits every store enforces the same way, before anything reaches a
@@ -16,7 +17,7 @@ import (
 // JSON arrays and objects, counted alike for Go values and raw JSON.
 
 func testCreatedRange(t *testing.T, s domain.EventStore) {
-	ctx := testCtx(t)
+	ctx := feedtest.Context(t)
 	cases := []struct {
 		name    string
 		created time.Time
@@ -31,8 +32,8 @@ func testCreatedRange(t *testing.T, s domain.EventStore) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			agg := uniqueID("created")
-			ev := newEvent(agg, "created.range", "x")
+			agg := feedtest.UniqueID("created")
+			ev := feedtest.NewEvent(agg, "created.range", "x")
 			ev.Created = c.created
 			before := stateOf(t, s, agg)
 			err := s.Append(ctx, agg, -1, ev)
@@ -87,7 +88,7 @@ func nestedRaw(n int) any {
 }
 
 func testNestingDepth(t *testing.T, s domain.EventStore) {
-	ctx := testCtx(t)
+	ctx := feedtest.Context(t)
 	cases := []struct {
 		name  string
 		value func(n int) any
@@ -100,8 +101,8 @@ func testNestingDepth(t *testing.T, s domain.EventStore) {
 		for _, n := range []int{1000, 1001} {
 			for _, field := range []string{"payload", "metadata"} {
 				t.Run(c.name+"/"+field+"/"+map[int]string{1000: "1000 levels", 1001: "1001 levels"}[n], func(t *testing.T) {
-					agg := uniqueID("depth")
-					ev := newEvent(agg, "depth.test", "x")
+					agg := feedtest.UniqueID("depth")
+					ev := feedtest.NewEvent(agg, "depth.test", "x")
 					if field == "payload" {
 						ev.Payload = c.value(n)
 					} else {
@@ -133,7 +134,7 @@ func testNestingDepth(t *testing.T, s domain.EventStore) {
 		for range 999 {
 			v = []any{v}
 		}
-		agg := uniqueID("depth")
-		require.NoError(t, s.Append(ctx, agg, -1, newEvent(agg, "depth.test", v)))
+		agg := feedtest.UniqueID("depth")
+		require.NoError(t, s.Append(ctx, agg, -1, feedtest.NewEvent(agg, "depth.test", v)))
 	})
 }

@@ -7,17 +7,18 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/internal/feedtest"
 )
 
 // testIdenticalRetry retries appends that committed: the retry of the
 // same events is recognisable (domain.ErrAlreadyAppended) and stores
 // nothing; anything else under a stored event ID stays an error.
 func testIdenticalRetry(t *testing.T, s domain.EventStore) {
-	ctx := testCtx(t)
-	agg := uniqueID("retry")
-	tx := uniqueID("retry-tx")
-	first := newEvent(agg, "opened", map[string]any{"owner": "ann", "limit": 10})
-	second := newEvent(agg, "deposited", []any{1.5, "x"})
+	ctx := feedtest.Context(t)
+	agg := feedtest.UniqueID("retry")
+	tx := feedtest.UniqueID("retry-tx")
+	first := feedtest.NewEvent(agg, "opened", map[string]any{"owner": "ann", "limit": 10})
+	second := feedtest.NewEvent(agg, "deposited", []any{1.5, "x"})
 	first.TransactionID, second.TransactionID = tx, tx
 	require.NoError(t, s.Append(ctx, agg, 0, first, second))
 	stored, err := s.GetEvents(ctx, agg)
@@ -54,7 +55,7 @@ func testIdenticalRetry(t *testing.T, s domain.EventStore) {
 		{"other sequence numbers", -1, []domain.EventEnvelope[any]{
 			with(first, func(e *domain.EventEnvelope[any]) { e.SequenceNo = 3 }), with(second, func(e *domain.EventEnvelope[any]) { e.SequenceNo = 4 }),
 		}, domain.ErrInvalidEvent},
-		{"a stored and a new event", 2, []domain.EventEnvelope[any]{with(second, same), newEvent(agg, "new", nil)}, domain.ErrInvalidEvent},
+		{"a stored and a new event", 2, []domain.EventEnvelope[any]{with(second, same), feedtest.NewEvent(agg, "new", nil)}, domain.ErrInvalidEvent},
 		{"under another aggregate", 0, []domain.EventEnvelope[any]{
 			with(first, func(e *domain.EventEnvelope[any]) { e.AggregateID = "" }),
 		}, domain.ErrInvalidEvent},
@@ -63,7 +64,7 @@ func testIdenticalRetry(t *testing.T, s domain.EventStore) {
 		t.Run(c.name, func(t *testing.T) {
 			target := agg
 			if c.name == "under another aggregate" {
-				target = uniqueID("retry-other")
+				target = feedtest.UniqueID("retry-other")
 			}
 			err := s.Append(ctx, target, c.expectedVersion, c.events...)
 			require.ErrorIs(t, err, c.want)
@@ -80,7 +81,7 @@ func testIdenticalRetry(t *testing.T, s domain.EventStore) {
 		})
 	}
 	// A conflicting append that is not a retry is still a conflict.
-	err = s.Append(ctx, agg, 0, newEvent(agg, "late", nil))
+	err = s.Append(ctx, agg, 0, feedtest.NewEvent(agg, "late", nil))
 	require.ErrorIs(t, err, domain.ErrConcurrencyConflict)
 	require.NotErrorIs(t, err, domain.ErrAlreadyAppended)
 }
@@ -90,7 +91,7 @@ func testIdenticalRetry(t *testing.T, s domain.EventStore) {
 // numbers' exact values (whatever notation the store keeps them in), and a
 // payload that differs in the last digit is another event.
 func testRetryExactNumbers(t *testing.T, s domain.EventStore) {
-	ctx := testCtx(t)
+	ctx := feedtest.Context(t)
 	cases := []struct {
 		name, stored, retried string
 		want                  error
@@ -104,8 +105,8 @@ func testRetryExactNumbers(t *testing.T, s domain.EventStore) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			agg := uniqueID("retry-num")
-			ev := newEvent(agg, "counted", json.RawMessage(c.stored))
+			agg := feedtest.UniqueID("retry-num")
+			ev := feedtest.NewEvent(agg, "counted", json.RawMessage(c.stored))
 			require.NoError(t, s.Append(ctx, agg, 0, ev))
 			ev.Payload = json.RawMessage(c.retried)
 			err := s.Append(ctx, agg, 0, ev)
@@ -120,13 +121,13 @@ func testRetryExactNumbers(t *testing.T, s domain.EventStore) {
 // testLargeAppend appends more events in one call than one INSERT
 // carries: all or nothing, numbered consecutively, contiguous in the feed.
 func testLargeAppend(t *testing.T, s domain.EventStore) {
-	ctx := testCtx(t)
-	agg := uniqueID("large")
+	ctx := feedtest.Context(t)
+	agg := feedtest.UniqueID("large")
 	const n = 2345
 	batch := func(count int) []domain.EventEnvelope[any] {
 		out := make([]domain.EventEnvelope[any], count)
 		for i := range out {
-			out[i] = newEvent(agg, "x", i)
+			out[i] = feedtest.NewEvent(agg, "x", i)
 		}
 		return out
 	}
@@ -149,5 +150,5 @@ func testLargeAppend(t *testing.T, s domain.EventStore) {
 	}
 	feed, err := s.ReadAfter(ctx, 0, 0)
 	require.NoError(t, err)
-	requireStrictlyIncreasing(t, feed)
+	feedtest.RequireStrictlyIncreasing(t, feed)
 }

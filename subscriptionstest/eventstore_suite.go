@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/internal/feedtest"
 )
 
 // EventStoreHarness tells RunEventStoreSuite how to build the
@@ -94,7 +95,7 @@ type payloadStruct struct {
 }
 
 func testPayloadRoundTrip(t *testing.T, s domain.EventStore) {
-	ctx := testCtx(t)
+	ctx := feedtest.Context(t)
 	cases := []struct {
 		name    string
 		payload any
@@ -124,8 +125,8 @@ func testPayloadRoundTrip(t *testing.T, s domain.EventStore) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			agg := uniqueID("payload")
-			ev := newEvent(agg, "thing.happened", c.payload)
+			agg := feedtest.UniqueID("payload")
+			ev := feedtest.NewEvent(agg, "thing.happened", c.payload)
 			require.NoError(t, s.Append(ctx, agg, 0, ev))
 
 			byID, err := s.GetEventByID(ctx, ev.ID)
@@ -139,25 +140,25 @@ func testPayloadRoundTrip(t *testing.T, s domain.EventStore) {
 
 			feed, err := s.ReadAfter(ctx, byID.Position-1, 1)
 			require.NoError(t, err)
-			require.Equal(t, []string{ev.ID}, ids(feed))
+			require.Equal(t, []string{ev.ID}, feedtest.IDs(feed))
 			requireJSONEqual(t, c.payload, feed[0].Payload, "ReadAfter payload")
 		})
 	}
 }
 
 func testEnvelopeFieldsRoundTrip(t *testing.T, s domain.EventStore) {
-	ctx := testCtx(t)
-	agg := uniqueID("fields")
+	ctx := feedtest.Context(t)
+	agg := feedtest.UniqueID("fields")
 	loc := time.FixedZone("UTC+5:30", 5*3600+1800)
 	created := time.Date(2024, 2, 29, 23, 59, 58, 123456789, loc)
-	ev := newEvent(agg, "order.placed", map[string]any{"total": 12.5})
+	ev := feedtest.NewEvent(agg, "order.placed", map[string]any{"total": 12.5})
 	ev.Created = created
-	ev.TransactionID = uniqueID("tx")
+	ev.TransactionID = feedtest.UniqueID("tx")
 	ev.Metadata = map[string]any{"user": "u1"}
 	ev.Position = 999 // ignored: the store assigns positions
 
 	before := time.Now().UTC().Add(-time.Second)
-	noCreated := newEvent(agg, "order.paid", nil)
+	noCreated := feedtest.NewEvent(agg, "order.paid", nil)
 	noCreated.Created = time.Time{}
 	require.NoError(t, s.Append(ctx, agg, 0, ev, noCreated))
 
@@ -190,7 +191,7 @@ func testEnvelopeFieldsRoundTrip(t *testing.T, s domain.EventStore) {
 }
 
 func testMetadataRoundTrip(t *testing.T, s domain.EventStore) {
-	ctx := testCtx(t)
+	ctx := feedtest.Context(t)
 	cases := []struct {
 		name     string
 		metadata map[string]any
@@ -211,8 +212,8 @@ func testMetadataRoundTrip(t *testing.T, s domain.EventStore) {
 			if want == nil {
 				want = c.metadata
 			}
-			agg := uniqueID("meta")
-			ev := newEvent(agg, "meta.tested", "p")
+			agg := feedtest.UniqueID("meta")
+			ev := feedtest.NewEvent(agg, "meta.tested", "p")
 			ev.Metadata = c.metadata
 			require.NoError(t, s.Append(ctx, agg, -1, ev))
 			got, err := s.GetEventByID(ctx, ev.ID)
@@ -229,9 +230,9 @@ func testMetadataRoundTrip(t *testing.T, s domain.EventStore) {
 }
 
 func testExpectedVersion(t *testing.T, s domain.EventStore) {
-	ctx := testCtx(t)
-	agg := uniqueID("version")
-	require.NoError(t, s.Append(ctx, agg, 0, newEvent(agg, "a", 1), newEvent(agg, "b", 2)))
+	ctx := feedtest.Context(t)
+	agg := feedtest.UniqueID("version")
+	require.NoError(t, s.Append(ctx, agg, 0, feedtest.NewEvent(agg, "a", 1), feedtest.NewEvent(agg, "b", 2)))
 
 	cases := []struct {
 		name     string
@@ -249,7 +250,7 @@ func testExpectedVersion(t *testing.T, s domain.EventStore) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			before := stateOf(t, s, agg)
-			ev := newEvent(agg, "c", c.name)
+			ev := feedtest.NewEvent(agg, "c", c.name)
 			ev.Metadata = nil
 			if c.name == "current version" {
 				// Expect what the store says now, as a real caller would.
@@ -275,17 +276,17 @@ func testExpectedVersion(t *testing.T, s domain.EventStore) {
 		})
 	}
 	// -1 on an aggregate that does not exist yet starts it at 1.
-	fresh := uniqueID("fresh")
-	require.NoError(t, s.Append(ctx, fresh, -1, newEvent(fresh, "a", nil)))
+	fresh := feedtest.UniqueID("fresh")
+	require.NoError(t, s.Append(ctx, fresh, -1, feedtest.NewEvent(fresh, "a", nil)))
 	v, err := s.GetCurrentVersion(ctx, fresh)
 	require.NoError(t, err)
 	require.Equal(t, 1, v)
 }
 
 func testExpectedVersionWithoutEvents(t *testing.T, s domain.EventStore) {
-	ctx := testCtx(t)
-	agg := uniqueID("noevents")
-	require.NoError(t, s.Append(ctx, agg, 0, newEvent(agg, "a", nil)))
+	ctx := feedtest.Context(t)
+	agg := feedtest.UniqueID("noevents")
+	require.NoError(t, s.Append(ctx, agg, 0, feedtest.NewEvent(agg, "a", nil)))
 	cases := []struct {
 		name     string
 		expected int
@@ -315,14 +316,14 @@ func testExpectedVersionWithoutEvents(t *testing.T, s domain.EventStore) {
 // testConcurrentAppendsOneWinner races appends with the same expected
 // version: exactly one may win, the others see a conflict.
 func testConcurrentAppendsOneWinner(t *testing.T, s domain.EventStore) {
-	ctx := testCtx(t)
-	agg := uniqueID("race")
+	ctx := feedtest.Context(t)
+	agg := feedtest.UniqueID("race")
 	const writers = 6
 	errs := make([]error, writers)
 	var wg sync.WaitGroup
 	for i := range writers {
 		wg.Go(func() {
-			errs[i] = s.Append(ctx, agg, 0, newEvent(agg, "raced", i), newEvent(agg, "raced", i))
+			errs[i] = s.Append(ctx, agg, 0, feedtest.NewEvent(agg, "raced", i), feedtest.NewEvent(agg, "raced", i))
 		})
 	}
 	wg.Wait()
@@ -337,17 +338,17 @@ func testConcurrentAppendsOneWinner(t *testing.T, s domain.EventStore) {
 	require.Equal(t, 1, wins)
 	events, err := s.GetEvents(ctx, agg)
 	require.NoError(t, err)
-	require.Equal(t, []int{1, 2}, sequenceNos(events))
+	require.Equal(t, []int{1, 2}, feedtest.SequenceNos(events))
 	require.Equal(t, events[0].Payload, events[1].Payload, "both events come from the winning append")
 }
 
 func testSequenceNumbers(t *testing.T, s domain.EventStore) {
-	ctx := testCtx(t)
-	agg := uniqueID("seq")
+	ctx := feedtest.Context(t)
+	agg := feedtest.UniqueID("seq")
 
 	// Zero sequence numbers are assigned, continuing across appends.
-	require.NoError(t, s.Append(ctx, agg, 0, newEvent(agg, "a", nil), newEvent(agg, "a", nil)))
-	require.NoError(t, s.Append(ctx, agg, 2, newEvent(agg, "a", nil)))
+	require.NoError(t, s.Append(ctx, agg, 0, feedtest.NewEvent(agg, "a", nil), feedtest.NewEvent(agg, "a", nil)))
+	require.NoError(t, s.Append(ctx, agg, 2, feedtest.NewEvent(agg, "a", nil)))
 
 	// Explicit, correct sequence numbers are accepted, also after the
 	// first append and mixed with zero ones.
@@ -359,8 +360,8 @@ func testSequenceNumbers(t *testing.T, s domain.EventStore) {
 
 	events, err := s.GetEvents(ctx, agg)
 	require.NoError(t, err)
-	require.Equal(t, []int{1, 2, 3, 4, 5, 6, 7}, sequenceNos(events))
-	requireStrictlyIncreasing(t, events)
+	require.Equal(t, []int{1, 2, 3, 4, 5, 6, 7}, feedtest.SequenceNos(events))
+	feedtest.RequireStrictlyIncreasing(t, events)
 
 	cases := []struct {
 		name    string
@@ -390,12 +391,12 @@ func testSequenceNumbers(t *testing.T, s domain.EventStore) {
 }
 
 func testGetEventsRanges(t *testing.T, s domain.EventStore) {
-	ctx := testCtx(t)
-	agg, other := uniqueID("range"), uniqueID("other")
+	ctx := feedtest.Context(t)
+	agg, other := feedtest.UniqueID("range"), feedtest.UniqueID("other")
 	for i := range 5 {
 		// Interleave another aggregate, which must never show up.
-		require.NoError(t, s.Append(ctx, agg, i, newEvent(agg, "r", i+1)))
-		require.NoError(t, s.Append(ctx, other, i, newEvent(other, "o", i+1)))
+		require.NoError(t, s.Append(ctx, agg, i, feedtest.NewEvent(agg, "r", i+1)))
+		require.NoError(t, s.Append(ctx, other, i, feedtest.NewEvent(other, "o", i+1)))
 	}
 	all := []int{1, 2, 3, 4, 5}
 	rangeCases := []struct {
@@ -421,7 +422,7 @@ func testGetEventsRanges(t *testing.T, s domain.EventStore) {
 			got, err := s.GetEventsRange(ctx, agg, c.from, c.to)
 			require.NoError(t, err)
 			require.NotNil(t, got)
-			require.Equal(t, c.want, sequenceNos(got))
+			require.Equal(t, c.want, feedtest.SequenceNos(got))
 			for _, e := range got {
 				require.Equal(t, agg, e.AggregateID)
 				requireJSONEqual(t, e.SequenceNo, e.Payload)
@@ -436,12 +437,12 @@ func testGetEventsRanges(t *testing.T, s domain.EventStore) {
 		got, err := s.GetEventsFromVersion(ctx, agg, c.from)
 		require.NoError(t, err)
 		require.NotNil(t, got)
-		require.Equal(t, c.want, sequenceNos(got), "GetEventsFromVersion(%d)", c.from)
+		require.Equal(t, c.want, feedtest.SequenceNos(got), "GetEventsFromVersion(%d)", c.from)
 	}
 	got, err := s.GetEvents(ctx, agg)
 	require.NoError(t, err)
-	require.Equal(t, all, sequenceNos(got))
-	requireStrictlyIncreasing(t, got)
+	require.Equal(t, all, feedtest.SequenceNos(got))
+	feedtest.RequireStrictlyIncreasing(t, got)
 
 	unknown := []func() ([]domain.EventEnvelope[any], error){
 		func() ([]domain.EventEnvelope[any], error) { return s.GetEvents(ctx, "unknown") },
@@ -457,9 +458,9 @@ func testGetEventsRanges(t *testing.T, s domain.EventStore) {
 }
 
 func testGetEventByID(t *testing.T, s domain.EventStore) {
-	ctx := testCtx(t)
-	agg := uniqueID("byid")
-	ev := newEvent(agg, "x", map[string]any{"k": "v"})
+	ctx := feedtest.Context(t)
+	agg := feedtest.UniqueID("byid")
+	ev := feedtest.NewEvent(agg, "x", map[string]any{"k": "v"})
 	require.NoError(t, s.Append(ctx, agg, 0, ev))
 	got, err := s.GetEventByID(ctx, ev.ID)
 	require.NoError(t, err)
@@ -477,13 +478,13 @@ func testGetEventByID(t *testing.T, s domain.EventStore) {
 }
 
 func testGetEventsByTransactionID(t *testing.T, s domain.EventStore) {
-	ctx := testCtx(t)
-	tx, otherTx := uniqueID("tx"), uniqueID("tx")
+	ctx := feedtest.Context(t)
+	tx, otherTx := feedtest.UniqueID("tx"), feedtest.UniqueID("tx")
 	// Aggregate IDs whose byte order differs from a linguistic order, and
 	// appends in an order that is neither.
-	aggs := []string{uniqueID("b"), uniqueID("B"), uniqueID("a"), uniqueID("é"), uniqueID("A")}
+	aggs := []string{feedtest.UniqueID("b"), feedtest.UniqueID("B"), feedtest.UniqueID("a"), feedtest.UniqueID("é"), feedtest.UniqueID("A")}
 	withTx := func(agg string, txID string) domain.EventEnvelope[any] {
-		e := newEvent(agg, "t", agg)
+		e := feedtest.NewEvent(agg, "t", agg)
 		e.TransactionID = txID
 		return e
 	}
@@ -525,13 +526,13 @@ func testGetEventsByTransactionID(t *testing.T, s domain.EventStore) {
 }
 
 func testGetCurrentVersion(t *testing.T, s domain.EventStore) {
-	ctx := testCtx(t)
-	agg := uniqueID("cv")
+	ctx := feedtest.Context(t)
+	agg := feedtest.UniqueID("cv")
 	v, err := s.GetCurrentVersion(ctx, agg)
 	require.NoError(t, err)
 	require.Equal(t, 0, v)
 	for i := 1; i <= 3; i++ {
-		require.NoError(t, s.Append(ctx, agg, -1, newEvent(agg, "x", nil)))
+		require.NoError(t, s.Append(ctx, agg, -1, feedtest.NewEvent(agg, "x", nil)))
 		v, err := s.GetCurrentVersion(ctx, agg)
 		require.NoError(t, err)
 		require.Equal(t, i, v)
@@ -542,11 +543,11 @@ func testGetCurrentVersion(t *testing.T, s domain.EventStore) {
 }
 
 func testInvalidAppends(t *testing.T, s domain.EventStore) {
-	ctx := testCtx(t)
-	agg := uniqueID("invalid")
-	require.NoError(t, s.Append(ctx, agg, 0, newEvent(agg, "seed", nil)))
+	ctx := feedtest.Context(t)
+	agg := feedtest.UniqueID("invalid")
+	require.NoError(t, s.Append(ctx, agg, 0, feedtest.NewEvent(agg, "seed", nil)))
 
-	good := func() domain.EventEnvelope[any] { return newEvent(agg, "good", map[string]any{"ok": true}) }
+	good := func() domain.EventEnvelope[any] { return feedtest.NewEvent(agg, "good", map[string]any{"ok": true}) }
 	with := func(f func(e *domain.EventEnvelope[any])) domain.EventEnvelope[any] {
 		e := good()
 		f(&e)
@@ -592,7 +593,7 @@ func testInvalidAppends(t *testing.T, s domain.EventStore) {
 		{"chan metadata", agg, []domain.EventEnvelope[any]{with(func(e *domain.EventEnvelope[any]) { e.Metadata = map[string]any{"c": make(chan int)} })}, "metadata"},
 		{"NUL event ID", agg, []domain.EventEnvelope[any]{with(func(e *domain.EventEnvelope[any]) { e.ID = "id\x00" })}, "event ID"},
 		{"invalid UTF-8 event ID", agg, []domain.EventEnvelope[any]{with(func(e *domain.EventEnvelope[any]) { e.ID = "id\xff" })}, "event ID"},
-		{"NUL aggregate ID", "agg\x00", []domain.EventEnvelope[any]{newEvent("agg\x00", "t", nil)}, "aggregate ID"},
+		{"NUL aggregate ID", "agg\x00", []domain.EventEnvelope[any]{feedtest.NewEvent("agg\x00", "t", nil)}, "aggregate ID"},
 		{"invalid UTF-8 event type", agg, []domain.EventEnvelope[any]{with(func(e *domain.EventEnvelope[any]) { e.EventType = "\xff" })}, "event type"},
 		{"NUL transaction ID", agg, []domain.EventEnvelope[any]{with(func(e *domain.EventEnvelope[any]) { e.TransactionID = "\x00" })}, "transaction ID"},
 		{"same ID twice in one append", agg, func() []domain.EventEnvelope[any] {
@@ -630,7 +631,7 @@ func testInvalidAppends(t *testing.T, s domain.EventStore) {
 // testInvalidReadArguments checks reads with invalid arguments; max is the
 // identifier bound, 0 for none.
 func testInvalidReadArguments(t *testing.T, s domain.EventStore, max int) {
-	ctx := testCtx(t)
+	ctx := feedtest.Context(t)
 	cases := []struct {
 		name    string
 		read    func() error
@@ -662,9 +663,9 @@ func testInvalidReadArguments(t *testing.T, s domain.EventStore, max int) {
 }
 
 func testDuplicateEventID(t *testing.T, s domain.EventStore) {
-	ctx := testCtx(t)
-	agg, other := uniqueID("dup"), uniqueID("dup-other")
-	first := newEvent(agg, "x", "first")
+	ctx := feedtest.Context(t)
+	agg, other := feedtest.UniqueID("dup"), feedtest.UniqueID("dup-other")
+	first := feedtest.NewEvent(agg, "x", "first")
 	require.NoError(t, s.Append(ctx, agg, 0, first))
 	cases := []struct {
 		name      string
@@ -676,7 +677,7 @@ func testDuplicateEventID(t *testing.T, s domain.EventStore) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			before := stateOf(t, s, c.aggregate)
-			fresh := newEvent(c.aggregate, "x", "fresh")
+			fresh := feedtest.NewEvent(c.aggregate, "x", "fresh")
 			dup := first
 			dup.AggregateID = c.aggregate
 			dup.SequenceNo = 0
@@ -697,20 +698,20 @@ func testDuplicateEventID(t *testing.T, s domain.EventStore) {
 }
 
 func testReadAfterLimits(t *testing.T, s domain.EventStore) {
-	ctx := testCtx(t)
-	a, b := uniqueID("feed-a"), uniqueID("feed-b")
+	ctx := feedtest.Context(t)
+	a, b := feedtest.UniqueID("feed-a"), feedtest.UniqueID("feed-b")
 	var appended []string
 	for i := range 3 {
-		ea := newEvent(a, "a", i)
+		ea := feedtest.NewEvent(a, "a", i)
 		require.NoError(t, s.Append(ctx, a, -1, ea))
-		eb1, eb2 := newEvent(b, "b", i), newEvent(b, "b", i)
+		eb1, eb2 := feedtest.NewEvent(b, "b", i), feedtest.NewEvent(b, "b", i)
 		require.NoError(t, s.Append(ctx, b, -1, eb1, eb2))
 		appended = append(appended, ea.ID, eb1.ID, eb2.ID)
 	}
 	all, err := s.ReadAfter(ctx, 0, 0)
 	require.NoError(t, err)
-	require.Equal(t, appended, ids(all), "the feed is in append order across aggregates")
-	requireStrictlyIncreasing(t, all)
+	require.Equal(t, appended, feedtest.IDs(all), "the feed is in append order across aggregates")
+	feedtest.RequireStrictlyIncreasing(t, all)
 	head, err := s.HeadPosition(ctx)
 	require.NoError(t, err)
 	require.Equal(t, all[len(all)-1].Position, head)
@@ -747,7 +748,7 @@ func testReadAfterLimits(t *testing.T, s domain.EventStore) {
 			for _, i := range c.want {
 				want = append(want, all[i].ID)
 			}
-			require.Equal(t, want, ids(got))
+			require.Equal(t, want, feedtest.IDs(got))
 			for _, e := range got {
 				require.Greater(t, e.Position, c.after)
 			}
@@ -764,7 +765,7 @@ func span(from, to int) []int {
 }
 
 func testEmptyStore(t *testing.T, s domain.EventStore) {
-	ctx := testCtx(t)
+	ctx := feedtest.Context(t)
 	head, err := s.HeadPosition(ctx)
 	require.NoError(t, err)
 	require.Equal(t, int64(0), head)
@@ -786,13 +787,13 @@ func testEmptyStore(t *testing.T, s domain.EventStore) {
 	require.ErrorIs(t, err, domain.ErrEventNotFound)
 
 	// The first append gets a positive position, and the head follows.
-	require.NoError(t, s.Append(ctx, "first", 0, newEvent("first", "x", nil)))
+	require.NoError(t, s.Append(ctx, "first", 0, feedtest.NewEvent("first", "x", nil)))
 	head, err = s.HeadPosition(ctx)
 	require.NoError(t, err)
 	require.Positive(t, head)
 	feed, err := s.ReadAfter(ctx, 0, 0)
 	require.NoError(t, err)
-	require.Equal(t, []int64{head}, positions(feed))
+	require.Equal(t, []int64{head}, feedtest.Positions(feed))
 }
 
 // testIdentifierLimits checks the identifier bound max (skipped if 0).
@@ -800,14 +801,14 @@ func testIdentifierLimits(t *testing.T, s domain.EventStore, max int) {
 	if max <= 0 {
 		t.Skip("the store has no identifier bound")
 	}
-	ctx := testCtx(t)
+	ctx := feedtest.Context(t)
 	// "é" is two bytes: strings at the byte bound, not the rune bound.
 	atLimit := strings.Repeat("é", max/2)
 	require.Len(t, atLimit, max)
 	over := atLimit + "x"
 
 	// At the limit every identifier is kept exactly.
-	ev := newEvent(atLimit, atLimit, nil)
+	ev := feedtest.NewEvent(atLimit, atLimit, nil)
 	ev.ID = atLimit
 	ev.TransactionID = atLimit
 	require.NoError(t, s.Append(ctx, atLimit, 0, ev))
@@ -817,7 +818,7 @@ func testIdentifierLimits(t *testing.T, s domain.EventStore, max int) {
 	require.Equal(t, atLimit, got.EventType)
 	require.Equal(t, atLimit, got.TransactionID)
 
-	agg := uniqueID("limits")
+	agg := feedtest.UniqueID("limits")
 	cases := []struct {
 		name      string
 		aggregate string
@@ -832,7 +833,7 @@ func testIdentifierLimits(t *testing.T, s domain.EventStore, max int) {
 	for _, c := range cases {
 		t.Run("too long "+c.name, func(t *testing.T) {
 			before := stateOf(t, s, agg)
-			e := newEvent(c.aggregate, "t", nil)
+			e := feedtest.NewEvent(c.aggregate, "t", nil)
 			c.modify(&e)
 			err := s.Append(ctx, c.aggregate, -1, e)
 			require.ErrorIs(t, err, domain.ErrInvalidEvent)
@@ -851,7 +852,7 @@ func testIdentifierLimits(t *testing.T, s domain.EventStore, max int) {
 // testLongUnicodeIdentifiers stores identifiers of 1000 runes; max is the
 // identifier bound they must fit, 0 for none.
 func testLongUnicodeIdentifiers(t *testing.T, s domain.EventStore, max int) {
-	ctx := testCtx(t)
+	ctx := feedtest.Context(t)
 	unit := []rune(`é'";😀\ %_` + "\t\n")
 	long := func(prefix string) string {
 		r := []rune(prefix)
@@ -866,11 +867,11 @@ func testLongUnicodeIdentifiers(t *testing.T, s domain.EventStore, max int) {
 		require.LessOrEqual(t, len(agg), max)
 	}
 
-	ev := newEvent(agg, "weird.type;'\"", map[string]any{agg: id})
+	ev := feedtest.NewEvent(agg, "weird.type;'\"", map[string]any{agg: id})
 	ev.ID = id
 	ev.TransactionID = tx
 	require.NoError(t, s.Append(ctx, agg, 0, ev))
-	require.NoError(t, s.Append(ctx, agg, 1, newEvent(agg, "second", nil)))
+	require.NoError(t, s.Append(ctx, agg, 1, feedtest.NewEvent(agg, "second", nil)))
 
 	got, err := s.GetEventByID(ctx, id)
 	require.NoError(t, err)
@@ -889,7 +890,7 @@ func testLongUnicodeIdentifiers(t *testing.T, s domain.EventStore, max int) {
 	require.Equal(t, 2, v)
 	byTx, err := s.GetEventsByTransactionID(ctx, tx)
 	require.NoError(t, err)
-	require.Equal(t, []string{id}, ids(byTx))
+	require.Equal(t, []string{id}, feedtest.IDs(byTx))
 
 	// A prefix or a LIKE-pattern lookalike matches nothing.
 	for _, near := range []string{agg[:len(agg)-1], strings.ReplaceAll(agg, "%", "x"), "%"} {
@@ -902,13 +903,13 @@ func testLongUnicodeIdentifiers(t *testing.T, s domain.EventStore, max int) {
 }
 
 func testCanceledContext(t *testing.T, s domain.EventStore) {
-	ctx := testCtx(t)
-	require.NoError(t, s.Append(ctx, "agg", 0, newEvent("agg", "x", nil)))
+	ctx := feedtest.Context(t)
+	require.NoError(t, s.Append(ctx, "agg", 0, feedtest.NewEvent("agg", "x", nil)))
 	before := stateOf(t, s, "agg")
 
 	canceled, cancel := context.WithCancel(ctx)
 	cancel()
-	ev := newEvent("agg", "x", nil)
+	ev := feedtest.NewEvent("agg", "x", nil)
 	err := s.Append(canceled, "agg", 1, ev)
 	require.ErrorIs(t, err, context.Canceled)
 	require.Equal(t, before, stateOf(t, s, "agg"), "a canceled append stores nothing")

@@ -10,18 +10,6 @@ import (
 	"github.com/eventfeed/subscriptions/internal/feedtest"
 )
 
-// The feed helpers shared with the other test packages (one home:
-// internal/feedtest).
-var (
-	uniqueID                  = feedtest.UniqueID
-	newEvent                  = feedtest.NewEvent
-	testCtx                   = feedtest.Context
-	ids                       = feedtest.IDs
-	positions                 = feedtest.Positions
-	sequenceNos               = feedtest.SequenceNos
-	requireStrictlyIncreasing = feedtest.RequireStrictlyIncreasing
-)
-
 // jsonOf is v's JSON encoding; it fails the test when v has none.
 func jsonOf(t testing.TB, v any) string {
 	t.Helper()
@@ -47,7 +35,7 @@ type storeState struct {
 
 func stateOf(t testing.TB, s domain.EventStore, aggregateID string) storeState {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx := feedtest.Context(t)
 	head, err := s.HeadPosition(ctx)
 	require.NoError(t, err)
 	var version int
@@ -57,5 +45,5 @@ func stateOf(t testing.TB, s domain.EventStore, aggregateID string) storeState {
 	}
 	feed, err := s.ReadAfter(ctx, 0, 0)
 	require.NoError(t, err)
-	return storeState{head: head, version: version, feed: ids(feed)}
+	return storeState{head: head, version: version, feed: feedtest.IDs(feed)}
 }
