@@ -191,8 +191,8 @@ var Mattn = SQLiteDriver{Name: "mattn", Open: sqlite.Open, FileDSN: SQLiteFileDS
 // Glebarez is github.com/glebarez/sqlite (modernc.org/sqlite, pure Go),
 // the driver the original module's users run.
 var Glebarez = SQLiteDriver{
-	Name: "glebarez",
-	Open: glebarez.Open,
+	Name:    "glebarez",
+	Open:    glebarez.Open,
 	FileDSN: dsn.SQLiteFileGlebarez,
 	MemoryDSN: func(name string) string {
 		return "file:/" + name + "?vfs=memdb&_pragma=busy_timeout(10000)&_txlock=immediate"
