@@ -268,13 +268,16 @@ func (s *Subscriber) partitionChild(name string, p int) *Subscriber {
 		tel: s.tel,
 		// Not copied: wake (the coordinator's), running (Run's own),
 		// partitions and concurrency (a partition is unpartitioned),
-		// pipelined (the partition's read is filtered), and clearer: a
-		// partition's batch spans positions of other partitions' events,
-		// so clearing parked entries by position range would remove
-		// theirs (docs/partitions.md says what partitions keep instead).
+		// pipelined (the partition's read is filtered). clearer is the
+		// partition's own (partitionClearer): a partition's batch spans
+		// positions of other partitions' events, so clearing parked
+		// entries by position range alone would remove theirs.
 	}
 	if s.parking != nil {
 		c.parking = partitionLot{ParkingLot: s.parking, name: s.name}
+	}
+	if lot, ok := s.clearer.(partitionDeliveredClearer); ok {
+		c.clearer = partitionClearer{lot: lot, name: s.name, partition: p, partitions: s.partitions}
 	}
 	return c
 }

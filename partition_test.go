@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -514,4 +516,147 @@ func TestPartitionsHandlerPanicPropagates(t *testing.T) {
 	res := start(t, sub).wait(t)
 	require.True(t, res.panicked)
 	require.Equal(t, "boom", res.panicVal)
+}
+
+// TestPartitionParkedEntryRemovedOnLiveDelivery: after a reset of a
+// partitioned name, a parked event that its partition delivers again and
+// handles removes its entry in the batch transaction, as an unpartitioned
+// subscriber's does (TestParkedEntryDoesNotOutliveRedelivery), with a
+// Handler and with a BatchHandler. A partition's batches span positions of
+// other partitions' events: they must leave those partitions' entries
+// alone, so the entry of a parked event whose partition has not got past
+// it yet stays listed while the other partitions have committed well past
+// its position.
+func TestPartitionParkedEntryRemovedOnLiveDelivery(t *testing.T) {
+	const (
+		poll  = 20 * time.Millisecond
+		parts = 4
+	)
+	ctx := context.Background()
+	for _, b := range envBackends() {
+		for _, batched := range []bool{false, true} {
+			name := b.Name + "/handler"
+			if batched {
+				name = b.Name + "/batch handler"
+			}
+			t.Run(name, func(t *testing.T) {
+				e := b.New(t)
+				proj := newPartProjection(t, e, "part_unpark")
+				lenient, strict := proj.handler(false), proj.handler(true)
+				evs := partAppend(t, e.Events, map[string]int{}, 8, 64)
+				// Two poison events early in the feed, in different
+				// partitions; A's partition has events past B.
+				poisonA := evs[1]
+				pa := subscriptions.PartitionOf(poisonA.AggregateID, parts)
+				var poisonB domain.EventEnvelope[any]
+				for _, ev := range evs[2:] {
+					if subscriptions.PartitionOf(ev.AggregateID, parts) != pa {
+						poisonB = ev
+						break
+					}
+				}
+				require.NotEmpty(t, poisonB.ID, "every aggregate in one partition")
+				stored := coreFeed(t, e.Events)
+				posB := stored[slices.IndexFunc(stored, func(ev domain.EventEnvelope[any]) bool { return ev.ID == poisonB.ID })].Position
+				require.True(t, slices.ContainsFunc(stored, func(ev domain.EventEnvelope[any]) bool {
+					return ev.Position > posB && subscriptions.PartitionOf(ev.AggregateID, parts) == pa
+				}), "partition %d has no event past position %d", pa, posB)
+
+				// Phase 0 parks both. After the reset, A succeeds and B fails
+				// (and is retried, its partition staying at it, no lock held
+				// between attempts) until held is cleared.
+				var afterReset, held atomic.Bool
+				held.Store(true)
+				retriedB := make(chan struct{})
+				var retriedOnce sync.Once
+				do := func(ctx context.Context, ev domain.EventEnvelope[any]) error {
+					if !afterReset.Load() {
+						if ev.ID == poisonA.ID || ev.ID == poisonB.ID {
+							return errors.New("poison")
+						}
+						return lenient(ctx, ev)
+					}
+					if ev.ID == poisonB.ID && held.Load() {
+						retriedOnce.Do(func() { close(retriedB) })
+						return errors.New("still held")
+					}
+					return strict(ctx, ev)
+				}
+				newSub := func(opts ...subscriptions.SubscriberOption) *subscriptions.Subscriber {
+					opts = append([]subscriptions.SubscriberOption{subscriptions.WithPartitions(parts), subscriptions.WithConcurrency(parts),
+						subscriptions.WithParkingLot(e.Parking), subscriptions.WithBatchSize(5), subscriptions.WithPollInterval(poll)}, opts...)
+					var h subscriptions.Handler = do
+					if batched {
+						h = nil
+						opts = append(opts, subscriptions.WithBatchHandler(func(ctx context.Context, events []domain.EventEnvelope[any]) error {
+							for _, ev := range events {
+								if err := do(ctx, ev); err != nil {
+									return err
+								}
+							}
+							return nil
+						}))
+					}
+					return coreNewSub(t, "part-unpark", e.Events, e.Checkpoints, h, opts...)
+				}
+				sub := newSub(subscriptions.WithMaxRetries(0))
+				run := coreStart(t, sub)
+				waitCaughtUp(t, sub)
+				run.stop(t)
+				parked, err := sub.ListParked(ctx)
+				require.NoError(t, err)
+				require.ElementsMatch(t, []string{poisonA.ID, poisonB.ID}, parkedIDs(parked))
+
+				// Rebuild from the start.
+				afterReset.Store(true)
+				require.NoError(t, sub.ResetCheckpointWith(ctx, 0, func(ctx context.Context) error {
+					if tx := subscriptions.TxFromContext(ctx); tx != nil {
+						return tx.Exec("DELETE FROM part_unpark").Error
+					}
+					proj.mu.Lock()
+					defer proj.mu.Unlock()
+					proj.counts, proj.last = map[string]int{}, map[string]int{}
+					return nil
+				}))
+				sub = newSub(subscriptions.WithMaxRetries(1_000_000), subscriptions.WithRetryBackoff(5*time.Millisecond, 5*time.Millisecond))
+				run = coreStart(t, sub)
+				select {
+				case <-retriedB:
+				case <-time.After(30 * time.Second):
+					t.Fatal("poison event B was not delivered again")
+				}
+				require.Eventually(t, func() bool {
+					lags, err := sub.PartitionLags(ctx)
+					return err == nil && lags[pa] == 0
+				}, 30*time.Second, 5*time.Millisecond, "partition %d did not catch up", pa)
+				parked, err = sub.ListParked(ctx)
+				require.NoError(t, err)
+				require.Equal(t, []string{poisonB.ID}, parkedIDs(parked),
+					"A's entry goes with its live delivery; B's stays while its partition has not delivered it")
+				require.Equal(t, "poison", parked[0].Error, "B's entry is the one parked before the reset")
+
+				held.Store(false) // B's next retry succeeds
+				waitCaughtUp(t, sub)
+				run.stop(t)
+				parked, err = sub.ListParked(ctx)
+				require.NoError(t, err)
+				require.Empty(t, parked)
+				require.ErrorIs(t, sub.ReplayParked(ctx, poisonB.ID), subscriptions.ErrEventNotParked)
+				handled := proj.handled(t)
+				require.Len(t, handled, len(evs))
+				for _, ev := range evs {
+					if e.DB == nil {
+						// No transaction: the events before B in its failed
+						// batch were handled, and are again.
+						require.Positive(t, handled[ev.ID], "event %s", ev.ID)
+						continue
+					}
+					require.Equal(t, 1, handled[ev.ID], "event %s handled %d times since the reset", ev.ID, handled[ev.ID])
+				}
+				if e.DB != nil {
+					require.Empty(t, proj.orderViolations())
+				}
+			})
+		}
+	}
 }
