@@ -184,11 +184,9 @@ func faultPartBacklog(t *testing.T, store domain.EventStore, n, aggs int) {
 func (rig *faultPartRig) requireAlive(t *testing.T) {
 	t.Helper()
 	for i, r := range rig.runs {
-		select {
-		case err := <-r.done:
-			r.done <- err
-			t.Fatalf("replica %d's Run returned (%v)", i, err)
-		default:
+		if r.returned() {
+			res := r.wait(t)
+			t.Fatalf("replica %d's Run returned (%v, panic %v)", i, res.err, res.panicVal)
 		}
 	}
 }

@@ -600,7 +600,7 @@ func TestPartitionParkedEntryRemovedOnLiveDelivery(t *testing.T) {
 					return coreNewSub(t, "part-unpark", e.Events, e.Checkpoints, h, opts...)
 				}
 				sub := newSub(subscriptions.WithMaxRetries(0))
-				run := coreStart(t, sub)
+				run := start(t, sub)
 				waitCaughtUp(t, sub)
 				run.stop(t)
 				parked, err := sub.ListParked(ctx)
@@ -619,7 +619,7 @@ func TestPartitionParkedEntryRemovedOnLiveDelivery(t *testing.T) {
 					return nil
 				}))
 				sub = newSub(subscriptions.WithMaxRetries(1_000_000), subscriptions.WithRetryBackoff(5*time.Millisecond, 5*time.Millisecond))
-				run = coreStart(t, sub)
+				run = start(t, sub)
 				select {
 				case <-retriedB:
 				case <-time.After(30 * time.Second):
