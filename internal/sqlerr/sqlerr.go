@@ -14,8 +14,10 @@ package sqlerr
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
 )
@@ -61,4 +63,106 @@ func Busy(err error) bool {
 	msg := err.Error()
 	return strings.Contains(msg, "database is locked") || strings.Contains(msg, "database table is locked") ||
 		strings.Contains(msg, "SQLITE_BUSY")
+}
+
+// SQLState returns the SQLSTATE of a Postgres error anywhere in err's
+// chain, or "" when there is none.
+func SQLState(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
+// CommitRolledBack reports whether err is pgx's report of a COMMIT that
+// Postgres turned into a rollback because the transaction had failed.
+func CommitRolledBack(err error) bool {
+	return errors.Is(err, pgx.ErrTxCommitRollback)
+}
+
+// SQLite primary result codes (https://sqlite.org/rescode.html) that
+// callers branch on.
+const (
+	SQLiteConstraint = 19 // SQLITE_CONSTRAINT: a constraint was violated
+)
+
+// SQLiteCode returns the result code of a SQLite error anywhere in err's
+// chain, from any driver, without importing one: modernc.org/sqlite and
+// github.com/glebarez/go-sqlite report it through a Code() int method,
+// github.com/mattn/go-sqlite3 in the Code and ExtendedCode fields of its
+// Error struct, which are read by reflection. Only error types declared
+// in a package whose path contains "sqlite" are asked, so that another
+// library's Code method is never taken for SQLite's. The code is the
+// extended one where the driver gives it; primary is its low byte. ok is
+// false when no SQLite error is in the chain.
+func SQLiteCode(err error) (code int, primary int, ok bool) {
+	for _, e := range chain(err) {
+		if c, found := sqliteCode(e); found {
+			return c, c & 0xff, true
+		}
+	}
+	return 0, 0, false
+}
+
+func sqliteCode(e error) (int, bool) {
+	v := reflect.ValueOf(e)
+	t := v.Type()
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if !strings.Contains(t.PkgPath(), "sqlite") {
+		return 0, false
+	}
+	if c, ok := e.(interface{ Code() int }); ok {
+		return c.Code(), true
+	}
+	for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
+		if v.IsNil() {
+			return 0, false
+		}
+		v = v.Elem()
+	}
+	if v.Kind() != reflect.Struct {
+		return 0, false
+	}
+	for _, name := range []string{"ExtendedCode", "Code"} {
+		f := v.FieldByName(name)
+		if f.IsValid() && f.CanInt() && f.Int() != 0 {
+			return int(f.Int()), true
+		}
+	}
+	return 0, false
+}
+
+// chain lists err and every error it wraps, depth first (errors.Join and
+// fmt.Errorf with several %w included).
+func chain(err error) []error {
+	var out []error
+	var walk func(error)
+	walk = func(e error) {
+		if e == nil || len(out) > 64 {
+			return
+		}
+		out = append(out, e)
+		switch u := e.(type) {
+		case interface{ Unwrap() error }:
+			walk(u.Unwrap())
+		case interface{ Unwrap() []error }:
+			for _, w := range u.Unwrap() {
+				walk(w)
+			}
+		}
+	}
+	walk(err)
+	return out
+}
+
+// SQLiteConstraintViolation reports whether err is a SQLite constraint
+// violation (SQLITE_CONSTRAINT and its extended codes: unique, primary
+// key, foreign key, check, not null, a trigger's RAISE(ABORT|FAIL)), by
+// its result code, never by its text.
+func SQLiteConstraintViolation(err error) bool {
+	_, primary, ok := SQLiteCode(err)
+	return ok && primary == SQLiteConstraint
 }
