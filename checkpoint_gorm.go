@@ -221,28 +221,42 @@ func (g *GormCheckpointStore) lockPostgres(ctx context.Context, b *gormBatch) (a
 	return true, true, nil
 }
 
+// beginSQLite begins the batch transaction on a connection pinned from the
+// pool for the batch's life, so that the batch decides what happens to
+// the connection when its transaction ends badly (see gormBatch.closeConn).
 func (g *GormCheckpointStore) beginSQLite(ctx context.Context, b *gormBatch) (bool, error) {
-	tx := g.db.WithContext(ctx).Begin(g.txOptions())
-	if tx.Error != nil {
-		return false, fmt.Errorf("subscriptions: acquire checkpoint of %q: begin: %w", b.subscriber, tx.Error)
+	conn, err := g.pool.Conn(ctx)
+	if err != nil {
+		return false, fmt.Errorf("subscriptions: acquire checkpoint of %q: connection: %w", b.subscriber, err)
 	}
+	stx, err := conn.BeginTx(ctx, g.txOptions())
+	if err != nil {
+		_ = conn.Close()
+		return false, fmt.Errorf("subscriptions: acquire checkpoint of %q: begin: %w", b.subscriber, err)
+	}
+	tx := g.db.Session(&gorm.Session{NewDB: true, Context: ctx})
+	tx.Statement.ConnPool = stx
 	// Publish the transaction for a Reset that may abort the batch from
 	// now on; one that already did so wins: the batch is given up.
 	b.abortMu.Lock()
 	aborted := b.aborted
 	if !aborted {
-		b.tx = tx
+		b.tx, b.conn = tx, conn
 	}
 	b.abortMu.Unlock()
 	if aborted {
-		tx.Rollback()
+		if err := stx.Rollback(); err != nil {
+			cleanSQLiteConn(conn)
+		}
+		_ = conn.Close()
 		return false, nil
 	}
 	fail := func(what string, err error) (bool, error) {
 		if b.abortedByReset() {
-			return false, nil // the Reset rolled the transaction back
+			b.closeConn(false) // the Reset rolled the transaction back
+			return false, nil
 		}
-		tx.Rollback()
+		b.closeConn(stx.Rollback() != nil)
 		return false, fmt.Errorf("subscriptions: acquire checkpoint of %q: %s: %w", b.subscriber, what, err)
 	}
 	// The insert comes first so that the batch takes SQLite's write lock at

@@ -2,6 +2,9 @@ package subscriptions
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
 	"fmt"
 	"regexp"
 	"sync"
@@ -17,6 +20,9 @@ type gormBatch struct {
 	subscriber string
 	tx         *gorm.DB
 	position   int64
+	// conn (SQLite) is the pooled connection the batch's transaction is
+	// pinned to, closed when the batch ends (see closeConn).
+	conn *sql.Conn
 
 	moved atomic.Bool // SQLite: a Reset moved the checkpoint under this batch
 	// htx is the handlers' view of tx and guard its connection, made by
@@ -47,14 +53,66 @@ func (b *gormBatch) abortForReset() {
 	b.moved.Store(true)
 	b.abortMu.Lock()
 	b.aborted = true
-	tx := b.tx
+	tx, conn := b.tx, b.conn
 	b.abortMu.Unlock()
 	if tx == nil {
 		return // beginSQLite sees aborted and gives the batch up
 	}
-	if committer, ok := tx.Statement.ConnPool.(gorm.TxCommitter); ok {
-		_ = committer.Rollback() // ErrTxDone if it already ended: nothing to release
+	committer, ok := tx.Statement.ConnPool.(gorm.TxCommitter)
+	if !ok {
+		return
 	}
+	err := committer.Rollback()
+	if errors.Is(err, sql.ErrTxDone) || conn == nil {
+		// The owner ended the transaction (it cleans and returns the
+		// connection itself), or the batch found it ended by a statement.
+		return
+	}
+	// The transaction was live and is rolled back: hand the pinned
+	// connection back to the pool now, for the Reset (a one-connection
+	// pool has no other); the owner's later statements fail with
+	// sql.ErrTxDone and its Close with sql.ErrConnDone.
+	if err != nil {
+		cleanSQLiteConn(conn)
+	}
+	_ = conn.Close()
+}
+
+// closeConn returns the batch's pinned SQLite connection to the pool once
+// its transaction has ended. After a failed COMMIT (or ROLLBACK) the SQLite
+// transaction can still be open on it — github.com/glebarez/go-sqlite
+// leaves it so, and the next user of the connection would then write
+// inside the stale transaction — so the connection is cleaned first (see
+// cleanSQLiteConn).
+func (b *gormBatch) closeConn(endFailed bool) {
+	if b.conn == nil {
+		return
+	}
+	if endFailed {
+		cleanSQLiteConn(b.conn)
+	}
+	_ = b.conn.Close() // sql.ErrConnDone when a Reset closed it
+}
+
+// cleanSQLiteConn leaves conn in autocommit, with no transaction open, or
+// discards it: ROLLBACK ends a transaction still open; when that fails
+// (no transaction was open, as github.com/mattn/go-sqlite3 leaves it after
+// a failed COMMIT, or the rollback itself failed) BEGIN tells which, since
+// SQLite refuses it only inside a transaction. A connection that cannot be
+// brought back to autocommit is closed instead of going back to the pool
+// (database/sql discards it on driver.ErrBadConn).
+func cleanSQLiteConn(conn *sql.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := conn.ExecContext(ctx, "ROLLBACK"); err == nil {
+		return
+	}
+	if _, err := conn.ExecContext(ctx, "BEGIN"); err == nil {
+		if _, err := conn.ExecContext(ctx, "ROLLBACK"); err == nil {
+			return
+		}
+	}
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 }
 
 // abortedByReset reports whether a Reset ended the batch's transaction.
@@ -93,7 +151,7 @@ func (b *gormBatch) Position() int64 { return b.position }
 // handler cannot end it (see handlerConn): Commit then fails the batch.
 func (b *gormBatch) HandlerContext(ctx context.Context) context.Context {
 	if b.htx == nil {
-		b.htx, b.guard = guardTx(b.tx, b.store.pool)
+		b.htx, b.guard = guardTx(b.tx, b.store.pool, !b.store.postgres)
 	}
 	return withTx(ctx, b.htx, b.store.pool)
 }
@@ -103,12 +161,18 @@ func (b *gormBatch) Commit(ctx context.Context, position int64) error {
 		return fmt.Errorf("subscriptions: commit checkpoint of %q: %w", b.subscriber, ErrBatchFinished)
 	}
 	b.finished = true
-	defer b.release()
+	endFailed := false
+	defer func() {
+		b.closeConn(endFailed)
+		b.release()
+	}()
 	if b.abortedByReset() {
 		return fmt.Errorf("subscriptions: commit checkpoint of %q at position %d: %w", b.subscriber, position, ErrCheckpointMoved)
 	}
 	fail := func(err error) error {
-		b.tx.Rollback()
+		if rerr := b.tx.Rollback().Error; rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
+			endFailed = true
+		}
 		if b.abortedByReset() {
 			// A Reset rolled the transaction back under this Commit.
 			err = ErrCheckpointMoved
@@ -122,17 +186,25 @@ func (b *gormBatch) Commit(ctx context.Context, position int64) error {
 		return fail(ErrCheckpointMoved)
 	}
 	if err := b.guard.misused(); err != nil {
-		return fail(err)
+		return fail(staged(stageHandlers, err))
+	}
+	if !b.store.postgres {
+		// Never let the checkpoint UPDATE run in autocommit (see
+		// handlerConn.watchTx): one question per batch.
+		if err := b.txEnded(ctx); err != nil {
+			return fail(staged(stageHandlers, err))
+		}
 	}
 	res := b.tx.WithContext(ctx).Exec("UPDATE subscriber_checkpoints SET position = ?, updated_at = ? WHERE subscriber = ? AND position = ?",
 		position, time.Now().UTC(), b.subscriber, b.position)
 	if res.Error != nil {
-		return fail(res.Error)
+		return fail(staged(stageLibrary, res.Error))
 	}
 	if res.RowsAffected != 1 {
 		return fail(ErrCheckpointMoved)
 	}
 	if err := b.tx.Commit().Error; err != nil {
+		endFailed = true
 		if b.abortedByReset() {
 			err = ErrCheckpointMoved
 		}
@@ -146,14 +218,42 @@ func (b *gormBatch) Rollback() error {
 		return fmt.Errorf("subscriptions: roll back batch of %q: %w", b.subscriber, ErrBatchFinished)
 	}
 	b.finished = true
-	defer b.release()
+	endFailed := false
+	defer func() {
+		b.closeConn(endFailed)
+		b.release()
+	}()
 	if b.abortedByReset() {
 		return nil // already rolled back by the Reset
 	}
 	if err := b.tx.Rollback().Error; err != nil {
+		if errors.Is(err, sql.ErrTxDone) && b.guard.endedByStatement() {
+			return nil // ended when the statement was found out
+		}
+		endFailed = true
 		return fmt.Errorf("subscriptions: roll back batch of %q: %w", b.subscriber, err)
 	}
 	return nil
+}
+
+// txEnded (SQLite) returns the error recording that a statement ended the
+// batch transaction behind its back, asking SQLite (see
+// handlerConn.watchTx); nil when it stands.
+func (b *gormBatch) txEnded(ctx context.Context) error {
+	if b.guard != nil {
+		return b.guard.checkTx(ctx)
+	}
+	if !txStands(ctx, b.tx.Statement.ConnPool) {
+		return fmt.Errorf("subscriptions: %w", errTxEndedByStatement)
+	}
+	return nil
+}
+
+var _ handlerTxChecker = (*gormBatch)(nil)
+
+// handlerEndedTx implements handlerTxChecker (see handlerConn.watchTx).
+func (b *gormBatch) handlerEndedTx(ctx context.Context) error {
+	return b.guard.afterHandler(ctx)
 }
 
 // savepointName restricts savepoint names to plain identifiers: GORM

@@ -26,6 +26,12 @@ type faultCommitCase struct {
 	// postgresOnly: the fault exists only there (SQLite has no idle
 	// timeout, and a failed statement does not abort its transaction).
 	postgresOnly bool
+	// sqliteOnly: the fault exists only there (a statement that rolls
+	// back the whole transaction).
+	sqliteOnly bool
+	// swallowed: the culprit's handler swallows the failed statement
+	// (see TestFaultSwallowedFailureParksTheCulprit).
+	swallowed bool
 	// env returns the backend the subscriber runs on (default: e).
 	env func(t *testing.T, e *env) *env
 	// setup creates what the handler writes to, in e.DB.
@@ -34,6 +40,8 @@ type faultCommitCase struct {
 	handle func(ctx context.Context, table string, ev domain.EventEnvelope[any], bad bool) error
 	// parkedError is part of the parked entry's error.
 	parkedError string
+	// after, when set, checks the handler's other tables at the end.
+	after func(t *testing.T, e *env, table string)
 }
 
 // faultCommitCases are the commit-time failures of issue 12: a deferred
@@ -113,8 +121,40 @@ func faultCommitCases() []faultCommitCase {
 			parkedError: "idle-in-transaction",
 		},
 		{
+			// A trigger's RAISE(ROLLBACK) ends the whole SQLite
+			// transaction; the handler swallows it and writes on. None of
+			// its later writes, of the handlers after it or of the
+			// checkpoint may run in autocommit.
+			name:       "handler swallows a statement that rolled back the whole SQLite transaction",
+			sqliteOnly: true,
+			swallowed:  true,
+			setup: func(t *testing.T, e *env, table string) {
+				createProjection(t, e.DB, table)
+				require.NoError(t, e.DB.Exec("CREATE TABLE "+table+"_guard (id text)").Error)
+				require.NoError(t, e.DB.Exec("CREATE TABLE "+table+"_after (id text)").Error)
+				require.NoError(t, e.DB.Exec("CREATE TRIGGER "+table+"_refuse BEFORE INSERT ON "+table+
+					"_guard WHEN NEW.id = 'bad' BEGIN SELECT RAISE(ROLLBACK, 'the guard refused the row'); END").Error)
+			},
+			handle: func(ctx context.Context, table string, ev domain.EventEnvelope[any], bad bool) error {
+				if err := projectOnly(ctx, table, ev); err != nil || !bad {
+					return err
+				}
+				tx := subscriptions.TxFromContext(ctx)
+				_ = tx.Exec("INSERT INTO " + table + "_guard (id) VALUES ('bad')").Error
+				_ = tx.Exec("INSERT INTO "+table+"_after (id) VALUES (?)", ev.ID).Error
+				return nil
+			},
+			parkedError: "rolled back the whole SQLite transaction",
+			after: func(t *testing.T, e *env, table string) {
+				var n int64
+				require.NoError(t, e.DB.Raw("SELECT count(*) FROM "+table+"_after").Scan(&n).Error)
+				require.Zero(t, n, "a write after the rollback ran in autocommit")
+			},
+		},
+		{
 			name:         "handler swallows a failed statement",
 			postgresOnly: true,
+			swallowed:    true,
 			setup:        plain,
 			handle: func(ctx context.Context, table string, ev domain.EventEnvelope[any], bad bool) error {
 				if err := projectOnly(ctx, table, ev); err != nil || !bad {
@@ -144,18 +184,7 @@ func TestFaultCommitFailureIsParked(t *testing.T) {
 			for i, tc := range faultCommitCases() {
 				t.Run(tc.name, func(t *testing.T) {
 					base := b.New(t)
-					if tc.postgresOnly && !base.Postgres() {
-						t.Skip("a Postgres fault")
-					}
-					if b.Name == "sqlite-file-glebarez" && tc.name == "deferred foreign key" {
-						// github.com/glebarez/go-sqlite's Commit does not roll back
-						// a COMMIT that failed (mattn/go-sqlite3 does): the
-						// connection goes back to the pool still in the
-						// transaction, holding the write lock, and every later
-						// writer waits out the busy timeout. Documented in
-						// docs/operations.md (SQLite); not fixable from here.
-						t.Skip("glebarez: a failed COMMIT leaves the connection in the transaction")
-					}
+					faultCommitSkip(t, tc, base)
 					e := base
 					if tc.env != nil {
 						e = tc.env(t, base)
@@ -169,6 +198,15 @@ func TestFaultCommitFailureIsParked(t *testing.T) {
 				})
 			}
 		})
+	}
+}
+
+func faultCommitSkip(t *testing.T, tc faultCommitCase, e *env) {
+	if tc.postgresOnly && !e.Postgres() {
+		t.Skip("a Postgres fault")
+	}
+	if tc.sqliteOnly && e.Postgres() {
+		t.Skip("a SQLite fault")
 	}
 }
 
@@ -219,6 +257,9 @@ func faultCommitRun(t *testing.T, e *env, tc faultCommitCase, table, name string
 		require.Equal(t, bad.Position-1, pos)
 		require.Subset(t, projected(t, e.DB, table), before)
 		require.NotContains(t, projected(t, e.DB, table), badID)
+		if tc.after != nil {
+			tc.after(t, e, table)
+		}
 		return
 	}
 
@@ -230,10 +271,63 @@ func faultCommitRun(t *testing.T, e *env, tc faultCommitCase, table, name string
 	require.Equal(t, 2, parked[0].Attempts, "the first attempt and one retry")
 	require.Contains(t, strings.ToLower(parked[0].Error), strings.ToLower(tc.parkedError))
 	faultRequireExactlyOnce(t, "projected", projected(t, e.DB, table), append(append([]string{}, before...), after...))
+	if tc.after != nil {
+		tc.after(t, e, table)
+	}
 	// The failed batch, at most one prefix batch (when the culprit made
 	// the handlers after it fail), then alone.
 	for _, id := range before {
 		require.LessOrEqual(t, callsOf(id), 3, "event %s before the culprit was re-run more than twice", id)
+	}
+}
+
+// TestFaultSwallowedFailureParksTheCulprit: the culprit, whose handler
+// swallows a failed statement, is the first event of its batch, and the
+// handler after it fails because of it (Postgres: "current transaction is
+// aborted"; SQLite: the transaction is gone). With WithMaxRetries(0) the
+// culprit alone is parked, never the event after it, and every other
+// event is handled exactly once.
+func TestFaultSwallowedFailureParksTheCulprit(t *testing.T) {
+	ctx := context.Background()
+	for _, b := range gormEnvs() {
+		t.Run(b.Name, func(t *testing.T) {
+			for i, tc := range faultCommitCases() {
+				if !tc.swallowed {
+					continue
+				}
+				t.Run(tc.name, func(t *testing.T) {
+					e := b.New(t)
+					faultCommitSkip(t, tc, e)
+					table := fmt.Sprintf("fault_culprit_%d", i)
+					tc.setup(t, e, table)
+					name := "fault-culprit-" + table
+					head, err := e.Events.HeadPosition(ctx)
+					require.NoError(t, err)
+					require.NoError(t, e.Checkpoints.Reset(ctx, name, head))
+					badID := appendN(t, e.Events, "fault.culprit.bad", 0, 1)[0]
+					good := appendN(t, e.Events, "fault.culprit", 1, 4)
+					handler := func(ctx context.Context, ev domain.EventEnvelope[any]) error {
+						return tc.handle(ctx, table, ev, ev.ID == badID)
+					}
+					sub, err := subscriptions.NewSubscriber(name, e.Events, e.Checkpoints, handler,
+						subscriptions.WithLogger(quietLogger()), subscriptions.WithPollInterval(10*time.Millisecond),
+						subscriptions.WithParkingLot(e.Parking), subscriptions.WithMaxRetries(0))
+					require.NoError(t, err)
+					r := start(t, sub)
+					parkWaitParked(t, sub, 1)
+					waitCaughtUp(t, sub)
+					r.stop(t)
+					parked, err := sub.ListParked(ctx)
+					require.NoError(t, err)
+					require.Len(t, parked, 1)
+					require.Equal(t, badID, parked[0].EventID)
+					faultRequireExactlyOnce(t, "projected", projected(t, e.DB, table), good)
+					if tc.after != nil {
+						tc.after(t, e, table)
+					}
+				})
+			}
+		})
 	}
 }
 

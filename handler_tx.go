@@ -20,14 +20,23 @@ import (
 // attempt fails as a whole (misused) whatever the handler does with the
 // error.
 //
+// On SQLite it also watches for a statement that ended the transaction
+// behind the batch's back (see watchTx).
+//
 // Handlers run on the batch's goroutine, but one may hand the transaction
 // to another goroutine; the record is therefore guarded by a mutex.
 type handlerConn struct {
 	gorm.ConnPool // the batch transaction: *sql.Tx or *pinnedTx
 	pool          *sql.DB
+	watch         bool // SQLite: see watchTx
 
 	mu     sync.Mutex
 	misuse error
+	// ended records the statement that ended the transaction (watch).
+	ended error
+	// unobserved: a query or prepared statement ran since the last
+	// check; its errors surface in *sql.Rows or *sql.Stmt, past this type.
+	unobserved bool
 }
 
 var (
@@ -37,9 +46,10 @@ var (
 )
 
 // guardTx returns the handler's view of the batch transaction tx, begun on
-// pool. It keeps tx's statement context.
-func guardTx(tx *gorm.DB, pool *sql.DB) (*gorm.DB, *handlerConn) {
-	conn := &handlerConn{ConnPool: tx.Statement.ConnPool, pool: pool}
+// pool. It keeps tx's statement context. watch is set for a SQLite batch
+// (see watchTx).
+func guardTx(tx *gorm.DB, pool *sql.DB, watch bool) (*gorm.DB, *handlerConn) {
+	conn := &handlerConn{ConnPool: tx.Statement.ConnPool, pool: pool, watch: watch}
 	h := tx.Session(&gorm.Session{NewDB: true, Context: tx.Statement.Context})
 	h.Statement.ConnPool = conn
 	return h, conn
@@ -94,6 +104,129 @@ func (c *handlerConn) GetDBConn() (*sql.DB, error) {
 // handlerContext attaches the handler's view of tx to ctx; the returned
 // handlerConn tells afterwards whether a handler tried to end tx.
 func handlerContext(ctx context.Context, tx *gorm.DB, pool *sql.DB) (context.Context, *handlerConn) {
-	h, conn := guardTx(tx, pool)
+	h, conn := guardTx(tx, pool, false)
 	return withTx(ctx, h, pool), conn
+}
+
+// watchTx (SQLite): some statement failures make SQLite roll back the
+// whole transaction, not just the statement — a trigger's RAISE(ROLLBACK),
+// INSERT OR ROLLBACK, some SQLITE_FULL and SQLITE_IOERR cases — and leave
+// the connection in autocommit. database/sql does not notice: a handler
+// that swallowed the error, the handlers after it and the checkpoint UPDATE
+// would each commit on their own, so events would be skipped or handled
+// twice. So after every failed statement, after a handler that ran a
+// query or prepared statement (whose errors surface past this type), and
+// once before the checkpoint UPDATE (see gormBatch.Commit), the batch asks
+// SQLite whether its transaction still stands (txStands). When it is gone
+// the *sql.Tx is ended at once, so that every later statement of the batch
+// fails with sql.ErrTxDone instead of running in autocommit, and the
+// handler's event takes the failure path (see handlerResult). A failed
+// statement costs one more; a successful Exec costs nothing.
+func (c *handlerConn) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	res, err := c.ConnPool.ExecContext(ctx, query, args...)
+	if err != nil && c.watch {
+		c.checkTx(ctx)
+	}
+	return res, err
+}
+
+// QueryContext runs the query in the batch transaction (see ExecContext).
+func (c *handlerConn) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	c.markUnobserved()
+	rows, err := c.ConnPool.QueryContext(ctx, query, args...)
+	if err != nil && c.watch {
+		c.checkTx(ctx)
+	}
+	return rows, err
+}
+
+// QueryRowContext runs the query in the batch transaction (see
+// ExecContext).
+func (c *handlerConn) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	c.markUnobserved()
+	return c.ConnPool.QueryRowContext(ctx, query, args...)
+}
+
+// PrepareContext prepares a statement in the batch transaction (see
+// ExecContext).
+func (c *handlerConn) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
+	c.markUnobserved()
+	stmt, err := c.ConnPool.PrepareContext(ctx, query)
+	if err != nil && c.watch {
+		c.checkTx(ctx)
+	}
+	return stmt, err
+}
+
+func (c *handlerConn) markUnobserved() {
+	if !c.watch {
+		return
+	}
+	c.mu.Lock()
+	c.unobserved = true
+	c.mu.Unlock()
+}
+
+// checkTx asks SQLite whether the batch transaction still stands, unless a
+// statement is already known to have ended it, and returns the error that
+// records its end, or nil.
+func (c *handlerConn) checkTx(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ended != nil {
+		return c.ended
+	}
+	c.unobserved = false
+	if txStands(ctx, c.ConnPool) {
+		return nil
+	}
+	c.ended = fmt.Errorf("subscriptions: %w (the batch's writes are discarded)", errTxEndedByStatement)
+	return c.ended
+}
+
+// afterHandler returns the error that records a statement ending the batch
+// transaction, checking first when the handler ran statements whose
+// errors this type did not see; nil when the transaction stands.
+func (c *handlerConn) afterHandler(ctx context.Context) error {
+	if c == nil || !c.watch {
+		return nil
+	}
+	c.mu.Lock()
+	ended, unobserved := c.ended, c.unobserved
+	c.mu.Unlock()
+	if ended != nil || !unobserved {
+		return ended
+	}
+	return c.checkTx(ctx)
+}
+
+// txStands reports whether the SQLite transaction behind tx (a *sql.Tx)
+// is still open. BEGIN is the question: SQLite refuses it inside a
+// transaction ("cannot start a transaction within a transaction") and
+// nothing else changes; outside one it succeeds and opens a new
+// transaction, which is then ended together with tx through tx's Rollback
+// (database/sql then refuses every later statement of tx with
+// sql.ErrTxDone, so none of them runs in autocommit). A BEGIN that fails
+// for any other reason is taken as standing: the batch's own Commit asks
+// again before the checkpoint UPDATE.
+func txStands(ctx context.Context, tx gorm.ConnPool) bool {
+	ctx = context.WithoutCancel(ctx)
+	if _, err := tx.ExecContext(ctx, "BEGIN"); err != nil {
+		return true
+	}
+	if committer, ok := tx.(gorm.TxCommitter); ok {
+		_ = committer.Rollback() // ends the BEGIN just issued and tx with it
+	}
+	return false
+}
+
+// endedByStatement reports whether a statement was found to have ended
+// the batch transaction (watchTx).
+func (c *handlerConn) endedByStatement() bool {
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ended != nil
 }

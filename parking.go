@@ -37,6 +37,9 @@ type deliveredClearer interface {
 	// the lot's database (see Park), so that the removal commits with the
 	// checkpoint advance.
 	clearDelivered(ctx context.Context, subscriber string, after, upTo int64) error
+	// clearsInBatch reports whether clearDelivered(ctx, ...) runs in the
+	// batch transaction ctx carries (see runner.commit).
+	clearsInBatch(ctx context.Context) bool
 }
 
 // ErrParkingLotNotManaged is returned by the Subscriber methods that

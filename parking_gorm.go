@@ -139,6 +139,12 @@ func (g *GormParkingLot) clearDelivered(ctx context.Context, subscriber string, 
 	return nil
 }
 
+// clearsInBatch implements deliveredClearer: true when ctx carries a
+// batch transaction on the lot's database.
+func (g *GormParkingLot) clearsInBatch(ctx context.Context) bool {
+	return g.batchTx(ctx) != nil
+}
+
 // keyWhere selects one parked row through the table's key index.
 func (g *GormParkingLot) keyWhere() string {
 	if g.postgres {

@@ -76,6 +76,10 @@ func (m *MemoryParkingLot) clearDelivered(_ context.Context, subscriber string, 
 	return nil
 }
 
+// clearsInBatch implements deliveredClearer: a MemoryParkingLot never
+// joins a batch transaction.
+func (m *MemoryParkingLot) clearsInBatch(context.Context) bool { return false }
+
 func validateParked(p ParkedEvent) error {
 	if err := validateName(p.Subscriber); err != nil {
 		return fmt.Errorf("subscriptions: park event %q: %w", p.EventID, err)

@@ -327,7 +327,7 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 		if i > 0 {
 			wokenAt = time.Time{}
 		}
-		if err := span.handle(hctx, r.callHandler, ev, 1, wokenAt); err != nil {
+		if err := handlerResult(hctx, batch, span.handle(hctx, r.callHandler, ev, 1, wokenAt)); err != nil {
 			stopped := r.stopped
 			batchErr = err
 			finished = true
@@ -338,6 +338,15 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 			if resetAborted(batch) {
 				r.known = -1
 				s.logger.Info("subscriber: checkpoint was reset during the batch; batch discarded", "subscriber", s.name, "error", err)
+				return outcomeMore
+			}
+			if i > 0 && failedEarlier(err) {
+				// The transaction had failed before this handler ran: an
+				// earlier handler may have swallowed its failed statement.
+				// Run the events one per transaction to find the culprit.
+				s.logger.Warn("subscriber: the batch transaction had failed before this event's handler; running its events one per transaction to find the failing one",
+					append(s.eventAttrs(ev), "from", events[0].Position, "error", err)...)
+				r.isolateUntil = ev.Position
 				return outcomeMore
 			}
 			if i > 0 {
@@ -392,17 +401,33 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 }
 
 // commit ends a batch whose handlers succeeded for the events in
-// (start, last]: it removes their parking lot entries in the batch's
-// transaction (hctx), so that a parked entry does not outlive its event's
-// successful handling (see deliveredClearer), and commits the checkpoint
-// at last. A failure of either is a commit failure; batch is ended either
-// way.
+// (start, last]: it removes their parking lot entries, so that a parked
+// entry does not outlive its event's successful handling (see
+// deliveredClearer), and commits the checkpoint at last. A lot that joins
+// the batch's transaction (hctx) removes them in it, and a failure there
+// is a commit failure. A lot that cannot (a MemoryParkingLot, or a
+// GormParkingLot on another database than the checkpoint store) removes
+// them only after the commit succeeded, so that a failed commit never
+// drops the entry of an event it did not handle; a removal failing then is
+// logged, and the entry stays until a later delivery or replay removes it
+// (see doc.go). batch is ended either way.
 func (r *runner) commit(bctx, hctx context.Context, batch Batch, start, last int64) error {
-	if r.s.clearer != nil {
-		if err := r.s.clearer.clearDelivered(hctx, r.s.name, start, last); err != nil {
-			r.rollback(batch)
+	c := r.s.clearer
+	if c == nil {
+		return batch.Commit(bctx, last)
+	}
+	if !c.clearsInBatch(hctx) {
+		if err := batch.Commit(bctx, last); err != nil {
 			return err
 		}
+		if err := c.clearDelivered(bctx, r.s.name, start, last); err != nil {
+			r.s.logger.Error("subscriber: removing the parked entries of delivered events failed; they stay listed", "subscriber", r.s.name, "from", start+1, "to", last, "error", err)
+		}
+		return nil
+	}
+	if err := c.clearDelivered(hctx, r.s.name, start, last); err != nil {
+		r.rollback(batch)
+		return staged(stageLibrary, err)
 	}
 	return batch.Commit(bctx, last)
 }
@@ -522,7 +547,7 @@ func (r *runner) attempt(ctx context.Context, start int64, ev domain.EventEnvelo
 		}
 	}
 	hctx := batch.HandlerContext(tctx)
-	herr := span.handle(hctx, r.callHandler, ev, n, time.Time{})
+	herr := handlerResult(hctx, batch, span.handle(hctx, r.callHandler, ev, n, time.Time{}))
 	batchErr = herr
 	finished = true
 	if r.stopped {
@@ -561,6 +586,13 @@ func (r *runner) attempt(ctx context.Context, start int64, ev domain.EventEnvelo
 	if !final {
 		r.rollback(batch)
 		return outcomeFailed, false, herr
+	}
+	if errors.Is(herr, errTxEndedByStatement) {
+		// No savepoint to go back to: the transaction is gone. Park in a
+		// transaction of its own, as after a failed commit.
+		r.rollback(batch)
+		span.end(tctx, herr)
+		return r.park(ctx, start, ev, n, herr, first), true, nil
 	}
 	if err := batch.RollbackToSavepoint(bctx, attemptSavepoint); err != nil {
 		batchErr = err
