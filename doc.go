@@ -52,17 +52,38 @@
 // batch transaction. Such a commit failure takes the same path: the
 // batch's events run again one per transaction, those before the culprit
 // commit, and the culprit is retried and parked (or, without a parking
-// lot, halts the checkpoint). A commit that fails for another reason — a
-// lost connection, a server restart, a serialization failure — says
-// nothing about the events: the whole batch is retried after the poll
-// interval and nothing is parked for it.
+// lot, halts the checkpoint). A handler that fails only because an earlier
+// handler left the transaction failed (Postgres "current transaction is
+// aborted") is not blamed either: the events run one per transaction to
+// find the culprit. On SQLite (both drivers) a statement that rolls back
+// the whole transaction (a trigger's RAISE(ROLLBACK), INSERT OR ROLLBACK,
+// some disk-full or I/O errors) is found out when it fails, or at the
+// latest when its handler returns, even if the handler swallowed the
+// error: its event is the culprit, and no later statement of the batch —
+// of that handler, of the handlers after it, or the checkpoint update —
+// runs outside the transaction. A COMMIT that fails leaves no transaction
+// open on the pooled connection: it is rolled back, or the connection is
+// discarded. A failure of the package's own statements in the batch (the
+// checkpoint update, the removal of delivered parked entries: a missing
+// table, a permission, a read-only server) and a commit that fails for
+// another reason — a lost connection, a server restart, a serialization
+// failure — say nothing about the events: the whole batch is retried after
+// the poll interval and nothing is parked for it.
 //
 // With this package's parking lots, a parked entry does not outlive its
 // event's successful handling. After
 // ResetCheckpoint moves the checkpoint before a parked event, the
-// subscriber delivers it again: a success removes the entry in the same
-// transaction, a failure parks it again; until then ReplayParked refuses
-// it (ErrParkedAfterCheckpoint), since the event would be handled twice.
+// subscriber delivers it again: a success removes the entry, a failure
+// parks it again; until then ReplayParked refuses it
+// (ErrParkedAfterCheckpoint), since the event would be handled twice. A
+// GormParkingLot on the checkpoint store's database removes the entry in
+// the batch's transaction. A lot that cannot join it (a
+// MemoryParkingLot, or a GormParkingLot on another database) removes it
+// right after the batch commits, never before, so a failed commit keeps
+// the entry of the event it did not handle; in the moment between the
+// commit and the removal (or if the process dies there, or the removal
+// fails, which is logged) the entry is still listed although the event was
+// handled.
 //
 // Database outages are logged and retried; Run returns only on
 // cancellation or on an event store without a global ordered feed.

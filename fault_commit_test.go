@@ -458,3 +458,59 @@ func TestFaultTransientCommitFailureParksNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestFaultLibraryStatementFailureParksNothing: a failure of the
+// library's own statement in a batch (here the removal of delivered parked
+// entries, refused by a trigger: Postgres with SQLSTATE 42501, SQLite with
+// a message that happens to contain "constraint failed") says nothing
+// about the events: the batch is retried whole, no event is blamed or
+// parked (even with WithMaxRetries(0)), and once the fault is gone every
+// event is handled and the old entry is cleared.
+func TestFaultLibraryStatementFailureParksNothing(t *testing.T) {
+	ctx := context.Background()
+	for _, b := range gormEnvs() {
+		t.Run(b.Name, func(t *testing.T) {
+			e := b.New(t)
+			createProjection(t, e.DB, "fault_library")
+			const name = "fault-library"
+			ids := appendN(t, e.Events, "fault.library", 0, 5)
+			old, err := e.Events.GetEventByID(ctx, ids[2])
+			require.NoError(t, err)
+			// An entry left from before a reset: the batch's clear matches it.
+			require.NoError(t, e.Parking.Park(ctx, subscriptions.ParkedEvent{Subscriber: name, EventID: old.ID,
+				EventType: old.EventType, Position: old.Position, Error: "old", Attempts: 1, ParkedAt: time.Now().UTC()}))
+			if e.Postgres() {
+				require.NoError(t, e.DB.Exec(`CREATE FUNCTION fault_refuse_clear() RETURNS trigger LANGUAGE plpgsql AS $$
+					BEGIN RAISE EXCEPTION 'permission denied to clear' USING ERRCODE = '42501'; END $$`).Error)
+				require.NoError(t, e.DB.Exec("CREATE TRIGGER fault_refuse_clear BEFORE DELETE ON parked_events FOR EACH ROW EXECUTE FUNCTION fault_refuse_clear()").Error)
+			} else {
+				require.NoError(t, e.DB.Exec("CREATE TRIGGER fault_refuse_clear BEFORE DELETE ON parked_events BEGIN SELECT RAISE(ABORT, 'refused: constraint failed'); END").Error)
+			}
+			var mu sync.Mutex
+			calls := map[string]int{}
+			handler := func(ctx context.Context, ev domain.EventEnvelope[any]) error {
+				mu.Lock()
+				calls[ev.ID]++
+				mu.Unlock()
+				return project(ctx, "fault_library", ev)
+			}
+			sub, err := subscriptions.NewSubscriber(name, e.Events, e.Checkpoints, handler,
+				subscriptions.WithLogger(quietLogger()), subscriptions.WithPollInterval(10*time.Millisecond),
+				subscriptions.WithParkingLot(e.Parking), subscriptions.WithMaxRetries(0))
+			require.NoError(t, err)
+			r := start(t, sub)
+			require.Eventually(t, func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return calls[ids[0]] >= 3
+			}, 30*time.Second, 5*time.Millisecond, "the batch was not retried")
+			require.NoError(t, e.DB.Exec("DROP TRIGGER fault_refuse_clear"+map[bool]string{true: " ON parked_events", false: ""}[e.Postgres()]).Error)
+			waitCaughtUp(t, sub)
+			r.stop(t)
+			parked, err := sub.ListParked(ctx)
+			require.NoError(t, err)
+			require.Empty(t, parked, "a failure of the library's statement parked an event, or the old entry stayed")
+			faultRequireExactlyOnce(t, "projected", projected(t, e.DB, "fault_library"), ids)
+		})
+	}
+}
