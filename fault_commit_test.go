@@ -514,3 +514,46 @@ func TestFaultLibraryStatementFailureParksNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestFaultCommitFailureKeepsParkedEntryOfLotOutsideTx: a MemoryParkingLot
+// cannot join the batch transaction, so it removes a delivered event's
+// entry only after the batch committed: while the commit fails (a lost
+// connection, injected) the entry stays listed; once a commit succeeds it
+// is gone.
+func TestFaultCommitFailureKeepsParkedEntryOfLotOutsideTx(t *testing.T) {
+	ctx := context.Background()
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			e := b.New(t)
+			const name = "fault-lot-outside"
+			ids := appendN(t, e.Events, "fault.lot", 0, 3)
+			ev, err := e.Events.GetEventByID(ctx, ids[1])
+			require.NoError(t, err)
+			lot := subscriptions.NewMemoryParkingLot()
+			// An entry left from before a reset: the batch delivers the event again.
+			require.NoError(t, lot.Park(ctx, subscriptions.ParkedEvent{Subscriber: name, EventID: ev.ID,
+				EventType: ev.EventType, Position: ev.Position, Error: "old", Attempts: 1, ParkedAt: time.Now().UTC()}))
+			cps := &faultFlakyCommits{CheckpointStore: e.Checkpoints, at: ev.Position, fail: 1 << 30}
+			sub, err := subscriptions.NewSubscriber(name, e.Events, cps,
+				func(context.Context, domain.EventEnvelope[any]) error { return nil },
+				subscriptions.WithLogger(quietLogger()), subscriptions.WithPollInterval(10*time.Millisecond),
+				subscriptions.WithParkingLot(lot))
+			require.NoError(t, err)
+			r := start(t, sub)
+			require.Eventually(t, func() bool {
+				cps.mu.Lock()
+				defer cps.mu.Unlock()
+				return cps.failed >= 2
+			}, 30*time.Second, 5*time.Millisecond, "no commit failed")
+			parked, err := lot.List(ctx, name)
+			require.NoError(t, err)
+			require.Len(t, parked, 1, "a failed commit removed the entry of an event it did not handle")
+			cps.setFail(0)
+			waitCaughtUp(t, sub)
+			r.stop(t)
+			parked, err = lot.List(ctx, name)
+			require.NoError(t, err)
+			require.Empty(t, parked, "the delivered event's entry outlived its handling")
+		})
+	}
+}
