@@ -42,6 +42,14 @@ func (c partitionClearer) clearDelivered(ctx context.Context, _ string, after, u
 	return c.lot.clearPartitionDelivered(ctx, c.name, c.partition, c.partitions, after, upTo)
 }
 
+// clearsInBatch is the lot's (see deliveredClearer and runner.commit).
+func (c partitionClearer) clearsInBatch(ctx context.Context) bool {
+	if d, ok := c.lot.(interface{ clearsInBatch(context.Context) bool }); ok {
+		return d.clearsInBatch(ctx)
+	}
+	return true
+}
+
 var (
 	_ partitionDeliveredClearer = (*GormParkingLot)(nil)
 	_ partitionDeliveredClearer = (*MemoryParkingLot)(nil)
