@@ -30,6 +30,14 @@ type attemptRecord struct {
 	lastError string
 }
 
+// sameAttempt reports whether a, a stored record, is of an earlier
+// attempt at rec: the same position and first event, or a failure marker
+// at the same position (attempts 0: the event a.eventID at a.through
+// failed after the events before it had been handled, see countAttempt).
+func (a attemptRecord) sameAttempt(rec attemptRecord) bool {
+	return a.position == rec.position && (a.eventID == rec.eventID || a.attempts == 0)
+}
+
 // single reports whether the record is for one event at position at: a
 // retry, or an attempt narrowed to the event after a failure.
 func (a attemptRecord) single(at int64) bool { return a.through == at }
@@ -46,16 +54,19 @@ func (a attemptRecord) single(at int64) bool { return a.through == at }
 type attemptCounter interface {
 	// beginAttempt records, committed before it returns, that batch is
 	// about to run the events rec.eventID (after rec.position) through
-	// rec.through, as attempt 1. If a record for the same position and
-	// first event exists (an earlier attempt there did not complete), it
-	// writes nothing and returns that record with found true.
+	// rec.through, as attempt 1. If a record of an earlier attempt at it
+	// exists (sameAttempt: one that did not complete), it writes nothing
+	// and returns that record with found true.
 	beginAttempt(ctx context.Context, batch Batch, subscriber string, rec attemptRecord) (prev attemptRecord, found bool, err error)
 	// putAttempt writes rec, committed before it returns.
 	putAttempt(ctx context.Context, batch Batch, subscriber string, rec attemptRecord) error
-	// failAttempt records rec.lastError for the single event rec describes,
-	// outside any batch: on the record of the same event, keeping its
-	// count, or as a new record of one attempt.
-	failAttempt(ctx context.Context, subscriber string, rec attemptRecord) error
+	// failAttempt records rec.lastError for the single event rec
+	// describes: on the record of the same event, keeping its count, or as
+	// a new record of rec.attempts. A non-nil batch is the failed
+	// attempt's: failAttempt rolls it back, and no batch of the subscriber
+	// starts before the failure is recorded (so the next attempt, by any
+	// replica, sees it). batch is ended even when the error is not nil.
+	failAttempt(ctx context.Context, batch Batch, subscriber string, rec attemptRecord) error
 	// clearAttempt removes the subscriber's record as part of batch: it is
 	// gone once the batch commits, and kept if it rolls back.
 	clearAttempt(ctx context.Context, batch Batch, subscriber string) error
@@ -83,7 +94,7 @@ type attemptTable struct {
 func (t *attemptTable) begin(subscriber string, rec attemptRecord) (attemptRecord, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if prev, ok := t.records[subscriber]; ok && prev.position == rec.position && prev.eventID == rec.eventID {
+	if prev, ok := t.records[subscriber]; ok && prev.sameAttempt(rec) {
 		return prev, true
 	}
 	t.put(subscriber, rec)
@@ -137,9 +148,17 @@ func (l *localAttempts) putAttempt(_ context.Context, _ Batch, subscriber string
 	return nil
 }
 
-func (l *localAttempts) failAttempt(_ context.Context, subscriber string, rec attemptRecord) error {
+func (l *localAttempts) failAttempt(_ context.Context, batch Batch, subscriber string, rec attemptRecord) error {
 	l.t.fail(subscriber, rec)
-	return nil
+	return rollbackIf(batch)
+}
+
+// rollbackIf rolls batch back unless it is nil.
+func rollbackIf(batch Batch) error {
+	if batch == nil {
+		return nil
+	}
+	return batch.Rollback()
 }
 
 func (l *localAttempts) clearAttempt(_ context.Context, _ Batch, subscriber string) error {
@@ -161,9 +180,9 @@ func (m *MemoryCheckpointStore) putAttempt(_ context.Context, _ Batch, subscribe
 	return nil
 }
 
-func (m *MemoryCheckpointStore) failAttempt(_ context.Context, subscriber string, rec attemptRecord) error {
+func (m *MemoryCheckpointStore) failAttempt(_ context.Context, batch Batch, subscriber string, rec attemptRecord) error {
 	m.attempts.fail(subscriber, rec)
-	return nil
+	return rollbackIf(batch)
 }
 
 func (m *MemoryCheckpointStore) clearAttempt(_ context.Context, batch Batch, subscriber string) error {
@@ -205,10 +224,12 @@ func (g *GormCheckpointStore) beginAttempt(ctx context.Context, batch Batch, sub
 		if err := db.Raw("SELECT position, event_id, through, attempts, last_error FROM subscriber_attempts WHERE subscriber = ?", subscriber).Scan(&rows).Error; err != nil {
 			return fmt.Errorf("read: %w", err)
 		}
-		if len(rows) == 1 && rows[0].Position == rec.position && rows[0].EventID == rec.eventID {
+		if len(rows) == 1 {
 			r := rows[0]
-			prev, found = attemptRecord{position: r.Position, eventID: r.EventID, through: r.Through, attempts: r.Attempts, lastError: r.LastError}, true
-			return errNothingToWrite
+			if rr := (attemptRecord{position: r.Position, eventID: r.EventID, through: r.Through, attempts: r.Attempts, lastError: r.LastError}); rr.sameAttempt(rec) {
+				prev, found = rr, true
+				return errNothingToWrite
+			}
 		}
 		return db.Exec(attemptUpsert, subscriber, rec.position, rec.eventID, rec.through, rec.attempts, rec.lastError, time.Now().UTC()).Error
 	})
@@ -250,7 +271,39 @@ func (g *GormCheckpointStore) attemptWrite(ctx context.Context, batch Batch, sub
 	return nil
 }
 
-func (g *GormCheckpointStore) failAttempt(ctx context.Context, subscriber string, rec attemptRecord) error {
+func (g *GormCheckpointStore) failAttempt(ctx context.Context, batch Batch, subscriber string, rec attemptRecord) error {
+	b, _ := batch.(*gormBatch)
+	if batch != nil && (b == nil || b.store != g) {
+		_ = batch.Rollback()
+		return fmt.Errorf("subscriptions: record the failure of event %q of %q: not a batch of this store", rec.eventID, subscriber)
+	}
+	if b != nil && !g.postgres {
+		// The batch holds SQLite's write lock: end its transaction, write
+		// in a transaction of its own, and only then let other batches in.
+		defer b.release()
+		b.finished = true
+		b.abortMu.Lock()
+		aborted := b.aborted
+		if !aborted {
+			b.tx.Rollback()
+			b.aborted = true // nothing left for a Reset to end
+		}
+		b.abortMu.Unlock()
+		if aborted {
+			return nil // a Reset moved the checkpoint: nothing to record
+		}
+	}
+	err := g.failAttemptRow(ctx, subscriber, rec)
+	if b != nil && g.postgres {
+		// Recorded while the batch still held the checkpoint row.
+		if rerr := b.Rollback(); rerr != nil && err == nil {
+			err = rerr
+		}
+	}
+	return err
+}
+
+func (g *GormCheckpointStore) failAttemptRow(ctx context.Context, subscriber string, rec attemptRecord) error {
 	err := g.db.WithContext(ctx).Exec(`INSERT INTO subscriber_attempts (subscriber, position, event_id, through, attempts, last_error, updated_at)
 		VALUES (?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (subscriber) DO UPDATE SET last_error = excluded.last_error, updated_at = excluded.updated_at,

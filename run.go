@@ -283,7 +283,7 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 				r.rollback(batch)
 			}
 			r.known = -1
-			return r.failed(ctx, start, ev, p.err, trace.SpanContext{})
+			return r.failed(ctx, start, ev, 1, p.err, trace.SpanContext{})
 		}
 	}
 
@@ -342,7 +342,9 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 			stopped := r.stopped
 			batchErr = err
 			finished = true
-			r.rollback(batch)
+			if stopped || resetAborted(batch) {
+				r.rollback(batch)
+			}
 			if stopped {
 				return outcomeStopped
 			}
@@ -353,17 +355,24 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 			}
 			if i > 0 {
 				// Commit the events before the failing one in a batch of their
-				// own, right away; the failing event comes first in the next.
+				// own, right away; the failing event comes first in the next,
+				// and the prefix batch records the failure (countAttempt).
+				// Until then a marker tells the replicas that take over.
+				r.recordFailure(ctx, batch, start, ev, 0, err)
 				r.prefix = i
 				r.pending = &pendingFailure{eventID: ev.ID, position: ev.Position, err: err}
-				r.recordFailure(ctx, perEvent[i-1].Position, ev, 1, err)
 				return outcomeMore
 			}
+			n := r.attemptN
+			if !r.wrote.single(ev.Position) {
+				n = 1 // the first attempt, in a batch of several events
+			}
+			r.recordFailure(ctx, batch, start, ev, n, err)
 			r.known = -1
 			// The batch is over: end its span and duration before the
 			// retry schedule (backoff sleeps, retry batches of their own).
 			span.end(tctx, batchErr)
-			return r.failed(ctx, start, ev, err, span.spanContext())
+			return r.failed(ctx, start, ev, n, err, span.spanContext())
 		}
 	}
 	finished = true
@@ -392,7 +401,12 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 			return outcomeMore
 		}
 		span.end(tctx, batchErr) // before the retry schedule, as above
-		return r.failed(ctx, start, events[0], err, span.spanContext())
+		n := r.attemptN
+		if !r.wrote.single(events[0].Position) {
+			n = 1
+		}
+		r.recordFailure(ctx, nil, start, events[0], n, err)
+		return r.failed(ctx, start, events[0], n, err, span.spanContext())
 	}
 	s.tel.committed(last)
 	s.tel.count(tctx, OutcomeHandled, len(events))
@@ -448,11 +462,11 @@ func (r *runner) rollback(batch Batch) {
 	}
 }
 
-// failed handles an event whose attempt failed (its handler, or the
+// failed handles an event whose attempt n failed (its handler, or the
 // commit of its transaction), as the first event of a batch, so that
-// nothing else is lost by abandoning it. The failure is recorded with
-// the event's attempt count (see countAttempt), for whichever replica or
-// restart makes the next attempt.
+// nothing else is lost by abandoning it. The caller has recorded the
+// failure (recordFailure) for whichever replica or restart makes the next
+// attempt.
 //
 // Without a parking lot the event halts the checkpoint and is retried after
 // each poll interval. With one, it is retried with backoff, each retry in
@@ -460,13 +474,8 @@ func (r *runner) rollback(batch Batch) {
 // waiting), and parked once 1 + WithMaxRetries attempts, counted across
 // replicas and restarts, have failed. first is the span of the failed
 // batch, which the retry batches' spans link to.
-func (r *runner) failed(ctx context.Context, start int64, ev domain.EventEnvelope[any], err error, first trace.SpanContext) outcome {
+func (r *runner) failed(ctx context.Context, start int64, ev domain.EventEnvelope[any], n int, err error, first trace.SpanContext) outcome {
 	s := r.s
-	n := 1
-	if r.wrote.position == start && r.wrote.eventID == ev.ID && r.wrote.through == ev.Position {
-		n = max(r.wrote.attempts, 1) // a counted retry (countAttempt)
-	}
-	r.recordFailure(ctx, start, ev, n, err)
 	if s.parking == nil {
 		s.logger.Error("subscriber: processing the event failed; it will be retried after the poll interval",
 			append(s.eventAttrs(ev), "attempt", n, "error", err)...)
@@ -586,15 +595,14 @@ func (r *runner) attempt(ctx context.Context, start int64, ev domain.EventEnvelo
 			return outcomeFailed, true, n, nil
 		case final:
 			span.end(tctx, cerr) // its transaction is over; the parking has a batch of its own
-			r.recordFailure(ctx, start, ev, n, cerr)
+			r.recordFailure(ctx, nil, start, ev, n, cerr)
 			return r.park(ctx, start, ev, n, cerr, first), true, n, nil
 		}
-		r.recordFailure(ctx, start, ev, n, cerr)
+		r.recordFailure(ctx, nil, start, ev, n, cerr)
 		return outcomeFailed, false, n, cerr
 	}
 	if !final {
-		r.rollback(batch)
-		r.recordFailure(ctx, start, ev, n, herr)
+		r.recordFailure(ctx, batch, start, ev, n, herr)
 		return outcomeFailed, false, n, herr
 	}
 	if err := batch.RollbackToSavepoint(bctx, attemptSavepoint); err != nil {

@@ -30,6 +30,18 @@ func (r *runner) countAttempt(bctx context.Context, batch Batch, start int64, ev
 	first := events[0]
 	rec := attemptRecord{position: start, eventID: first.ID, through: events[len(events)-1].Position, attempts: 1}
 	r.attemptN, r.clearOnCommit = 1, false
+	if p := r.pending; p != nil && events[len(events)-1].Position < p.position {
+		// The events before one that failed in this runner's last batch:
+		// they commit now, and the failed event's first attempt is
+		// recorded for the position they commit, before any replica can
+		// attempt it there.
+		pending := attemptRecord{position: events[len(events)-1].Position, eventID: p.eventID, through: p.position, attempts: 1, lastError: p.err.Error()}
+		if err := s.attempts.putAttempt(bctx, batch, s.name, pending); err != nil {
+			return r.attemptNotCounted(batch, first, err), false
+		}
+		r.wrote = pending
+		return 0, true
+	}
 	prev, found, err := s.attempts.beginAttempt(bctx, batch, s.name, rec)
 	if err != nil {
 		return r.attemptNotCounted(batch, first, err), false
@@ -37,6 +49,29 @@ func (r *runner) countAttempt(bctx context.Context, batch Batch, start int64, ev
 	own := r.wrote
 	r.wrote = rec
 	if !found {
+		return 0, true
+	}
+	if prev.attempts == 0 {
+		// A marker: the event prev.eventID (at prev.through) failed, in a
+		// replica's batch from here, after the events before it had been
+		// handled. As that replica does, commit those events alone, and
+		// record the failure for the position they commit: the event's
+		// next attempt, by any replica, is its second.
+		var before int
+		for before < len(events) && events[before].Position < prev.through {
+			before++
+		}
+		if before > 0 && before < len(events) && events[before].ID == prev.eventID {
+			r.rollback(batch)
+			r.prefix = before
+			r.pending = &pendingFailure{eventID: prev.eventID, position: prev.through, err: errors.New(prev.lastError)}
+			return outcomeMore, false
+		}
+		// The batch does not reach the event (a smaller batch size):
+		// counted afresh.
+		if err := s.attempts.putAttempt(bctx, batch, s.name, rec); err != nil {
+			return r.attemptNotCounted(batch, first, err), false
+		}
 		return 0, true
 	}
 	if !prev.single(first.Position) {
@@ -97,15 +132,17 @@ func (r *runner) attemptNotCounted(batch Batch, ev domain.EventEnvelope[any], er
 	return r.abandon(batch, ev, "subscriber: counting the attempt failed; will retry", err)
 }
 
-// recordFailure records, outside any batch, that attempt n at ev (the
-// event after start) failed with err, for the replica or restart that
-// counts the next attempt; a failure to record it is logged (the count
-// stands, only the cause is lost).
-func (r *runner) recordFailure(ctx context.Context, start int64, ev domain.EventEnvelope[any], n int, err error) {
+// recordFailure records that attempt n at ev (the event after start)
+// failed with err, for the replica or restart that counts the next
+// attempt, and ends batch, the failed attempt's (nil when it has ended),
+// without letting another batch in before the record is written (see
+// attemptCounter.failAttempt). A failure to record it is logged: the
+// count stands, only the cause is lost.
+func (r *runner) recordFailure(ctx context.Context, batch Batch, start int64, ev domain.EventEnvelope[any], n int, err error) {
 	s := r.s
 	rec := attemptRecord{position: start, eventID: ev.ID, through: ev.Position, attempts: n, lastError: err.Error()}
 	r.wrote = rec
-	if ferr := s.attempts.failAttempt(context.WithoutCancel(ctx), s.name, rec); ferr != nil {
+	if ferr := s.attempts.failAttempt(context.WithoutCancel(ctx), batch, s.name, rec); ferr != nil {
 		s.logger.Warn("subscriber: recording the failed attempt failed", append(s.eventAttrs(ev), "attempt", n, "error", ferr)...)
 	}
 }
