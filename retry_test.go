@@ -748,3 +748,38 @@ func TestRetryResetClearsCount(t *testing.T) {
 		}
 	}
 }
+
+// TestRetryHaltedCountInStatus: without a parking lot the subscriber
+// halts on a failing event as before, and Status counts its attempts
+// across restarts (each life here makes one attempt: the poll interval
+// is longer than the test).
+func TestRetryHaltedCountInStatus(t *testing.T) {
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			e := b.New(t)
+			if e.DB != nil {
+				createProjection(t, e.DB, parkProjection)
+			}
+			_, poison, _ := parkFeed(t, e, 0, 2)
+			probe := newParkProbe()
+			h := parkHandler(e, probe, func(ev domain.EventEnvelope[any], _ int) error {
+				if ev.ID == poison.ID {
+					return errParkPoison
+				}
+				return nil
+			})
+			for life := 1; life <= 3; life++ {
+				sub := parkSubscriber(t, e, "retry-halted", h, subscriptions.WithPollInterval(time.Hour))
+				r := start(t, sub)
+				require.Eventually(t, func() bool {
+					st, err := sub.Status(context.Background())
+					return err == nil && st.State == subscriptions.StateHalted && st.Attempts == life &&
+						st.Failing != nil && st.Failing.ID == poison.ID
+				}, 30*time.Second, 5*time.Millisecond, "life %d", life)
+				r.stop(t)
+				require.Equal(t, life, probe.count(poison.ID))
+				require.Equal(t, life, retryAttempts(t, e, "retry-halted"))
+			}
+		})
+	}
+}
