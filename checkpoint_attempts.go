@@ -248,6 +248,30 @@ func (g *GormCheckpointStore) putAttempt(ctx context.Context, batch Batch, subsc
 	})
 }
 
+// attemptConnWait bounds how long a Postgres batch waits for the second
+// connection its attempt record is written on.
+const attemptConnWait = 5 * time.Second
+
+// secondConn (Postgres) runs fn on a connection of the pool other than
+// the batch's, which holds its own meanwhile. With a bounded pool that
+// every batch in flight holds a connection of, none may ever free up:
+// after attemptConnWait the wait fails (the caller rolls the batch back,
+// freeing its connection, and retries after the poll interval) instead of
+// deadlocking the pool. The error says what to change.
+func (g *GormCheckpointStore) secondConn(ctx context.Context, fn func(db *gorm.DB) error) error {
+	wait, cancel := context.WithTimeout(ctx, attemptConnWait)
+	defer cancel()
+	got := false
+	err := g.db.WithContext(wait).Connection(func(conn *gorm.DB) error {
+		got = true
+		return fn(conn.WithContext(ctx))
+	})
+	if !got && err != nil && wait.Err() != nil && ctx.Err() == nil {
+		return fmt.Errorf("no second connection free within %v (the batch holds one; give the pool one connection more than the batches it runs at once): %w", attemptConnWait, err)
+	}
+	return err
+}
+
 // attemptWrite runs write committed before it returns: on Postgres as
 // statements on the pool, outside the batch's transaction; on SQLite in
 // the batch's transaction, which it then commits and renews (see above).
@@ -256,7 +280,7 @@ func (g *GormCheckpointStore) attemptWrite(ctx context.Context, batch Batch, sub
 		return fmt.Errorf("subscriptions: record an attempt of %q: %w", subscriber, err)
 	}
 	if g.postgres {
-		if err := write(g.db.WithContext(ctx)); err != nil && !errors.Is(err, errNothingToWrite) {
+		if err := g.secondConn(ctx, write); err != nil && !errors.Is(err, errNothingToWrite) {
 			return wrap(err)
 		}
 		return nil
@@ -293,7 +317,12 @@ func (g *GormCheckpointStore) failAttempt(ctx context.Context, batch Batch, subs
 			return nil // a Reset moved the checkpoint: nothing to record
 		}
 	}
-	err := g.failAttemptRow(ctx, subscriber, rec)
+	var err error
+	if b != nil && g.postgres {
+		err = g.secondConn(ctx, func(db *gorm.DB) error { return failAttemptRow(db, subscriber, rec) })
+	} else {
+		err = failAttemptRow(g.db.WithContext(ctx), subscriber, rec)
+	}
 	if b != nil && g.postgres {
 		// Recorded while the batch still held the checkpoint row.
 		if rerr := b.Rollback(); rerr != nil && err == nil {
@@ -303,8 +332,8 @@ func (g *GormCheckpointStore) failAttempt(ctx context.Context, batch Batch, subs
 	return err
 }
 
-func (g *GormCheckpointStore) failAttemptRow(ctx context.Context, subscriber string, rec attemptRecord) error {
-	err := g.db.WithContext(ctx).Exec(`INSERT INTO subscriber_attempts (subscriber, position, event_id, through, attempts, last_error, updated_at)
+func failAttemptRow(db *gorm.DB, subscriber string, rec attemptRecord) error {
+	err := db.Exec(`INSERT INTO subscriber_attempts (subscriber, position, event_id, through, attempts, last_error, updated_at)
 		VALUES (?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (subscriber) DO UPDATE SET last_error = excluded.last_error, updated_at = excluded.updated_at,
 			attempts = CASE WHEN subscriber_attempts.position = excluded.position AND subscriber_attempts.event_id = excluded.event_id
