@@ -220,18 +220,29 @@ func (g *GormCheckpointStore) beginAttempt(ctx context.Context, batch Batch, sub
 	var prev attemptRecord
 	found := false
 	err := g.attemptWrite(ctx, batch, subscriber, func(db *gorm.DB) error {
+		// One statement on the common path: the upsert writes unless a
+		// record of an earlier attempt at rec is there (sameAttempt).
+		var wrote []int
+		if err := db.Raw(attemptUpsert+`
+			WHERE NOT (subscriber_attempts.position = excluded.position
+				AND (subscriber_attempts.event_id = excluded.event_id OR subscriber_attempts.attempts = 0))
+			RETURNING attempts`,
+			subscriber, rec.position, rec.eventID, rec.through, rec.attempts, rec.lastError, time.Now().UTC()).Scan(&wrote).Error; err != nil {
+			return err
+		}
+		if len(wrote) == 1 {
+			return nil
+		}
 		var rows []attemptRow
 		if err := db.Raw("SELECT position, event_id, through, attempts, last_error FROM subscriber_attempts WHERE subscriber = ?", subscriber).Scan(&rows).Error; err != nil {
 			return fmt.Errorf("read: %w", err)
 		}
-		if len(rows) == 1 {
-			r := rows[0]
-			if rr := (attemptRecord{position: r.Position, eventID: r.EventID, through: r.Through, attempts: r.Attempts, lastError: r.LastError}); rr.sameAttempt(rec) {
-				prev, found = rr, true
-				return errNothingToWrite
-			}
+		if len(rows) != 1 {
+			return errors.New("the record vanished")
 		}
-		return db.Exec(attemptUpsert, subscriber, rec.position, rec.eventID, rec.through, rec.attempts, rec.lastError, time.Now().UTC()).Error
+		r := rows[0]
+		prev, found = attemptRecord{position: r.Position, eventID: r.EventID, through: r.Through, attempts: r.Attempts, lastError: r.LastError}, true
+		return errNothingToWrite
 	})
 	if err != nil {
 		return attemptRecord{}, false, err
