@@ -25,9 +25,12 @@ func (g *GormCheckpointStore) ResetWith(ctx context.Context, subscriber string, 
 	}
 	what := fmt.Sprintf("reset checkpoint of %q to %d", subscriber, position)
 	return g.fenced(ctx, subscriber, what, func(tx *gorm.DB) error {
-		return tx.Exec(`INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, ?, ?)
+		if err := tx.Exec(`INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, ?, ?)
 			ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at`,
-			subscriber, position, time.Now().UTC()).Error
+			subscriber, position, time.Now().UTC()).Error; err != nil {
+			return err
+		}
+		return clearAttemptsIn(tx, subscriber)
 	}, apply)
 }
 
@@ -40,7 +43,10 @@ func (g *GormCheckpointStore) Delete(ctx context.Context, subscriber string, app
 	}
 	what := fmt.Sprintf("delete checkpoint of %q", subscriber)
 	return g.fenced(ctx, subscriber, what, func(tx *gorm.DB) error {
-		return tx.Exec("DELETE FROM subscriber_checkpoints WHERE subscriber = ?", subscriber).Error
+		if err := tx.Exec("DELETE FROM subscriber_checkpoints WHERE subscriber = ?", subscriber).Error; err != nil {
+			return err
+		}
+		return clearAttemptsIn(tx, subscriber)
 	}, apply)
 }
 

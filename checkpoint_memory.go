@@ -18,6 +18,8 @@ type MemoryCheckpointStore struct {
 	// fences stand while a ResetWith or Delete runs: no batch of the name
 	// starts.
 	fences nameFences
+	// attempts are the attempt counts (checkpoint_attempts.go).
+	attempts attemptTable
 }
 
 type memoryCheckpoint struct {
@@ -89,6 +91,7 @@ func (m *MemoryCheckpointStore) Reset(ctx context.Context, subscriber string, po
 		return fmt.Errorf("subscriptions: reset checkpoint of %q to %d: %w", subscriber, position, ErrBatchInFlight)
 	}
 	e.position = position
+	m.attempts.clear(subscriber)
 	return nil
 }
 
@@ -140,6 +143,7 @@ func (m *MemoryCheckpointStore) fenced(ctx context.Context, subscriber, what str
 		defer m.mu.Unlock()
 		if changed {
 			change(e)
+			m.attempts.clear(subscriber)
 		}
 		m.fences.lower(subscriber)
 	}()
@@ -165,6 +169,8 @@ type memoryBatch struct {
 	entry      *memoryCheckpoint
 	position   int64
 	done       chan struct{} // closed when the batch ends
+	// clearAttempt: Commit clears the subscriber's attempt count.
+	clearAttempt bool
 }
 
 func (b *memoryBatch) Position() int64 { return b.position }
@@ -183,6 +189,9 @@ func (b *memoryBatch) Commit(ctx context.Context, position int64) error {
 		return fmt.Errorf("subscriptions: commit checkpoint of %q: position %d is behind the batch's start %d", b.subscriber, position, b.position)
 	}
 	b.entry.position = position
+	if b.clearAttempt {
+		b.store.attempts.clear(b.subscriber)
+	}
 	return nil
 }
 

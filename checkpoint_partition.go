@@ -48,9 +48,12 @@ func (g *GormCheckpointStore) resetAll(ctx context.Context, names []string, posi
 	}
 	what := fmt.Sprintf("reset %d checkpoints (%q ...) to %d", len(names), names[0], position)
 	return g.fencedAll(ctx, names, what, func(tx *gorm.DB, name string) error {
-		return tx.Exec(`INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, ?, ?)
+		if err := tx.Exec(`INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, ?, ?)
 			ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at`,
-			name, position, time.Now().UTC()).Error
+			name, position, time.Now().UTC()).Error; err != nil {
+			return err
+		}
+		return clearAttemptsIn(tx, name)
 	}, apply)
 }
 
@@ -62,7 +65,10 @@ func (g *GormCheckpointStore) deleteAll(ctx context.Context, names []string, app
 	}
 	what := fmt.Sprintf("delete %d checkpoints (%q ...)", len(names), names[0])
 	return g.fencedAll(ctx, names, what, func(tx *gorm.DB, name string) error {
-		return tx.Exec("DELETE FROM subscriber_checkpoints WHERE subscriber = ?", name).Error
+		if err := tx.Exec("DELETE FROM subscriber_checkpoints WHERE subscriber = ?", name).Error; err != nil {
+			return err
+		}
+		return clearAttemptsIn(tx, name)
 	}, apply)
 }
 
@@ -172,6 +178,7 @@ func (m *MemoryCheckpointStore) resetAll(ctx context.Context, names []string, po
 	}
 	for _, name := range names {
 		m.entry(name).position = position
+		m.attempts.clear(name)
 	}
 	return nil
 }

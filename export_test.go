@@ -33,3 +33,35 @@ func SubscriberPipelinesForTest(sub *Subscriber) bool { return sub.pipelined != 
 // SQLiteRegistryCountForTest is the number of SQLite pools with a batch
 // registry.
 func SQLiteRegistryCountForTest() int { return sqliteRegistryCount() }
+
+// AttemptsForTest reads the attempt count that store keeps for
+// subscriber's checkpoint (0 when there is no record, or it is void: its
+// position is not the checkpoint's).
+func AttemptsForTest(ctx context.Context, store CheckpointStore, subscriber string) (int, error) {
+	position, err := store.Position(ctx, subscriber)
+	if err != nil {
+		return 0, err
+	}
+	var rec attemptRecord
+	var found bool
+	switch s := store.(type) {
+	case *MemoryCheckpointStore:
+		s.attempts.mu.Lock()
+		rec, found = s.attempts.records[subscriber]
+		s.attempts.mu.Unlock()
+	case *GormCheckpointStore:
+		var rows []attemptRow
+		if err := s.db.WithContext(ctx).Raw("SELECT position, event_id, through, attempts, last_error FROM subscriber_attempts WHERE subscriber = ?", subscriber).Scan(&rows).Error; err != nil {
+			return 0, err
+		}
+		if len(rows) == 1 {
+			rec, found = attemptRecord{position: rows[0].Position, attempts: rows[0].Attempts}, true
+		}
+	default:
+		return 0, errors.ErrUnsupported
+	}
+	if !found || rec.position != position {
+		return 0, nil
+	}
+	return rec.attempts, nil
+}

@@ -263,6 +263,8 @@ func (s *Subscriber) partitionChild(name string, p int) *Subscriber {
 		meterProvider:   s.meterProvider,
 		tracerProvider:  s.tracerProvider,
 		noTelemetry:     s.noTelemetry,
+		// Each partition has a checkpoint row, and so a record, of its own.
+		attempts: s.attempts,
 		// The partitions share the subscriber's instruments and live state
 		// (safe for concurrent use): metrics carry the subscriber's name.
 		tel: s.tel,

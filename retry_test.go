@@ -479,3 +479,307 @@ func TestRetryTransactionStaysShort(t *testing.T) {
 	require.Less(t, server, time.Second, "pg_stat_activity saw a transaction open across the retry backoff")
 	parkRequireProcessed(t, e, probe, parkConcat(before, after))
 }
+
+// retryAttempts reads the subscriber's attempt count kept by the store.
+func retryAttempts(t *testing.T, e *env, name string) int {
+	t.Helper()
+	n, err := subscriptions.AttemptsForTest(context.Background(), e.Checkpoints, name)
+	require.NoError(t, err)
+	return n
+}
+
+// retryWaitRetrying waits until the subscriber reports the event as
+// retrying with attempts made so far, and the store has counted them.
+func retryWaitRetrying(t *testing.T, e *env, sub *subscriptions.Subscriber, id string, attempts int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		st, err := sub.Status(context.Background())
+		return err == nil && st.Failing != nil && st.Failing.ID == id && st.Attempts == attempts &&
+			retryAttempts(t, e, sub.Name()) == attempts
+	}, 30*time.Second, 5*time.Millisecond)
+}
+
+// TestRetryCountSharedByReplicas: two replicas of one subscriber attempt
+// a poison event 1 + WithMaxRetries times in all, not each, then it is
+// parked; every other event is handled once.
+func TestRetryCountSharedByReplicas(t *testing.T) {
+	const maxRetries = 3
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			e := b.New(t)
+			if e.DB != nil {
+				createProjection(t, e.DB, parkProjection)
+			}
+			before, poison, after := parkFeed(t, e, 2, 2)
+			probe := newParkProbe()
+			h := parkHandler(e, probe, func(ev domain.EventEnvelope[any], _ int) error {
+				if ev.ID == poison.ID {
+					return errParkPoison
+				}
+				return nil
+			})
+			var subs []*subscriptions.Subscriber
+			for range 2 {
+				sub := parkSubscriber(t, e, "retry-replicas", h,
+					subscriptions.WithParkingLot(e.Parking),
+					subscriptions.WithMaxRetries(maxRetries),
+					subscriptions.WithPollInterval(5*time.Millisecond),
+					subscriptions.WithRetryBackoff(10*time.Millisecond, 10*time.Millisecond))
+				subs = append(subs, sub)
+				start(t, sub)
+			}
+			parked := parkWaitParked(t, subs[0], 1)
+			waitCaughtUp(t, subs[0])
+			require.Equal(t, 1+maxRetries, probe.count(poison.ID), "attempts at the poison event by both replicas together")
+			require.Equal(t, poison.ID, parked[0].EventID)
+			require.Equal(t, 1+maxRetries, parked[0].Attempts)
+			parkRequireProcessed(t, e, probe, append(before, after...))
+			require.Zero(t, retryAttempts(t, e, "retry-replicas"), "parking clears the count")
+		})
+	}
+}
+
+// TestRetryCountSurvivesRestart: a subscriber stopped while it waits to
+// retry, and started again, continues the count instead of starting over.
+func TestRetryCountSurvivesRestart(t *testing.T) {
+	const maxRetries = 3
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			e := b.New(t)
+			if e.DB != nil {
+				createProjection(t, e.DB, parkProjection)
+			}
+			_, poison, _ := parkFeed(t, e, 1, 1)
+			probe := newParkProbe()
+			h := parkHandler(e, probe, func(ev domain.EventEnvelope[any], _ int) error {
+				if ev.ID == poison.ID {
+					return errParkPoison
+				}
+				return nil
+			})
+			newSub := func(backoff time.Duration) *subscriptions.Subscriber {
+				return parkSubscriber(t, e, "retry-restart", h,
+					subscriptions.WithParkingLot(e.Parking),
+					subscriptions.WithMaxRetries(maxRetries),
+					subscriptions.WithRetryBackoff(backoff, backoff))
+			}
+			// Two lives that each make attempts and stop in the backoff.
+			for life := 1; life <= 2; life++ {
+				sub := newSub(time.Hour)
+				r := start(t, sub)
+				retryWaitRetrying(t, e, sub, poison.ID, life)
+				r.stop(t)
+				require.Equal(t, life, probe.count(poison.ID))
+			}
+			sub := newSub(time.Millisecond)
+			start(t, sub)
+			parked := parkWaitParked(t, sub, 1)
+			waitCaughtUp(t, sub)
+			require.Equal(t, 1+maxRetries, probe.count(poison.ID), "attempts over three lives")
+			require.Equal(t, 1+maxRetries, parked[0].Attempts)
+		})
+	}
+}
+
+// retryRunUntilPanic runs sub until its handler panics (the test's stand-in
+// for a process that crashes mid-handler: the batch is abandoned, the
+// process state lost) or until cond holds, and reports whether it
+// panicked.
+func retryRunUntilPanic(t *testing.T, sub *subscriptions.Subscriber, cond func() bool) bool {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	panicked := make(chan bool, 1)
+	go func() {
+		defer func() { panicked <- recover() != nil }()
+		_ = sub.Run(ctx)
+	}()
+	deadline := time.After(30 * time.Second)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case p := <-panicked:
+			require.True(t, p, "Run returned without a panic")
+			return true
+		case <-tick.C:
+			if cond() {
+				cancel()
+				require.False(t, <-panicked, "the handler panicked")
+				return false
+			}
+		case <-deadline:
+			t.Fatal("neither a panic nor the condition within 30s")
+		}
+	}
+}
+
+// TestRetryCrashingEventIsParked: an event whose handler crashes the
+// process every time is parked after 1 + WithMaxRetries starts that ran
+// it alone (plus, with batches, the first crash inside a batch, which is
+// not charged to any one event), and the events around it are handled.
+func TestRetryCrashingEventIsParked(t *testing.T) {
+	const maxRetries = 2
+	for _, batch := range []int{1, 5} {
+		for _, b := range envBackends() {
+			t.Run(fmt.Sprintf("batch%d/%s", batch, b.Name), func(t *testing.T) {
+				e := b.New(t)
+				if e.DB != nil {
+					createProjection(t, e.DB, parkProjection)
+				}
+				before, poison, after := parkFeed(t, e, 2, 2)
+				probe := newParkProbe()
+				h := parkHandler(e, probe, func(ev domain.EventEnvelope[any], _ int) error {
+					if ev.ID == poison.ID {
+						panic("retry test: the process crashes")
+					}
+					return nil
+				})
+				want := 1 + maxRetries
+				if batch > 1 {
+					want++ // the batch's crash
+				}
+				for i := 1; i <= want; i++ {
+					sub := parkSubscriber(t, e, "retry-crash", h,
+						subscriptions.WithBatchSize(batch),
+						subscriptions.WithParkingLot(e.Parking),
+						subscriptions.WithMaxRetries(maxRetries))
+					require.True(t, retryRunUntilPanic(t, sub, func() bool { return false }), "start %d", i)
+					require.Equal(t, i, probe.count(poison.ID))
+				}
+				sub := parkSubscriber(t, e, "retry-crash", h,
+					subscriptions.WithBatchSize(batch),
+					subscriptions.WithParkingLot(e.Parking),
+					subscriptions.WithMaxRetries(maxRetries))
+				caughtUp := func() bool {
+					lag, err := sub.Lag(context.Background())
+					return err == nil && lag == 0
+				}
+				require.False(t, retryRunUntilPanic(t, sub, caughtUp))
+				require.Equal(t, want, probe.count(poison.ID), "the parked event was not run again")
+				parked, err := sub.ListParked(context.Background())
+				require.NoError(t, err)
+				require.Len(t, parked, 1)
+				require.Equal(t, poison.ID, parked[0].EventID)
+				require.Equal(t, 1+maxRetries, parked[0].Attempts)
+				require.Contains(t, parked[0].Error, fmt.Sprintf("attempted %d times without completing", 1+maxRetries))
+				parkRequireProcessed(t, e, probe, append(before, after...))
+			})
+		}
+	}
+}
+
+// TestRetrySuccessClearsCount: an event that succeeds on a retry leaves
+// no count behind, and the next failing event counts from 1.
+func TestRetrySuccessClearsCount(t *testing.T) {
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			e := b.New(t)
+			if e.DB != nil {
+				createProjection(t, e.DB, parkProjection)
+			}
+			_, poison, _ := parkFeed(t, e, 1, 1)
+			probe := newParkProbe()
+			failUntil := 3 // attempts 1 and 2 fail
+			h := parkHandler(e, probe, func(ev domain.EventEnvelope[any], n int) error {
+				if ev.ID == poison.ID && n < failUntil {
+					return errParkPoison
+				}
+				return nil
+			})
+			sub := parkSubscriber(t, e, "retry-clear", h,
+				subscriptions.WithParkingLot(e.Parking),
+				subscriptions.WithMaxRetries(5))
+			r := start(t, sub)
+			waitCaughtUp(t, sub)
+			r.stop(t)
+			require.Equal(t, 1, probe.handledCount(poison.ID))
+			require.Equal(t, 3, probe.count(poison.ID))
+			require.Zero(t, retryAttempts(t, e, "retry-clear"))
+			parked, err := sub.ListParked(context.Background())
+			require.NoError(t, err)
+			require.Empty(t, parked)
+		})
+	}
+}
+
+// TestRetryResetClearsCount: ResetCheckpoint, ResetCheckpointWith and
+// DeleteState forget the count of the event being retried.
+func TestRetryResetClearsCount(t *testing.T) {
+	resets := []struct {
+		name  string
+		reset func(ctx context.Context, sub *subscriptions.Subscriber, position int64) error
+	}{
+		{"ResetCheckpoint", func(ctx context.Context, sub *subscriptions.Subscriber, position int64) error {
+			return sub.ResetCheckpoint(ctx, position)
+		}},
+		{"ResetCheckpointWith", func(ctx context.Context, sub *subscriptions.Subscriber, position int64) error {
+			return sub.ResetCheckpointWith(ctx, position, nil)
+		}},
+		{"DeleteState", func(ctx context.Context, sub *subscriptions.Subscriber, _ int64) error {
+			return sub.DeleteState(ctx)
+		}},
+	}
+	for _, rs := range resets {
+		for _, b := range envBackends() {
+			t.Run(rs.name+"/"+b.Name, func(t *testing.T) {
+				e := b.New(t)
+				if e.DB != nil {
+					createProjection(t, e.DB, parkProjection)
+				}
+				_, poison, _ := parkFeed(t, e, 0, 1)
+				probe := newParkProbe()
+				h := parkHandler(e, probe, func(ev domain.EventEnvelope[any], _ int) error {
+					if ev.ID == poison.ID {
+						return errParkPoison
+					}
+					return nil
+				})
+				sub := parkSubscriber(t, e, "retry-reset", h,
+					subscriptions.WithParkingLot(e.Parking),
+					subscriptions.WithMaxRetries(5),
+					subscriptions.WithRetryBackoff(time.Hour, time.Hour))
+				r := start(t, sub)
+				retryWaitRetrying(t, e, sub, poison.ID, 1)
+				r.stop(t)
+				require.NoError(t, rs.reset(context.Background(), sub, poison.Position-1))
+				require.Zero(t, retryAttempts(t, e, "retry-reset"))
+			})
+		}
+	}
+}
+
+// TestRetryHaltedCountInStatus: without a parking lot the subscriber
+// halts on a failing event as before, and Status counts its attempts
+// across restarts (each life here makes one attempt: the poll interval
+// is longer than the test).
+func TestRetryHaltedCountInStatus(t *testing.T) {
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			e := b.New(t)
+			if e.DB != nil {
+				createProjection(t, e.DB, parkProjection)
+			}
+			_, poison, _ := parkFeed(t, e, 0, 2)
+			probe := newParkProbe()
+			h := parkHandler(e, probe, func(ev domain.EventEnvelope[any], _ int) error {
+				if ev.ID == poison.ID {
+					return errParkPoison
+				}
+				return nil
+			})
+			for life := 1; life <= 3; life++ {
+				sub := parkSubscriber(t, e, "retry-halted", h, subscriptions.WithPollInterval(time.Hour))
+				r := start(t, sub)
+				require.Eventually(t, func() bool {
+					st, err := sub.Status(context.Background())
+					return err == nil && st.State == subscriptions.StateHalted && st.Attempts == life &&
+						st.Failing != nil && st.Failing.ID == poison.ID
+				}, 30*time.Second, 5*time.Millisecond, "life %d", life)
+				r.stop(t)
+				require.Equal(t, life, probe.count(poison.ID))
+				require.Equal(t, life, retryAttempts(t, e, "retry-halted"))
+			}
+		})
+	}
+}

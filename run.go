@@ -168,6 +168,13 @@ type runner struct {
 	// oneByOneThrough, when positive, is the last position of a batch the
 	// BatchHandler failed: events up to it go one at a time (handleBatch).
 	oneByOneThrough int64
+	// attemptN is the count of the attempt the batch in flight makes at
+	// its first event (countAttempt); clearOnCommit is set when that is a
+	// retry, whose record the batch's commit removes. wrote is the last
+	// attempt record this runner wrote.
+	attemptN      int
+	clearOnCommit bool
+	wrote         attemptRecord
 }
 
 type pendingFailure struct {
@@ -276,7 +283,7 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 				r.rollback(batch)
 			}
 			r.known = -1
-			return r.failed(ctx, start, ev, p.err, trace.SpanContext{})
+			return r.failed(ctx, start, ev, 1, p.err, trace.SpanContext{})
 		}
 	}
 
@@ -309,6 +316,10 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 		r.known = batch.Position()
 		return outcomeMore
 	}
+	if out, ok := r.countAttempt(bctx, batch, start, events); !ok {
+		finished = true
+		return out
+	}
 
 	s.tel.batchStarted()
 	tctx, span := s.tel.startBatch(r.drain, events, 0, trace.SpanContext{})
@@ -331,7 +342,9 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 			stopped := r.stopped
 			batchErr = err
 			finished = true
-			r.rollback(batch)
+			if stopped || resetAborted(batch) {
+				r.rollback(batch)
+			}
 			if stopped {
 				return outcomeStopped
 			}
@@ -351,16 +364,24 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 			}
 			if i > 0 {
 				// Commit the events before the failing one in a batch of their
-				// own, right away; the failing event comes first in the next.
+				// own, right away; the failing event comes first in the next,
+				// and the prefix batch records the failure (countAttempt).
+				// Until then a marker tells the replicas that take over.
+				r.recordFailure(ctx, batch, start, ev, 0, err)
 				r.prefix = i
 				r.pending = &pendingFailure{eventID: ev.ID, position: ev.Position, err: err}
 				return outcomeMore
 			}
+			n := r.attemptN
+			if !r.wrote.single(ev.Position) {
+				n = 1 // the first attempt, in a batch of several events
+			}
+			r.recordFailure(ctx, batch, start, ev, n, err)
 			r.known = -1
 			// The batch is over: end its span and duration before the
 			// retry schedule (backoff sleeps, retry batches of their own).
 			span.end(tctx, batchErr)
-			return r.failed(ctx, start, ev, err, span.spanContext())
+			return r.failed(ctx, start, ev, n, err, span.spanContext())
 		}
 	}
 	finished = true
@@ -389,7 +410,12 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 			return outcomeMore
 		}
 		span.end(tctx, batchErr) // before the retry schedule, as above
-		return r.failed(ctx, start, events[0], err, span.spanContext())
+		n := r.attemptN
+		if !r.wrote.single(events[0].Position) {
+			n = 1
+		}
+		r.recordFailure(ctx, nil, start, events[0], n, err)
+		return r.failed(ctx, start, events[0], n, err, span.spanContext())
 	}
 	s.tel.committed(last)
 	s.tel.count(tctx, OutcomeHandled, len(events))
@@ -412,6 +438,13 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 // logged, and the entry stays until a later delivery or replay removes it
 // (see doc.go). batch is ended either way.
 func (r *runner) commit(bctx, hctx context.Context, batch Batch, start, last int64) error {
+	if r.clearOnCommit {
+		r.clearOnCommit = false
+		if err := r.s.attempts.clearAttempt(hctx, batch, r.s.name); err != nil {
+			r.rollback(batch)
+			return staged(stageLibrary, err)
+		}
+	}
 	c := r.s.clearer
 	if c == nil {
 		return batch.Commit(bctx, last)
@@ -454,45 +487,46 @@ func (r *runner) rollback(batch Batch) {
 	}
 }
 
-// failed handles an event whose first attempt failed (its handler, or
-// the commit of its transaction), as the first event of a batch, so that
-// nothing else is lost by abandoning it.
+// failed handles an event whose attempt n failed (its handler, or the
+// commit of its transaction), as the first event of a batch, so that
+// nothing else is lost by abandoning it. The caller has recorded the
+// failure (recordFailure) for whichever replica or restart makes the next
+// attempt.
 //
 // Without a parking lot the event halts the checkpoint and is retried after
 // each poll interval. With one, it is retried with backoff, each retry in
 // a short transaction of its own (no transaction or row lock is held while
-// waiting), and parked after the last retry fails. first is the span of
-// the failed batch, which the retry batches' spans link to.
-func (r *runner) failed(ctx context.Context, start int64, ev domain.EventEnvelope[any], err error, first trace.SpanContext) outcome {
+// waiting), and parked once 1 + WithMaxRetries attempts, counted across
+// replicas and restarts, have failed. first is the span of the failed
+// batch, which the retry batches' spans link to.
+func (r *runner) failed(ctx context.Context, start int64, ev domain.EventEnvelope[any], n int, err error, first trace.SpanContext) outcome {
 	s := r.s
 	if s.parking == nil {
 		s.logger.Error("subscriber: processing the event failed; it will be retried after the poll interval",
-			append(s.eventAttrs(ev), "error", err)...)
-		s.tel.fail(StateHalted, &ev, 0, err)
+			append(s.eventAttrs(ev), "attempt", n, "error", err)...)
+		s.tel.fail(StateHalted, &ev, n, err)
 		s.tel.count(ctx, OutcomeFailed, 1)
 		return outcomeFailed
 	}
 	attempts := 1 + s.maxRetries
-	s.logger.Warn("subscriber: processing the event failed; retrying", append(s.eventAttrs(ev), "attempt", 1, "of", attempts, "error", err)...)
-	if attempts > 1 {
-		s.tel.fail(StateRetrying, &ev, 1, err)
-		s.tel.count(ctx, OutcomeRetried, 1)
+	if n >= attempts {
+		// WithMaxRetries(0), or the last attempt ran in an ordinary batch
+		// (another replica's retries came first): park it.
+		return r.park(ctx, start, ev, n, err, first)
 	}
-	for n := 2; n <= attempts; n++ {
-		if !ctxsleep.Sleep(ctx, s.backoff(n-1)) {
-			return outcomeStopped
-		}
-		out, done, aerr := r.attempt(ctx, start, ev, n, n == attempts, first)
-		if done {
-			return out
-		}
-		err = aerr
+	for {
 		s.logger.Warn("subscriber: processing the event failed; retrying", append(s.eventAttrs(ev), "attempt", n, "of", attempts, "error", err)...)
 		s.tel.fail(StateRetrying, &ev, n, err)
 		s.tel.count(ctx, OutcomeRetried, 1)
+		if !ctxsleep.Sleep(ctx, s.backoff(n)) {
+			return outcomeStopped
+		}
+		out, done, an, aerr := r.attempt(ctx, start, ev, first)
+		if done {
+			return out
+		}
+		n, err = an, aerr
 	}
-	// Only reached with WithMaxRetries(0): park after the first failure.
-	return r.park(ctx, start, ev, 1, err, first)
 }
 
 // acquireAt acquires the checkpoint for one more attempt at the event
@@ -518,19 +552,26 @@ func (r *runner) acquireAt(bctx context.Context, start int64, ev domain.EventEnv
 	return batch, 0, true
 }
 
-// attempt runs attempt n at ev in a transaction of its own and commits it.
-// done is false when the attempt failed and more attempts remain; err is
-// then the failure. The last attempt brackets the handler with a
-// savepoint, so that when the handler fails the event is parked and the
-// checkpoint advanced in the same transaction; when the commit fails, the
-// event is parked in a transaction of its own (see park).
-func (r *runner) attempt(ctx context.Context, start int64, ev domain.EventEnvelope[any], n int, final bool, first trace.SpanContext) (out outcome, done bool, err error) {
+// attempt runs the next attempt at ev in a transaction of its own and
+// commits it; countAttempt numbers it (n), or parks the event when its
+// attempts are used up. done is false when the attempt failed and more
+// attempts remain; err is then the failure. The last attempt brackets the
+// handler with a savepoint, so that when the handler fails the event is
+// parked and the checkpoint advanced in the same transaction; when the
+// commit fails, the event is parked in a transaction of its own (see
+// park).
+func (r *runner) attempt(ctx context.Context, start int64, ev domain.EventEnvelope[any], first trace.SpanContext) (out outcome, done bool, n int, err error) {
 	s := r.s
 	bctx := context.WithoutCancel(ctx)
 	batch, out, ok := r.acquireAt(bctx, start, ev)
 	if !ok {
-		return out, true, nil
+		return out, true, 0, nil
 	}
+	if out, ok := r.countAttempt(bctx, batch, start, []domain.EventEnvelope[any]{ev}); !ok {
+		return out, true, 0, nil
+	}
+	n = r.attemptN
+	final := n >= 1+s.maxRetries
 	finished := false
 	defer func() {
 		if !finished { // a handler panic
@@ -543,7 +584,7 @@ func (r *runner) attempt(ctx context.Context, start int64, ev domain.EventEnvelo
 	if final {
 		if err := batch.Savepoint(bctx, attemptSavepoint); err != nil {
 			finished, batchErr = true, err
-			return r.abandon(batch, ev, "subscriber: savepoint failed", err), true, nil
+			return r.abandon(batch, ev, "subscriber: savepoint failed", err), true, n, nil
 		}
 	}
 	hctx := batch.HandlerContext(tctx)
@@ -552,16 +593,16 @@ func (r *runner) attempt(ctx context.Context, start int64, ev domain.EventEnvelo
 	finished = true
 	if r.stopped {
 		r.rollback(batch)
-		return outcomeStopped, true, nil
+		return outcomeStopped, true, n, nil
 	}
 	if herr != nil && resetAborted(batch) {
 		r.rollback(batch)
-		return outcomeMore, true, nil // the reset moved the checkpoint
+		return outcomeMore, true, n, nil // the reset moved the checkpoint
 	}
 	if herr == nil {
 		if r.graceExpired() {
 			r.rollback(batch)
-			return outcomeStopped, true, nil
+			return outcomeStopped, true, n, nil
 		}
 		cerr := r.commit(bctx, hctx, batch, start, ev.Position)
 		batchErr = cerr
@@ -570,36 +611,39 @@ func (r *runner) attempt(ctx context.Context, start int64, ev domain.EventEnvelo
 			s.logger.Info("subscriber: event succeeded on retry", append(s.eventAttrs(ev), "attempt", n)...)
 			s.tel.committed(ev.Position)
 			s.tel.count(tctx, OutcomeHandled, 1)
-			return outcomeMore, true, nil
+			return outcomeMore, true, n, nil
 		case errors.Is(cerr, ErrCheckpointMoved):
-			return outcomeMore, true, nil
+			return outcomeMore, true, n, nil
 		case !eventCaused(cerr):
 			s.logger.Error("subscriber: committing a retried event failed; will retry", append(s.eventAttrs(ev), "error", cerr)...)
 			s.tel.fail("", &ev, 0, cerr)
-			return outcomeFailed, true, nil
+			return outcomeFailed, true, n, nil
 		case final:
 			span.end(tctx, cerr) // its transaction is over; the parking has a batch of its own
-			return r.park(ctx, start, ev, n, cerr, first), true, nil
+			r.recordFailure(ctx, nil, start, ev, n, cerr)
+			return r.park(ctx, start, ev, n, cerr, first), true, n, nil
 		}
-		return outcomeFailed, false, cerr
+		r.recordFailure(ctx, nil, start, ev, n, cerr)
+		return outcomeFailed, false, n, cerr
 	}
 	if !final {
-		r.rollback(batch)
-		return outcomeFailed, false, herr
+		r.recordFailure(ctx, batch, start, ev, n, herr)
+		return outcomeFailed, false, n, herr
 	}
 	if errors.Is(herr, errTxEndedByStatement) {
 		// No savepoint to go back to: the transaction is gone. Park in a
 		// transaction of its own, as after a failed commit.
 		r.rollback(batch)
 		span.end(tctx, herr)
-		return r.park(ctx, start, ev, n, herr, first), true, nil
+		r.recordFailure(ctx, nil, start, ev, n, herr)
+		return r.park(ctx, start, ev, n, herr, first), true, n, nil
 	}
 	if err := batch.RollbackToSavepoint(bctx, attemptSavepoint); err != nil {
 		batchErr = err
-		return r.abandon(batch, ev, "subscriber: discarding a failed attempt's writes failed", err), true, nil
+		return r.abandon(batch, ev, "subscriber: discarding a failed attempt's writes failed", err), true, n, nil
 	}
 	out, batchErr = r.parkIn(tctx, bctx, batch, ev, n, herr)
-	return out, true, nil
+	return out, true, n, nil
 }
 
 // park parks ev, whose attempts all failed with cause as the last
@@ -637,7 +681,12 @@ func (r *runner) parkIn(tctx, bctx context.Context, batch Batch, ev domain.Event
 		ParkedAt:    time.Now().UTC(),
 		AggregateID: ev.AggregateID,
 	}
-	if err := s.parking.Park(batch.HandlerContext(tctx), parked); err != nil {
+	hctx := batch.HandlerContext(tctx)
+	if err := s.attempts.clearAttempt(hctx, batch, s.name); err != nil {
+		finished = true
+		return r.abandon(batch, ev, "subscriber: clearing the attempt count of a parked event failed; it will be retried", err), err
+	}
+	if err := s.parking.Park(hctx, parked); err != nil {
 		finished = true
 		if r.graceExpired() {
 			r.rollback(batch)

@@ -118,6 +118,10 @@ type Subscriber struct {
 	// pipelined is set when the checkpoint store can acquire and read the
 	// feed in one round trip for this event store (see pipelinedAcquirer).
 	pipelined pipelinedAcquirer
+
+	// attempts keeps the attempt counts: the checkpoint store when it
+	// can (attemptCounter), else this subscriber's memory.
+	attempts attemptCounter
 }
 
 // NewSubscriber creates a subscriber. name identifies the checkpoint —
@@ -170,6 +174,11 @@ func NewSubscriber(name string, events domain.EventStore, checkpoints Checkpoint
 	s.tel = tel
 	s.tel.off = s.noTelemetry
 	s.clearer, _ = s.parking.(deliveredClearer)
+	if c, ok := s.checkpoints.(attemptCounter); ok {
+		s.attempts = c
+	} else {
+		s.attempts = &localAttempts{}
+	}
 	if p, ok := s.checkpoints.(pipelinedAcquirer); ok && p.pipelines(undecorated(s.events)) {
 		s.pipelined = p
 	}

@@ -82,6 +82,10 @@ var manifest = map[string]map[int64][]object{
 			[]object{{kind: "trigger", table: "parked_events", name: "parked_events_keys"}},
 		),
 		2: {{kind: "column", table: "parked_events", name: "aggregate_id"}},
+		3: concat(
+			columns("subscriber_attempts", "subscriber", "position", "event_id", "through", "attempts", "last_error", "updated_at"),
+			unique("subscriber_attempts", "subscriber"),
+		),
 	},
 	sqlschema.SQLite: {
 		1: concat(
@@ -98,6 +102,10 @@ var manifest = map[string]map[int64][]object{
 			indexes("parked_events", "idx_parked_events_position"),
 		),
 		2: {{kind: "column", table: "parked_events", name: "aggregate_id"}},
+		3: concat(
+			columns("subscriber_attempts", "subscriber", "position", "event_id", "through", "attempts", "last_error", "updated_at"),
+			unique("subscriber_attempts", "subscriber"),
+		),
 	},
 }
 

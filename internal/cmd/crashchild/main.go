@@ -59,6 +59,8 @@ func main() {
 	listen := flag.Bool("listen", false, "wake on Postgres NOTIFY through a PostgresListener (postgres only)")
 	partitions := flag.Int("partitions", 0, "WithPartitions(N); 0: unpartitioned")
 	concurrency := flag.Int("concurrency", 1, "WithConcurrency(K), with -partitions")
+	killType := flag.String("kill-type", "", "the handler SIGKILLs its own process on an event of this type")
+	retries := flag.Int("park-retries", -1, "with a GORM parking lot and WithMaxRetries(N); -1: no parking lot")
 	flag.Parse()
 
 	var extra []subscriptions.SubscriberOption
@@ -66,11 +68,18 @@ func main() {
 		extra = append(extra, subscriptions.WithPartitions(*partitions), subscriptions.WithConcurrency(*concurrency))
 		pool = *concurrency + 3
 	}
+	killOn, parkRetries = *killType, *retries
 	if err := run(*driver, *dsn, *name, *batch, *poll, *table, *delay, *listen, extra...); err != nil {
 		fmt.Fprintln(os.Stderr, "crashchild:", err)
 		os.Exit(1)
 	}
 }
+
+// killOn and parkRetries are -kill-type and -park-retries.
+var (
+	killOn      string
+	parkRetries = -1
+)
 
 // pool is the connection pool's size: a partition worker each, plus the
 // coordinator and a spare.
@@ -132,6 +141,11 @@ func run(driver, dsn, name string, batch int, poll time.Duration, table string, 
 		if delay > 0 {
 			time.Sleep(delay)
 		}
+		if killOn != "" && ev.EventType == killOn {
+			fmt.Fprintf(os.Stderr, "KILLER event %s at position %d: killing pid %d\n", ev.ID, ev.Position, pid)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			select {} // the signal ends the process
+		}
 		err := tx.Exec(insert, ev.ID, ev.Position, pid, time.Now().UnixNano()).Error
 		if isUniqueViolation(err) {
 			fmt.Fprintf(os.Stderr, "DUPLICATE event %s at position %d (pid %d): %v\n", ev.ID, ev.Position, pid, err)
@@ -145,6 +159,14 @@ func run(driver, dsn, name string, batch int, poll time.Duration, table string, 
 		subscriptions.WithLogger(logger),
 	}
 	opts = append(opts, extra...)
+	if parkRetries >= 0 {
+		lot, err := subscriptions.NewGormParkingLot(db)
+		if err != nil {
+			return fmt.Errorf("parking lot: %w", err)
+		}
+		opts = append(opts, subscriptions.WithParkingLot(lot), subscriptions.WithMaxRetries(parkRetries),
+			subscriptions.WithRetryBackoff(time.Millisecond, 10*time.Millisecond))
+	}
 	listenerDone := make(chan error, 1)
 	if listen {
 		if driver != "postgres" {

@@ -1,0 +1,148 @@
+package subscriptions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/eventfeed/subscriptions/domain"
+)
+
+// countAttempt counts the attempt batch is about to make at events (the
+// events after start), before any handler runs: in a write committed on
+// its own (see attemptCounter), so that an attempt that crashes the
+// process counts too, and replicas and restarts continue one count.
+//
+// A record of an earlier attempt at the same position that did not
+// complete means that attempt failed, crashed the process, or lost its
+// batch. If it covered several events, which of them is to blame is
+// unknown: they run again one per transaction, each counted on its own.
+// If it covered the first event alone, this is its next attempt; with a
+// parking lot, an event whose attempts are used up is parked here
+// without running its handler again.
+//
+// ok is false when the batch was ended here; out is then the cycle's
+// outcome.
+func (r *runner) countAttempt(bctx context.Context, batch Batch, start int64, events []domain.EventEnvelope[any]) (out outcome, ok bool) {
+	s := r.s
+	first := events[0]
+	rec := attemptRecord{position: start, eventID: first.ID, through: events[len(events)-1].Position, attempts: 1}
+	r.attemptN, r.clearOnCommit = 1, false
+	if p := r.pending; p != nil && events[len(events)-1].Position < p.position {
+		// The events before one that failed in this runner's last batch:
+		// they commit now, and the failed event's first attempt is
+		// recorded for the position they commit, before any replica can
+		// attempt it there.
+		pending := attemptRecord{position: events[len(events)-1].Position, eventID: p.eventID, through: p.position, attempts: 1, lastError: p.err.Error()}
+		if err := s.attempts.putAttempt(bctx, batch, s.name, pending); err != nil {
+			return r.attemptNotCounted(batch, first, err), false
+		}
+		r.wrote = pending
+		return 0, true
+	}
+	prev, found, err := s.attempts.beginAttempt(bctx, batch, s.name, rec)
+	if err != nil {
+		return r.attemptNotCounted(batch, first, err), false
+	}
+	own := r.wrote
+	r.wrote = rec
+	if !found {
+		return 0, true
+	}
+	if prev.attempts == 0 {
+		// A marker: the event prev.eventID (at prev.through) failed, in a
+		// replica's batch from here, after the events before it had been
+		// handled. As that replica does, commit those events alone, and
+		// record the failure for the position they commit: the event's
+		// next attempt, by any replica, is its second.
+		var before int
+		for before < len(events) && events[before].Position < prev.through {
+			before++
+		}
+		if before > 0 && before < len(events) && events[before].ID == prev.eventID {
+			r.rollback(batch)
+			r.prefix = before
+			r.pending = &pendingFailure{eventID: prev.eventID, position: prev.through, err: errors.New(prev.lastError)}
+			return outcomeMore, false
+		}
+		// The batch does not reach the event (a smaller batch size):
+		// counted afresh.
+		if err := s.attempts.putAttempt(bctx, batch, s.name, rec); err != nil {
+			return r.attemptNotCounted(batch, first, err), false
+		}
+		return 0, true
+	}
+	if !prev.single(first.Position) {
+		// This runner's own batch, which it saw fail (it is still here),
+		// is no crash: count afresh.
+		crashed := own.position != prev.position || own.eventID != prev.eventID || own.through != prev.through
+		if crashed && len(events) > 1 {
+			r.rollback(batch)
+			r.isolateUntil = max(r.isolateUntil, prev.through)
+			s.logger.Warn("subscriber: an attempt at these events did not complete (process crashed or lost its lock?); running them one per transaction",
+				"subscriber", s.name, "from", first.Position, "to", prev.through)
+			return outcomeMore, false
+		}
+		if crashed {
+			r.isolateUntil = max(r.isolateUntil, prev.through)
+		}
+		if err := s.attempts.putAttempt(bctx, batch, s.name, rec); err != nil {
+			return r.attemptNotCounted(batch, first, err), false
+		}
+		return 0, true
+	}
+	if len(events) > 1 {
+		// The first event is being retried: alone.
+		r.rollback(batch)
+		r.isolateUntil = max(r.isolateUntil, first.Position)
+		return outcomeMore, false
+	}
+	n := prev.attempts + 1
+	if s.parking != nil && n > 1+s.maxRetries {
+		// The cause is the last failure recorded; none means every attempt
+		// ended the process (or its batch) before it could fail.
+		cause := prev.lastError
+		if cause == "" {
+			cause = fmt.Sprintf("attempted %d times without completing (process crashed or lost its lock?)", prev.attempts)
+		}
+		tctx, span := s.tel.startBatch(r.drain, events[:1], prev.attempts, trace.SpanContext{})
+		out, perr := r.parkIn(tctx, bctx, batch, first, prev.attempts, errors.New(cause))
+		span.end(tctx, perr)
+		return out, false
+	}
+	rec.through, rec.attempts, rec.lastError = first.Position, n, prev.lastError
+	if err := s.attempts.putAttempt(bctx, batch, s.name, rec); err != nil {
+		return r.attemptNotCounted(batch, first, err), false
+	}
+	r.wrote, r.attemptN, r.clearOnCommit = rec, n, true
+	return 0, true
+}
+
+// attemptNotCounted ends batch when its attempt could not be counted: it
+// is not run uncounted.
+func (r *runner) attemptNotCounted(batch Batch, ev domain.EventEnvelope[any], err error) outcome {
+	if errors.Is(err, ErrCheckpointMoved) {
+		r.rollback(batch)
+		r.known = -1
+		return outcomeMore
+	}
+	r.known = -1
+	return r.abandon(batch, ev, "subscriber: counting the attempt failed; will retry", err)
+}
+
+// recordFailure records that attempt n at ev (the event after start)
+// failed with err, for the replica or restart that counts the next
+// attempt, and ends batch, the failed attempt's (nil when it has ended),
+// without letting another batch in before the record is written (see
+// attemptCounter.failAttempt). A failure to record it is logged: the
+// count stands, only the cause is lost.
+func (r *runner) recordFailure(ctx context.Context, batch Batch, start int64, ev domain.EventEnvelope[any], n int, err error) {
+	s := r.s
+	rec := attemptRecord{position: start, eventID: ev.ID, through: ev.Position, attempts: n, lastError: err.Error()}
+	r.wrote = rec
+	if ferr := s.attempts.failAttempt(context.WithoutCancel(ctx), batch, s.name, rec); ferr != nil {
+		s.logger.Warn("subscriber: recording the failed attempt failed", append(s.eventAttrs(ev), "attempt", n, "error", ferr)...)
+	}
+}
