@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"gorm.io/gorm"
@@ -76,6 +78,7 @@ var (
 	_ attemptCounter = (*GormCheckpointStore)(nil)
 	_ attemptCounter = (*MemoryCheckpointStore)(nil)
 	_ attemptCounter = (*localAttempts)(nil)
+	_ attemptCounter = (*fallbackAttempts)(nil)
 )
 
 // errAttemptMoved is beginAttempt's or putAttempt's error when the
@@ -164,6 +167,61 @@ func rollbackIf(batch Batch) error {
 func (l *localAttempts) clearAttempt(_ context.Context, _ Batch, subscriber string) error {
 	l.t.clear(subscriber)
 	return nil
+}
+
+// fallbackAttempts is the store's attemptCounter with an in-process
+// fallback: when the store cannot write a record for want of a second
+// connection (errNoSecondConn: a Postgres pool of one connection, or one
+// whose connections all hold batches), the attempt is counted in this
+// process instead (localAttempts), with a warning the first time, so that
+// the subscriber goes on with the count it had before counts were shared
+// rather than failing every batch. Used by one Subscriber's runners.
+type fallbackAttempts struct {
+	store  attemptCounter
+	local  localAttempts
+	warned atomic.Bool
+	logger *slog.Logger
+}
+
+// fellBack reports whether err is errNoSecondConn, warning once.
+func (f *fallbackAttempts) fellBack(subscriber string, err error) bool {
+	if !errors.Is(err, errNoSecondConn) {
+		return false
+	}
+	if !f.warned.Swap(true) {
+		f.logger.Warn("subscriber: attempts are counted in this process only while the pool has no connection to spare for the shared count (give the pool one connection more than the batches it runs at once)",
+			"subscriber", subscriber, "error", err)
+	}
+	return true
+}
+
+func (f *fallbackAttempts) beginAttempt(ctx context.Context, batch Batch, subscriber string, rec attemptRecord) (attemptRecord, bool, error) {
+	prev, found, err := f.store.beginAttempt(ctx, batch, subscriber, rec)
+	if f.fellBack(subscriber, err) {
+		return f.local.beginAttempt(ctx, batch, subscriber, rec)
+	}
+	return prev, found, err
+}
+
+func (f *fallbackAttempts) putAttempt(ctx context.Context, batch Batch, subscriber string, rec attemptRecord) error {
+	err := f.store.putAttempt(ctx, batch, subscriber, rec)
+	if f.fellBack(subscriber, err) {
+		return f.local.putAttempt(ctx, batch, subscriber, rec)
+	}
+	return err
+}
+
+func (f *fallbackAttempts) failAttempt(ctx context.Context, batch Batch, subscriber string, rec attemptRecord) error {
+	err := f.store.failAttempt(ctx, batch, subscriber, rec) // ends batch either way
+	if f.fellBack(subscriber, err) {
+		return f.local.failAttempt(ctx, nil, subscriber, rec)
+	}
+	return err
+}
+
+func (f *fallbackAttempts) clearAttempt(ctx context.Context, batch Batch, subscriber string) error {
+	_ = f.local.clearAttempt(ctx, batch, subscriber) // never fails
+	return f.store.clearAttempt(ctx, batch, subscriber)
 }
 
 // MemoryCheckpointStore: the records live in the store, so replicas that
@@ -270,6 +328,9 @@ const attemptConnWait = 5 * time.Second
 // freeing its connection, and retries after the poll interval) instead of
 // deadlocking the pool. The error says what to change.
 func (g *GormCheckpointStore) secondConn(ctx context.Context, fn func(db *gorm.DB) error) error {
+	if g.pool != nil && g.pool.Stats().MaxOpenConnections == 1 {
+		return fmt.Errorf("the pool is limited to one connection, which the batch holds: %w", errNoSecondConn)
+	}
 	wait, cancel := context.WithTimeout(ctx, attemptConnWait)
 	defer cancel()
 	got := false
@@ -278,10 +339,17 @@ func (g *GormCheckpointStore) secondConn(ctx context.Context, fn func(db *gorm.D
 		return fn(conn.WithContext(ctx))
 	})
 	if !got && err != nil && wait.Err() != nil && ctx.Err() == nil {
-		return fmt.Errorf("no second connection free within %v (the batch holds one; give the pool one connection more than the batches it runs at once): %w", attemptConnWait, err)
+		return fmt.Errorf("no second connection free within %v (the batch holds one; give the pool one connection more than the batches it runs at once): %w: %w", attemptConnWait, errNoSecondConn, err)
 	}
 	return err
 }
+
+// errNoSecondConn marks an attempt record a Postgres batch could not
+// write because its pool had no connection besides the batch's own. The
+// attempt then runs counted in this process only (see fallbackAttempts),
+// rather than failing the batch: a pool of one connection, or one
+// exhausted by concurrent batches, must never stop a subscriber.
+var errNoSecondConn = errors.New("no second connection for the attempt record")
 
 // attemptWrite runs write committed before it returns: on Postgres as
 // statements on the pool, outside the batch's transaction; on SQLite in

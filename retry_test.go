@@ -783,3 +783,21 @@ func TestRetryHaltedCountInStatus(t *testing.T) {
 		})
 	}
 }
+
+// TestRetryOnePostgresConnection: on a Postgres pool of one connection,
+// which the batch holds, the shared attempt record has no connection to be
+// written on. The subscriber must not stall: the attempts are counted in
+// the process (with a warning), and the poison event is still parked after
+// 1 + WithMaxRetries attempts while the events around it are handled.
+func TestRetryOnePostgresConnection(t *testing.T) {
+	pg := dbtest.NewPostgres(t)
+	db := pg.Open(t)
+	sqlDB, err := db.DB()
+	require.NoError(t, err)
+	sqlDB.SetMaxOpenConns(1)
+	e := gormEnv(t, "postgres", db, pg)
+	const maxRetries = 2
+	_, attempts, parked := parkPoisonRun(t, e, "retry-one-conn", 3, maxRetries, time.Millisecond, 4*time.Millisecond)
+	require.Len(t, attempts, 1+maxRetries)
+	require.Equal(t, 1+maxRetries, parked.Attempts)
+}

@@ -175,7 +175,7 @@ func NewSubscriber(name string, events domain.EventStore, checkpoints Checkpoint
 	s.tel.off = s.noTelemetry
 	s.clearer, _ = s.parking.(deliveredClearer)
 	if c, ok := s.checkpoints.(attemptCounter); ok {
-		s.attempts = c
+		s.attempts = &fallbackAttempts{store: c, logger: s.logger}
 	} else {
 		s.attempts = &localAttempts{}
 	}
