@@ -56,7 +56,7 @@ func (p *pipelinedAcquirer) acquireAfter(ctx context.Context, subscriber string,
 // the feed can be read inside the batch's own connection.
 func (g *GormCheckpointStore) pipelines(events domain.EventStore) bool {
 	store, ok := events.(*infrastructure.GormEventStore)
-	if !ok || !g.postgres {
+	if !ok || !g.dialect.Pipelines {
 		return false
 	}
 	pool, err := store.DB().DB()
