@@ -358,7 +358,7 @@ func (g *GormCheckpointStore) attemptWrite(ctx context.Context, batch Batch, sub
 	wrap := func(err error) error {
 		return fmt.Errorf("subscriptions: record an attempt of %q: %w", subscriber, err)
 	}
-	if g.postgres {
+	if g.dialect.RowLocks {
 		if err := g.secondConn(ctx, write); err != nil && !errors.Is(err, errNothingToWrite) {
 			return wrap(err)
 		}
@@ -380,7 +380,7 @@ func (g *GormCheckpointStore) failAttempt(ctx context.Context, batch Batch, subs
 		_ = batch.Rollback()
 		return fmt.Errorf("subscriptions: record the failure of event %q of %q: not a batch of this store", rec.eventID, subscriber)
 	}
-	if b != nil && !g.postgres {
+	if b != nil && !g.dialect.RowLocks {
 		// The batch holds SQLite's write lock: end its transaction, write
 		// in a transaction of its own, and only then let other batches in.
 		defer b.release()
@@ -397,12 +397,12 @@ func (g *GormCheckpointStore) failAttempt(ctx context.Context, batch Batch, subs
 		}
 	}
 	var err error
-	if b != nil && g.postgres {
+	if b != nil && g.dialect.RowLocks {
 		err = g.secondConn(ctx, func(db *gorm.DB) error { return failAttemptRow(db, subscriber, rec) })
 	} else {
 		err = failAttemptRow(g.db.WithContext(ctx), subscriber, rec)
 	}
-	if b != nil && g.postgres {
+	if b != nil && g.dialect.RowLocks {
 		// Recorded while the batch still held the checkpoint row.
 		if rerr := b.Rollback(); rerr != nil && err == nil {
 			err = rerr

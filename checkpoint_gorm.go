@@ -12,8 +12,8 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/eventfeed/subscriptions/internal/dialect"
 	"github.com/eventfeed/subscriptions/internal/sqliteconf"
-	"github.com/eventfeed/subscriptions/internal/sqlschema"
 )
 
 // GormCheckpointModel is the GORM model for subscriber checkpoints. The
@@ -47,14 +47,14 @@ func (GormCheckpointModel) TableName() string { return "subscriber_checkpoints" 
 // GormCheckpointStore is safe for concurrent use. It does not own the
 // *gorm.DB.
 type GormCheckpointStore struct {
-	db       *gorm.DB
-	pool     *sql.DB
-	postgres bool
+	db      *gorm.DB
+	pool    *sql.DB
+	dialect *dialect.Dialect
 
-	// SQLite only: the batches in flight on this pool, shared by every
-	// store built on it, so that Reset can abort them and Acquire can skip
-	// instead of queueing on the write lock (forever, on a one-connection
-	// in-memory database).
+	// Without row locks (SQLite) only, nil otherwise: the batches in
+	// flight on this pool, shared by every store built on it, so that Reset
+	// can abort them and Acquire can skip instead of queueing on the write
+	// lock (forever, on a one-connection in-memory database).
 	reg *batchRegistry
 }
 
@@ -110,40 +110,40 @@ var _ CheckpointStore = (*GormCheckpointStore)(nil)
 // coordination relies on row locking (Postgres) or serialized writers
 // (SQLite), and other engines would silently double-process events.
 func NewGormCheckpointStore(db *gorm.DB, opts ...GormStoreOption) (*GormCheckpointStore, error) {
-	pool, postgres, err := gormHandle("NewGormCheckpointStore", db)
+	pool, d, err := gormHandle("NewGormCheckpointStore", db)
 	if err != nil {
 		return nil, err
 	}
 	if err := ensureSchema("NewGormCheckpointStore", db, opts); err != nil {
 		return nil, err
 	}
-	g := &GormCheckpointStore{db: db, pool: pool, postgres: postgres}
-	if !postgres {
+	g := &GormCheckpointStore{db: db, pool: pool, dialect: d}
+	if !d.RowLocks {
 		g.reg = registryFor(pool)
 	}
 	return g, nil
 }
 
-// gormHandle checks a *gorm.DB handed to a constructor.
-func gormHandle(constructor string, db *gorm.DB) (*sql.DB, bool, error) {
+// gormHandle checks a *gorm.DB handed to a constructor and returns its
+// pool and dialect.
+func gormHandle(constructor string, db *gorm.DB) (*sql.DB, *dialect.Dialect, error) {
 	if db == nil {
-		return nil, false, fmt.Errorf("subscriptions: %s: nil *gorm.DB", constructor)
+		return nil, nil, fmt.Errorf("subscriptions: %s: nil *gorm.DB", constructor)
 	}
-	switch db.Name() {
-	case sqlschema.Postgres, sqlschema.SQLite:
-	default:
-		return nil, false, fmt.Errorf("subscriptions: %s: dialect %q is not supported (use postgres or sqlite)", constructor, db.Name())
+	d := dialect.Of(db)
+	if d == nil {
+		return nil, nil, fmt.Errorf("subscriptions: %s: dialect %q is not supported (use postgres or sqlite)", constructor, db.Name())
 	}
 	pool, err := db.DB()
 	if err != nil {
-		return nil, false, fmt.Errorf("subscriptions: %s: %w", constructor, err)
+		return nil, nil, fmt.Errorf("subscriptions: %s: %w", constructor, err)
 	}
-	if db.Name() == sqlschema.SQLite {
+	if d == dialect.SQLite {
 		if err := sqliteconf.Check(context.Background(), db, pool, "subscriptions: "+constructor); err != nil {
-			return nil, false, err
+			return nil, nil, err
 		}
 	}
-	return pool, db.Name() == sqlschema.Postgres, nil
+	return pool, d, nil
 }
 
 // Acquire begins a batch transaction holding the subscriber's checkpoint
@@ -157,7 +157,7 @@ func (g *GormCheckpointStore) Acquire(ctx context.Context, subscriber string) (B
 		return nil, false, fmt.Errorf("subscriptions: acquire: %w", err)
 	}
 	b := &gormBatch{store: g, subscriber: subscriber, done: make(chan struct{})}
-	if !g.postgres {
+	if g.reg != nil {
 		g.reg.mu.Lock()
 		if g.reg.active[subscriber] != nil || g.reg.resets[subscriber] != nil {
 			g.reg.mu.Unlock()
@@ -175,7 +175,7 @@ func (g *GormCheckpointStore) Acquire(ctx context.Context, subscriber string) (B
 }
 
 func (g *GormCheckpointStore) begin(ctx context.Context, b *gormBatch) (bool, error) {
-	if !g.postgres {
+	if !g.dialect.RowLocks {
 		return g.beginSQLite(ctx, b)
 	}
 	acquired, exists, err := g.lockPostgres(ctx, b)
@@ -276,16 +276,12 @@ func (g *GormCheckpointStore) beginSQLite(ctx context.Context, b *gormBatch) (bo
 	return true, nil
 }
 
-// txOptions pins Postgres batches to READ COMMITTED whatever the server's
-// default_transaction_isolation: row locking with SKIP LOCKED and the
-// compare-and-set commit are designed for it, and a stricter level would
-// turn ordinary replica contention into serialization failures.
-func (g *GormCheckpointStore) txOptions() *sql.TxOptions {
-	if g.postgres {
-		return &sql.TxOptions{Isolation: sql.LevelReadCommitted}
-	}
-	return nil
-}
+// txOptions pins batches with row locks (Postgres) to READ COMMITTED
+// whatever the server's default_transaction_isolation: row locking with
+// SKIP LOCKED and the compare-and-set commit are designed for it, and a
+// stricter level would turn ordinary replica contention into
+// serialization failures (see dialect.TxOptions).
+func (g *GormCheckpointStore) txOptions() *sql.TxOptions { return g.dialect.TxOptions() }
 
 // Position returns the subscriber's committed checkpoint (0 if unknown).
 // It is one indexed read, without a transaction or lock.

@@ -133,7 +133,7 @@ func resetAborted(batch Batch) bool {
 // release ends the batch's registration (SQLite) and wakes a waiting Reset.
 func (b *gormBatch) release() {
 	b.once.Do(func() {
-		if b.store != nil && !b.store.postgres {
+		if b.store != nil && b.store.reg != nil {
 			reg := b.store.reg
 			reg.mu.Lock()
 			if reg.active[b.subscriber] == b {
@@ -151,7 +151,7 @@ func (b *gormBatch) Position() int64 { return b.position }
 // handler cannot end it (see handlerConn): Commit then fails the batch.
 func (b *gormBatch) HandlerContext(ctx context.Context) context.Context {
 	if b.htx == nil {
-		b.htx, b.guard = guardTx(b.tx, b.store.pool, !b.store.postgres)
+		b.htx, b.guard = guardTx(b.tx, b.store.pool, !b.store.dialect.RowLocks)
 	}
 	return withTx(ctx, b.htx, b.store.pool)
 }
@@ -188,7 +188,7 @@ func (b *gormBatch) Commit(ctx context.Context, position int64) error {
 	if err := b.guard.misused(); err != nil {
 		return fail(staged(stageHandlers, err))
 	}
-	if !b.store.postgres {
+	if !b.store.dialect.RowLocks {
 		// Never let the checkpoint UPDATE run in autocommit (see
 		// handlerConn.watchTx): one question per batch.
 		if err := b.txEnded(ctx); err != nil {

@@ -74,7 +74,7 @@ func (g *GormCheckpointStore) fenced(ctx context.Context, subscriber, what strin
 		return nil
 	}
 	var err error
-	if g.postgres {
+	if g.reg == nil { // row locks: the transaction waits for the batch's
 		err = g.fencedPostgres(ctx, run)
 	} else {
 		var release func()

@@ -77,7 +77,7 @@ func (g *GormCheckpointStore) deleteAll(ctx context.Context, names []string, app
 func (g *GormCheckpointStore) fencedAll(ctx context.Context, names []string, what string, write func(tx *gorm.DB, name string) error, apply func(ctx context.Context) error) error {
 	sorted := slices.Clone(names)
 	slices.Sort(sorted)
-	if !g.postgres {
+	if g.reg != nil {
 		for _, name := range sorted {
 			release, err := g.fenceSQLite(ctx, name, what)
 			if err != nil {
@@ -115,11 +115,7 @@ func (g *GormCheckpointStore) initPartitions(ctx context.Context, marker, plain 
 		if err := tx.Exec("INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, 0, ?) ON CONFLICT (subscriber) DO NOTHING", marker, now).Error; err != nil {
 			return err
 		}
-		lock := ""
-		if g.postgres {
-			lock = " FOR UPDATE"
-		}
-		if err := tx.Raw("SELECT position FROM subscriber_checkpoints WHERE subscriber = ?"+lock, marker).Scan(&existing).Error; err != nil {
+		if err := tx.Raw("SELECT position FROM subscriber_checkpoints WHERE subscriber = ?"+g.dialect.ForUpdate(), marker).Scan(&existing).Error; err != nil {
 			return err
 		}
 		if existing != 0 {

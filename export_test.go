@@ -28,7 +28,10 @@ func WithoutTelemetryForTest() SubscriberOption {
 
 // SubscriberPipelinesForTest reports whether sub acquires and reads in one
 // round trip.
-func SubscriberPipelinesForTest(sub *Subscriber) bool { return sub.pipelined != nil }
+func SubscriberPipelinesForTest(sub *Subscriber) bool {
+	_, ok := sub.acquirer.(*pipelinedAcquirer)
+	return ok
+}
 
 // SQLiteRegistryCountForTest is the number of SQLite pools with a batch
 // registry.

@@ -2,9 +2,7 @@ package subscriptions
 
 import (
 	"context"
-	"crypto/sha256"
 	"database/sql"
-	"encoding/hex"
 	"fmt"
 	"strings"
 	"sync"
@@ -13,7 +11,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/eventfeed/subscriptions/domain"
-	"github.com/eventfeed/subscriptions/internal/sqlschema"
+	"github.com/eventfeed/subscriptions/internal/dialect"
 )
 
 // GormParkedEventModel is the GORM model for parked events. The table is
@@ -46,7 +44,7 @@ func (GormParkedEventModel) TableName() string { return "parked_events" }
 type GormParkingLot struct {
 	db         *gorm.DB
 	pool       *sql.DB
-	postgres   bool
+	dialect    *dialect.Dialect
 	sqliteFile string // SQLite: the main database file, "" in memory
 }
 
@@ -60,15 +58,15 @@ var _ ParkingLot = (*GormParkingLot)(nil)
 // different handle still works, but parks non-transactionally through its
 // own connection.
 func NewGormParkingLot(db *gorm.DB, opts ...GormStoreOption) (*GormParkingLot, error) {
-	pool, postgres, err := gormHandle("NewGormParkingLot", db)
+	pool, d, err := gormHandle("NewGormParkingLot", db)
 	if err != nil {
 		return nil, err
 	}
 	if err := ensureSchema("NewGormParkingLot", db, opts); err != nil {
 		return nil, err
 	}
-	lot := &GormParkingLot{db: db, pool: pool, postgres: postgres}
-	if !postgres {
+	lot := &GormParkingLot{db: db, pool: pool, dialect: d}
+	if d == dialect.SQLite {
 		if lot.sqliteFile, err = sqliteMainFile(db); err != nil {
 			return nil, fmt.Errorf("subscriptions: NewGormParkingLot: locate the SQLite database file: %w", err)
 		}
@@ -94,23 +92,12 @@ func (g *GormParkingLot) Park(ctx context.Context, parked ParkedEvent) error {
 	if db == nil {
 		db = g.db
 	}
-	var err error
-	if g.postgres {
-		err = db.WithContext(ctx).Exec(`INSERT INTO parked_events (key, subscriber_key, subscriber, event_id, event_type, position, error, attempts, parked_at, aggregate_id)
-			VALUES (decode(?, 'hex'), decode(?, 'hex'), ?, ?, ?, ?, ?, ?, ?, ?)
-			ON CONFLICT (key) DO UPDATE SET event_type = excluded.event_type, position = excluded.position,
-				error = excluded.error, attempts = excluded.attempts, parked_at = excluded.parked_at, aggregate_id = excluded.aggregate_id`,
-			parkedRowKey(parked.Subscriber, parked.EventID), subscriberKey(parked.Subscriber), parked.Subscriber, parked.EventID,
-			storableText(parked.EventType), parked.Position, storableText(parked.Error), parked.Attempts, parked.ParkedAt.UTC(),
-			storableText(parked.AggregateID)).Error
-	} else {
-		err = db.WithContext(ctx).Exec(`INSERT INTO parked_events (subscriber, event_id, event_type, position, error, attempts, parked_at, aggregate_id)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-			ON CONFLICT (subscriber, event_id) DO UPDATE SET event_type = excluded.event_type, position = excluded.position,
-				error = excluded.error, attempts = excluded.attempts, parked_at = excluded.parked_at, aggregate_id = excluded.aggregate_id`,
-			parked.Subscriber, parked.EventID, storableText(parked.EventType), parked.Position,
-			storableText(parked.Error), parked.Attempts, parked.ParkedAt.UTC(), storableText(parked.AggregateID)).Error
-	}
+	query, args := g.dialect.ParkUpsert(dialect.ParkedRow{
+		Subscriber: parked.Subscriber, EventID: parked.EventID, EventType: storableText(parked.EventType),
+		Position: parked.Position, Error: storableText(parked.Error), Attempts: parked.Attempts,
+		ParkedAt: parked.ParkedAt.UTC(), AggregateID: storableText(parked.AggregateID),
+	})
+	err := db.WithContext(ctx).Exec(query, args...).Error
 	if err != nil {
 		return fmt.Errorf("subscriptions: park event %q (position %d) for %q: %w", parked.EventID, parked.Position, parked.Subscriber, err)
 	}
@@ -128,10 +115,7 @@ func (g *GormParkingLot) clearDelivered(ctx context.Context, subscriber string, 
 	if db == nil {
 		db = g.db
 	}
-	where, args := "subscriber = ?", []any{subscriber}
-	if g.postgres {
-		where, args = "subscriber_key = decode(?, 'hex') AND subscriber = ?", []any{subscriberKey(subscriber), subscriber}
-	}
+	where, args := g.dialect.ParkedSubscriber(subscriber)
 	if err := db.WithContext(ctx).Exec("DELETE FROM parked_events WHERE "+where+" AND position > ? AND position <= ?",
 		append(args, after, upTo)...).Error; err != nil {
 		return fmt.Errorf("subscriptions: clear the parked events of %q delivered in positions %d-%d: %w", subscriber, after+1, upTo, err)
@@ -145,45 +129,6 @@ func (g *GormParkingLot) clearsInBatch(ctx context.Context) bool {
 	return g.batchTx(ctx) != nil
 }
 
-// keyWhere selects one parked row through the table's key index.
-func (g *GormParkingLot) keyWhere() string {
-	if g.postgres {
-		return "key = decode(?, 'hex') AND subscriber = ? AND event_id = ?"
-	}
-	return "subscriber = ? AND event_id = ?"
-}
-
-func (g *GormParkingLot) keyArgs(subscriber, eventID string) []any {
-	if g.postgres {
-		return []any{parkedRowKey(subscriber, eventID), subscriber, eventID}
-	}
-	return []any{subscriber, eventID}
-}
-
-// subscriberWhere selects one subscriber's parked rows through the
-// table's subscriber index.
-func (g *GormParkingLot) subscriberWhere(subscriber string) (string, []any) {
-	if g.postgres {
-		return "subscriber_key = decode(?, 'hex') AND subscriber = ?", []any{subscriberKey(subscriber), subscriber}
-	}
-	return "subscriber = ?", []any{subscriber}
-}
-
-// parkedRowKey is the Postgres row key, hex-encoded (GORM would expand a
-// []byte argument into a list): SHA-256 of the subscriber name and the
-// event ID, separated by a NUL (which neither may contain).
-func parkedRowKey(subscriber, eventID string) string {
-	sum := sha256.Sum256([]byte(subscriber + "\x00" + eventID))
-	return hex.EncodeToString(sum[:])
-}
-
-// subscriberKey is the Postgres index key for a subscriber's parked rows,
-// hex-encoded.
-func subscriberKey(subscriber string) string {
-	sum := sha256.Sum256([]byte(subscriber))
-	return hex.EncodeToString(sum[:])
-}
-
 // batchTx returns the batch transaction in ctx when it belongs to this
 // lot's database: begun on the lot's own pool, or, on SQLite, on another
 // handle to the same database file. Writing through any other handle
@@ -193,11 +138,11 @@ func (g *GormParkingLot) batchTx(ctx context.Context) *gorm.DB {
 	if tx := txForPool(ctx, g.pool); tx != nil {
 		return tx
 	}
-	if g.postgres || g.sqliteFile == "" {
+	if g.sqliteFile == "" { // Postgres, or SQLite in memory
 		return nil
 	}
 	tx := TxFromContext(ctx)
-	if tx == nil || tx.Name() != sqlschema.SQLite {
+	if tx == nil || dialect.Of(tx) != dialect.SQLite {
 		return nil
 	}
 	if file, err := sqliteMainFile(tx.WithContext(ctx)); err == nil && file == g.sqliteFile {
@@ -267,7 +212,7 @@ func (g *GormParkingLot) claimSQLiteReplay(subscriber, eventID string) (release 
 // count returns how many events the subscriber has parked (see Status),
 // through the index List uses.
 func (g *GormParkingLot) count(ctx context.Context, subscriber string) (int, error) {
-	where, args := g.subscriberWhere(subscriber)
+	where, args := g.dialect.ParkedSubscriber(subscriber)
 	var n int64
 	if err := g.db.WithContext(ctx).Raw(`SELECT COUNT(*) FROM parked_events WHERE `+where, args...).Scan(&n).Error; err != nil {
 		return 0, fmt.Errorf("subscriptions: count parked events of %q: %w", subscriber, err)
@@ -291,29 +236,27 @@ func (g *GormParkingLot) Replay(ctx context.Context, subscriber, eventID string,
 	if handler == nil {
 		return fmt.Errorf("subscriptions: replay event %q for %q: nil handler", eventID, subscriber)
 	}
-	var opts []*sql.TxOptions
-	if g.postgres {
-		// The row lock below relies on READ COMMITTED (whatever the
-		// server's default): each statement sees the latest commits, so a
-		// skipped row is told apart from a gone one, and a Park queued
-		// behind this replay's lock updates the row it finds.
-		opts = append(opts, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
-	} else {
+	if !g.dialect.RowLocks {
 		release, ok := g.claimSQLiteReplay(subscriber, eventID)
 		if !ok {
 			return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, subscriber, ErrReplayInProgress)
 		}
 		defer release()
 	}
+	key, keyArgs := g.dialect.ParkedKey(subscriber, eventID)
+	// With row locks, the lock below relies on READ COMMITTED (whatever the
+	// server's default, see dialect.TxOptions): each statement sees the
+	// latest commits, so a skipped row is told apart from a gone one, and a
+	// Park queued behind this replay's lock updates the row it finds.
 	return g.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var found []int
-		if g.postgres {
-			if err := tx.Raw("SELECT attempts FROM parked_events WHERE "+g.keyWhere()+" FOR UPDATE SKIP LOCKED", g.keyArgs(subscriber, eventID)...).Scan(&found).Error; err != nil {
+		if g.dialect.RowLocks {
+			if err := tx.Raw("SELECT attempts FROM parked_events WHERE "+key+" FOR UPDATE SKIP LOCKED", keyArgs...).Scan(&found).Error; err != nil {
 				return fmt.Errorf("subscriptions: replay event %q for %q: lock parked row: %w", eventID, subscriber, err)
 			}
 			if len(found) == 0 {
 				// Skipped: absent, or locked by another transaction.
-				if err := tx.Raw("SELECT attempts FROM parked_events WHERE "+g.keyWhere(), g.keyArgs(subscriber, eventID)...).Scan(&found).Error; err != nil {
+				if err := tx.Raw("SELECT attempts FROM parked_events WHERE "+key, keyArgs...).Scan(&found).Error; err != nil {
 					return fmt.Errorf("subscriptions: replay event %q for %q: read parked row: %w", eventID, subscriber, err)
 				}
 				if len(found) != 0 {
@@ -323,10 +266,10 @@ func (g *GormParkingLot) Replay(ctx context.Context, subscriber, eventID string,
 		} else {
 			// Take SQLite's write lock first: nobody can re-park or replay the
 			// event until this transaction ends.
-			if err := tx.Exec("UPDATE parked_events SET attempts = attempts WHERE subscriber = ? AND event_id = ?", subscriber, eventID).Error; err != nil {
+			if err := tx.Exec("UPDATE parked_events SET attempts = attempts WHERE "+key, keyArgs...).Error; err != nil {
 				return fmt.Errorf("subscriptions: replay event %q for %q: lock parked row: %w", eventID, subscriber, err)
 			}
-			if err := tx.Raw("SELECT attempts FROM parked_events WHERE subscriber = ? AND event_id = ?", subscriber, eventID).Scan(&found).Error; err != nil {
+			if err := tx.Raw("SELECT attempts FROM parked_events WHERE "+key, keyArgs...).Scan(&found).Error; err != nil {
 				return fmt.Errorf("subscriptions: replay event %q for %q: read parked row: %w", eventID, subscriber, err)
 			}
 		}
@@ -340,7 +283,7 @@ func (g *GormParkingLot) Replay(ctx context.Context, subscriber, eventID string,
 		if err := guard.misused(); err != nil {
 			return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, subscriber, err)
 		}
-		res := tx.Exec("DELETE FROM parked_events WHERE "+g.keyWhere(), g.keyArgs(subscriber, eventID)...)
+		res := tx.Exec("DELETE FROM parked_events WHERE "+key, keyArgs...)
 		if res.Error != nil {
 			return fmt.Errorf("subscriptions: replay event %q for %q: clear parked row: %w", eventID, subscriber, res.Error)
 		}
@@ -348,7 +291,7 @@ func (g *GormParkingLot) Replay(ctx context.Context, subscriber, eventID string,
 			return fmt.Errorf("subscriptions: replay event %q for %q: the entry was cleared meanwhile: %w", eventID, subscriber, ErrReplayInProgress)
 		}
 		return nil
-	}, opts...)
+	}, g.dialect.TxOptionsList()...)
 }
 
 // Purge deletes every event parked for subscriber, through the batch
@@ -366,7 +309,7 @@ func (g *GormParkingLot) purge(ctx context.Context, subscriber string) error {
 	if db == nil {
 		db = g.db
 	}
-	where, args := g.subscriberWhere(subscriber)
+	where, args := g.dialect.ParkedSubscriber(subscriber)
 	return db.WithContext(ctx).Exec("DELETE FROM parked_events WHERE "+where, args...).Error
 }
 
@@ -378,7 +321,7 @@ const parkedColumns = "subscriber, event_id, event_type, position, error, attemp
 // selectParked is the one query behind List and ListFiltered: the
 // subscriber's rows through its index, filtered, in position order.
 func (g *GormParkingLot) selectParked(ctx context.Context, subscriber string, filter ParkedFilter) ([]ParkedEvent, error) {
-	where, args := g.subscriberWhere(subscriber)
+	where, args := g.dialect.ParkedSubscriber(subscriber)
 	if filter.EventType != "" {
 		where, args = where+" AND event_type = ?", append(args, filter.EventType)
 	}
@@ -428,7 +371,8 @@ func (g *GormParkingLot) ListFiltered(ctx context.Context, subscriber string, fi
 // Get returns one parked entry.
 func (g *GormParkingLot) Get(ctx context.Context, subscriber, eventID string) (ParkedEvent, error) {
 	var rows []GormParkedEventModel
-	err := g.db.WithContext(ctx).Raw(`SELECT `+parkedColumns+` FROM parked_events WHERE `+g.keyWhere(), g.keyArgs(subscriber, eventID)...).Scan(&rows).Error
+	where, args := g.dialect.ParkedKey(subscriber, eventID)
+	err := g.db.WithContext(ctx).Raw(`SELECT `+parkedColumns+` FROM parked_events WHERE `+where, args...).Scan(&rows).Error
 	if err != nil {
 		return ParkedEvent{}, fmt.Errorf("subscriptions: parked event %q of %q: %w", eventID, subscriber, err)
 	}
@@ -444,8 +388,8 @@ func (g *GormParkingLot) Get(ctx context.Context, subscriber, eventID string) (P
 // that still exists is busy; on SQLite the discard takes the same
 // in-process claim as a replay.
 func (g *GormParkingLot) Discard(ctx context.Context, subscriber, eventID string) (ParkedEvent, error) {
-	where := g.keyWhere()
-	if g.postgres {
+	where, args := g.dialect.ParkedKey(subscriber, eventID)
+	if g.dialect.RowLocks {
 		where = "key IN (SELECT key FROM parked_events WHERE " + where + " FOR UPDATE SKIP LOCKED)"
 	} else {
 		release, ok := g.claimSQLiteReplay(subscriber, eventID)
@@ -455,14 +399,14 @@ func (g *GormParkingLot) Discard(ctx context.Context, subscriber, eventID string
 		defer release()
 	}
 	var rows []GormParkedEventModel
-	err := g.db.WithContext(ctx).Raw(`DELETE FROM parked_events WHERE `+where+` RETURNING `+parkedColumns, g.keyArgs(subscriber, eventID)...).Scan(&rows).Error
+	err := g.db.WithContext(ctx).Raw(`DELETE FROM parked_events WHERE `+where+` RETURNING `+parkedColumns, args...).Scan(&rows).Error
 	if err != nil {
 		return ParkedEvent{}, fmt.Errorf("subscriptions: discard event %q of %q: %w", eventID, subscriber, err)
 	}
 	if len(rows) == 1 {
 		return rows[0].parkedEvent(), nil
 	}
-	if g.postgres {
+	if g.dialect.RowLocks { // skipped: absent, or locked by a replay
 		if _, err := g.Get(ctx, subscriber, eventID); err == nil {
 			return ParkedEvent{}, fmt.Errorf("subscriptions: discard event %q of %q: %w", eventID, subscriber, ErrReplayInProgress)
 		}
@@ -473,8 +417,9 @@ func (g *GormParkingLot) Discard(ctx context.Context, subscriber, eventID string
 // RecordReplayFailure counts a failed replay on the row, if it is still
 // parked.
 func (g *GormParkingLot) RecordReplayFailure(ctx context.Context, subscriber, eventID, errText string, at time.Time) error {
-	args := append([]any{storableText(errText), at.UTC()}, g.keyArgs(subscriber, eventID)...)
-	if err := g.db.WithContext(ctx).Exec(`UPDATE parked_events SET attempts = attempts + 1, error = ?, parked_at = ? WHERE `+g.keyWhere(), args...).Error; err != nil {
+	where, keyArgs := g.dialect.ParkedKey(subscriber, eventID)
+	args := append([]any{storableText(errText), at.UTC()}, keyArgs...)
+	if err := g.db.WithContext(ctx).Exec(`UPDATE parked_events SET attempts = attempts + 1, error = ?, parked_at = ? WHERE `+where, args...).Error; err != nil {
 		return fmt.Errorf("subscriptions: record the failed replay of event %q for %q: %w", eventID, subscriber, err)
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/internal/dialect"
 )
 
 // partitionFeed is the view of an event store that one partition reads:
@@ -28,7 +29,7 @@ type partitionFeed struct {
 
 func newPartitionFeed(events domain.EventStore, partition, partitions int) *partitionFeed {
 	f := &partitionFeed{EventStore: events, partition: partition, partitions: partitions}
-	if store, ok := undecorated(events).(*infrastructure.GormEventStore); ok && store.DB().Name() == "postgres" {
+	if store, ok := undecorated(events).(*infrastructure.GormEventStore); ok && dialect.Of(store.DB()) == dialect.Postgres {
 		f.pg = store
 	}
 	return f

@@ -3,6 +3,8 @@ package subscriptions
 import (
 	"context"
 	"fmt"
+
+	"github.com/eventfeed/subscriptions/internal/dialect"
 )
 
 // partitionClearer is a partition's deliveredClearer: a live delivery in
@@ -71,9 +73,10 @@ func (g *GormParkingLot) clearPartitionDelivered(ctx context.Context, subscriber
 		return fmt.Errorf("subscriptions: clear the parked events of %q (partition %d of %d) delivered in positions %d-%d: %w",
 			subscriber, partition, partitions, after+1, upTo, err)
 	}
-	if g.postgres {
-		if err := db.Exec("DELETE FROM parked_events WHERE subscriber_key = decode(?, 'hex') AND subscriber = ? AND position > ? AND position <= ? AND aggregate_id <> '' AND mod("+partitionHashSQL+", ?) = ?",
-			subscriberKey(subscriber), subscriber, after, upTo, partitions, partition).Error; err != nil {
+	if g.dialect == dialect.Postgres { // the partition hash in SQL (partitionHashSQL)
+		where, args := g.dialect.ParkedSubscriber(subscriber)
+		if err := db.Exec("DELETE FROM parked_events WHERE "+where+" AND position > ? AND position <= ? AND aggregate_id <> '' AND mod("+partitionHashSQL+", ?) = ?",
+			append(args, after, upTo, partitions, partition)...).Error; err != nil {
 			return what(err)
 		}
 		return nil

@@ -270,11 +270,13 @@ func (s *Subscriber) partitionChild(name string, p int) *Subscriber {
 		tel: s.tel,
 		// Not copied: wake (the coordinator's), running (Run's own),
 		// partitions and concurrency (a partition is unpartitioned),
-		// pipelined (the partition's read is filtered). clearer is the
+		// acquirer (set below: the partition's read is filtered, so the
+		// ordinary one over the partition's view). clearer is the
 		// partition's own (partitionClearer): a partition's batch spans
 		// positions of other partitions' events, so clearing parked
 		// entries by position range alone would remove theirs.
 	}
+	c.acquirer = readThenAcquire{events: c.events, checkpoints: c.checkpoints}
 	if s.parking != nil {
 		c.parking = partitionLot{ParkingLot: s.parking, name: s.name}
 	}

@@ -210,15 +210,13 @@ func (r *runner) wait(ctx context.Context, d time.Duration, allowWake bool) (wok
 	}
 }
 
-// cycle runs one batch: read the events past the checkpoint, acquire the
-// checkpoint, run the handler for each event, commit.
+// cycle runs one batch: read the events past the checkpoint and acquire
+// the checkpoint (one acquirer call), run the handler for each event,
+// commit.
 //
-// Events are read before the checkpoint is acquired, at the position this
-// runner last committed or saw, and the acquired position is then checked
-// against it. So no batch transaction is open while the feed is read: an
-// idle poll costs two statements (the checkpoint and the feed, no
-// transaction, no lock), and a database with a single connection (in-memory
-// SQLite) never needs a second one mid-batch.
+// The events are read after the position this runner last committed or
+// saw, and the acquired position is then checked against it (doc.go states
+// the model; acquirer says how the stores are reached).
 //
 // Once a batch is acquired it runs on a context that ignores ctx's
 // cancellation, so that shutdown drains it instead of abandoning it.
@@ -231,74 +229,37 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 		}
 		r.known = position
 	}
-	limit, prefixCycle := s.batchSize, r.prefix > 0
-	if prefixCycle {
-		limit, r.prefix = r.prefix, 0
-	}
-	if r.isolateUntil > r.known {
-		limit = 1
-	} else {
-		r.isolateUntil = 0
-	}
+	limit, prefixCycle := r.nextLimit()
 	start := r.known
 	bctx := context.WithoutCancel(ctx)
 
-	// On a wake (or while catching up) the position is known: where the
-	// checkpoint store allows, begin the batch, lock the checkpoint and read
-	// the feed in one round trip (see pipelinedAcquirer).
-	var batch Batch
-	var events []domain.EventEnvelope[any]
-	if !check && s.pipelined != nil {
-		b, evs, err := s.pipelined.acquireAndRead(bctx, s.name, start, limit)
-		switch {
-		case err == nil:
-			batch, events = b, evs
-			if len(events) == 0 {
-				r.rollback(batch)
-				return outcomeIdle
-			}
-		case !errors.Is(err, errNoPipeline):
-			s.logger.Error("subscriber: acquiring the checkpoint failed; will retry", "subscriber", s.name, "error", err)
-			s.tel.fail("", nil, 0, err)
-			return outcomeFailed
+	// On a wake (or while catching up) the position is known and work is
+	// expected: the acquirer may then take its faster path (see acquirer).
+	batch, events, err := s.acquirer.acquireAfter(ctx, s.name, start, limit, !check)
+	var readErr *feedReadError
+	switch {
+	case errors.As(err, &readErr):
+		return r.transient(ctx, "reading the feed failed", readErr.err)
+	case err != nil:
+		s.logger.Error("subscriber: acquiring the checkpoint failed; will retry", "subscriber", s.name, "error", err)
+		s.tel.fail("", nil, 0, err)
+		return outcomeFailed
+	case len(events) == 0:
+		if batch != nil {
+			r.rollback(batch)
 		}
+		return outcomeIdle
+	}
+	if p := r.takePending(events[0], prefixCycle); p != nil {
+		if batch != nil {
+			r.rollback(batch)
+		}
+		r.known = -1
+		return r.failed(ctx, start, events[0], 1, p.err, trace.SpanContext{})
 	}
 	if batch == nil {
-		var err error
-		events, err = s.events.ReadAfter(ctx, start, limit)
-		if err != nil {
-			return r.transient(ctx, "reading the feed failed", err)
-		}
-		if len(events) == 0 {
-			return outcomeIdle
-		}
-	}
-	if ctx.Err() != nil && batch == nil {
-		return outcomeStopped
-	}
-	if p := r.pending; p != nil && !prefixCycle {
-		r.pending = nil
-		if ev := events[0]; ev.ID == p.eventID && ev.Position == p.position {
-			if batch != nil {
-				r.rollback(batch)
-			}
-			r.known = -1
-			return r.failed(ctx, start, ev, 1, p.err, trace.SpanContext{})
-		}
-	}
-
-	if batch == nil {
-		b, acquired, err := s.checkpoints.Acquire(bctx, s.name)
-		if err != nil {
-			s.logger.Error("subscriber: acquiring the checkpoint failed; will retry", "subscriber", s.name, "error", err)
-			s.tel.fail("", nil, 0, err)
-			return outcomeFailed
-		}
-		if !acquired {
-			r.known = -1
-			return outcomeSkipped
-		}
-		batch = b
+		r.known = -1
+		return outcomeSkipped // another replica holds the checkpoint
 	}
 	finished := false
 	defer func() {
@@ -391,31 +352,8 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 	}
 	last := events[len(events)-1].Position
 	if err := r.commit(bctx, hctx, batch, start, last); err != nil {
-		r.known = -1
 		batchErr = err
-		switch {
-		case errors.Is(err, ErrCheckpointMoved):
-			s.logger.Info("subscriber: checkpoint was reset during the batch; batch discarded", "subscriber", s.name, "error", err)
-			return outcomeMore
-		case !eventCaused(err):
-			s.logger.Error("subscriber: committing the batch failed; will retry", "subscriber", s.name, "position", last, "error", err)
-			s.tel.fail("", nil, 0, err)
-			return outcomeFailed
-		case len(events) > 1:
-			// One of the events made the commit fail: find it by running
-			// the batch again one event per transaction.
-			s.logger.Warn("subscriber: committing the batch failed; running its events one per transaction to find the failing one",
-				"subscriber", s.name, "from", events[0].Position, "to", last, "error", err)
-			r.isolateUntil = last
-			return outcomeMore
-		}
-		span.end(tctx, batchErr) // before the retry schedule, as above
-		n := r.attemptN
-		if !r.wrote.single(events[0].Position) {
-			n = 1
-		}
-		r.recordFailure(ctx, nil, start, events[0], n, err)
-		return r.failed(ctx, start, events[0], n, err, span.spanContext())
+		return r.commitFailed(ctx, tctx, span, start, events, err)
 	}
 	s.tel.committed(last)
 	s.tel.count(tctx, OutcomeHandled, len(events))
@@ -424,6 +362,70 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 		return outcomeMore
 	}
 	return outcomeIdle
+}
+
+// nextLimit is the next batch's size: the events before a failing one
+// (prefix), one while a failed commit's batch is isolated, else the batch
+// size. prefixCycle reports the first.
+func (r *runner) nextLimit() (limit int, prefixCycle bool) {
+	limit, prefixCycle = r.s.batchSize, r.prefix > 0
+	if prefixCycle {
+		limit, r.prefix = r.prefix, 0
+	}
+	if r.isolateUntil > r.known {
+		limit = 1
+	} else {
+		r.isolateUntil = 0
+	}
+	return limit, prefixCycle
+}
+
+// commitFailed handles the failed commit (err) of a batch whose handlers
+// all succeeded for events, the batch after start; span is the batch's.
+func (r *runner) commitFailed(ctx, tctx context.Context, span *batchSpan, start int64, events []domain.EventEnvelope[any], err error) outcome {
+	s := r.s
+	last := events[len(events)-1].Position
+	r.known = -1
+	switch {
+	case errors.Is(err, ErrCheckpointMoved):
+		s.logger.Info("subscriber: checkpoint was reset during the batch; batch discarded", "subscriber", s.name, "error", err)
+		return outcomeMore
+	case !eventCaused(err):
+		s.logger.Error("subscriber: committing the batch failed; will retry", "subscriber", s.name, "position", last, "error", err)
+		s.tel.fail("", nil, 0, err)
+		return outcomeFailed
+	case len(events) > 1:
+		// One of the events made the commit fail: find it by running
+		// the batch again one event per transaction.
+		s.logger.Warn("subscriber: committing the batch failed; running its events one per transaction to find the failing one",
+			"subscriber", s.name, "from", events[0].Position, "to", last, "error", err)
+		r.isolateUntil = last
+		return outcomeMore
+	}
+	// The batch is over: end its span and duration before the retry
+	// schedule (backoff sleeps, retry batches of their own).
+	span.end(tctx, err)
+	n := r.attemptN
+	if !r.wrote.single(events[0].Position) {
+		n = 1
+	}
+	r.recordFailure(ctx, nil, start, events[0], n, err)
+	return r.failed(ctx, start, events[0], n, err, span.spanContext())
+}
+
+// takePending clears r.pending, except on the prefix cycle that commits
+// the events before it, and returns it when first is its event: the event
+// then goes straight to failure handling.
+func (r *runner) takePending(first domain.EventEnvelope[any], prefixCycle bool) *pendingFailure {
+	p := r.pending
+	if p == nil || prefixCycle {
+		return nil
+	}
+	r.pending = nil
+	if first.ID != p.eventID || first.Position != p.position {
+		return nil
+	}
+	return p
 }
 
 // commit ends a batch whose handlers succeeded for the events in

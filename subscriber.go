@@ -115,9 +115,9 @@ type Subscriber struct {
 	// adapter (see batch_handler.go).
 	batchHandler BatchHandler
 
-	// pipelined is set when the checkpoint store can acquire and read the
-	// feed in one round trip for this event store (see pipelinedAcquirer).
-	pipelined pipelinedAcquirer
+	// acquirer reads the feed and acquires the checkpoint for the run loop
+	// (see acquirer); decided here, once, for these two stores.
+	acquirer acquirer
 
 	// attempts keeps the attempt counts: the checkpoint store when it
 	// can (attemptCounter), else this subscriber's memory.
@@ -179,9 +179,7 @@ func NewSubscriber(name string, events domain.EventStore, checkpoints Checkpoint
 	} else {
 		s.attempts = &localAttempts{}
 	}
-	if p, ok := s.checkpoints.(pipelinedAcquirer); ok && p.pipelines(undecorated(s.events)) {
-		s.pipelined = p
-	}
+	s.acquirer = newAcquirer(s.events, s.checkpoints)
 	return s, nil
 }
 

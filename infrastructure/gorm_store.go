@@ -13,6 +13,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/internal/dialect"
 	"github.com/eventfeed/subscriptions/internal/sqlerr"
 	"github.com/eventfeed/subscriptions/internal/sqliteconf"
 	"github.com/eventfeed/subscriptions/internal/sqlschema"
@@ -73,7 +74,7 @@ type GormEventStore struct {
 	// path).
 	portableOnly bool
 	notPgx       atomic.Bool // the pool's driver is not pgx: portable path
-	postgres     bool
+	dialect      *dialect.Dialect
 	lockKey      int64  // Postgres: the append lock's key
 	channel      string // Postgres: the NOTIFY channel
 	coalescer    appendCoalescer
@@ -93,16 +94,16 @@ func NewGormEventStore(db *gorm.DB, opts ...GormEventStoreOption) (*GormEventSto
 	if db == nil || db.Config == nil || db.Dialector == nil {
 		return nil, errors.New("infrastructure: NewGormEventStore: nil or unopened *gorm.DB (use gorm.Open)")
 	}
-	dialect := db.Name()
-	if dialect != sqlschema.Postgres && dialect != sqlschema.SQLite {
-		return nil, fmt.Errorf("infrastructure: NewGormEventStore: dialect %q: %w (use postgres or sqlite)", dialect, domain.ErrGlobalOrderingNotSupported)
+	d := dialect.Of(db)
+	if d == nil {
+		return nil, fmt.Errorf("infrastructure: NewGormEventStore: dialect %q: %w (use postgres or sqlite)", db.Name(), domain.ErrGlobalOrderingNotSupported)
 	}
 	cfg, err := newGormEventStoreConfig(opts)
 	if err != nil {
 		return nil, fmt.Errorf("infrastructure: NewGormEventStore: %w", err)
 	}
 	ctx := context.Background()
-	if dialect == sqlschema.SQLite {
+	if d == dialect.SQLite {
 		pool, err := db.DB()
 		if err != nil {
 			return nil, fmt.Errorf("infrastructure: NewGormEventStore: %w", err)
@@ -119,8 +120,8 @@ func NewGormEventStore(db *gorm.DB, opts ...GormEventStoreOption) (*GormEventSto
 	if err != nil {
 		return nil, fmt.Errorf("infrastructure: NewGormEventStore: %w", err)
 	}
-	s := &GormEventStore{db: db, postgres: dialect == sqlschema.Postgres, inTx: inTransaction(db), channel: cfg.channel}
-	if s.postgres {
+	s := &GormEventStore{db: db, dialect: d, inTx: inTransaction(db), channel: cfg.channel}
+	if d.AdvisoryLocks {
 		var qualified string
 		err := db.WithContext(ctx).Raw(`SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
 			FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -129,10 +130,11 @@ func NewGormEventStore(db *gorm.DB, opts ...GormEventStoreOption) (*GormEventSto
 			return nil, fmt.Errorf("infrastructure: resolve the events table's schema: %v", err)
 		}
 		s.lockKey = sqlschema.Key("append", qualified)
-		// On a caller's transaction every append must join it: the
-		// pipelined path would take a connection of its own and commit
-		// outside it.
-		if pool, err := db.DB(); err == nil && !s.inTx {
+	}
+	// On a caller's transaction every append must join it: the pipelined
+	// path would take a connection of its own and commit outside it.
+	if d.Pipelines && !s.inTx {
+		if pool, err := db.DB(); err == nil {
 			s.pool = pool
 		}
 	}
@@ -169,15 +171,15 @@ func (s *GormEventStore) Append(ctx context.Context, aggregateID string, expecte
 	}
 	// The pipelined Postgres path when the pool is pgx's (the
 	// gorm.io/driver/postgres default), the portable one otherwise.
-	if s.postgres && s.pool != nil && !s.portableOnly && !s.notPgx.Load() {
+	if s.pool != nil && !s.portableOnly && !s.notPgx.Load() {
 		err := s.appendPipelined(ctx, aggregateID, expectedVersion, events, given)
 		if !errors.Is(err, errNotPgx) {
 			return err
 		}
 		s.notPgx.Store(true)
 	}
-	err = s.appendOnce(ctx, aggregateID, expectedVersion, events, s.postgres)
-	if s.postgres && isNotifyFailure(err) {
+	err = s.appendOnce(ctx, aggregateID, expectedVersion, events, s.dialect.Notify)
+	if s.dialect.Notify && isNotifyFailure(err) {
 		// A full notification queue must not fail the append: notifications
 		// are wake-ups, and subscribers poll anyway. (On a caller's
 		// transaction the NOTIFY is queued until the caller's COMMIT, which
@@ -251,13 +253,9 @@ func (s *GormEventStore) appendOnce(ctx context.Context, aggregateID string, exp
 	// the lock must see every append committed before the lock was granted.
 	// Under a stricter default_transaction_isolation the snapshot would be
 	// taken before the lock (duplicate positions), or appends would fail
-	// with serialization errors, so the level is set explicitly.
-	var opts []*sql.TxOptions
-	if s.postgres {
-		opts = append(opts, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
-	}
+	// with serialization errors, so the level is set explicitly (dialect.TxOptions).
 	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		if s.postgres && s.inTx {
+		if s.inTx && s.dialect.TxOptions() != nil {
 			// The caller's transaction chose its isolation level. Only READ
 			// COMMITTED reads, after the lock, every append committed
 			// before it; under a snapshot taken earlier the append would
@@ -270,17 +268,9 @@ func (s *GormEventStore) appendOnce(ctx context.Context, aggregateID string, exp
 				return fmt.Errorf("the caller's transaction runs at isolation level %q; appending inside a transaction needs READ COMMITTED (begin it with &sql.TxOptions{Isolation: sql.LevelReadCommitted})", level)
 			}
 		}
-		if s.postgres {
-			if err := tx.Exec("SELECT pg_advisory_xact_lock(?)", s.lockKey).Error; err != nil {
-				return fmt.Errorf("take append lock: %w", err)
-			}
-		} else {
-			// Take SQLite's write lock before reading, whatever the DSN's
-			// transaction mode: a read transaction that later writes can be
-			// refused with "database is locked" instead of waiting.
-			if err := tx.Exec("UPDATE events SET position = position WHERE 0").Error; err != nil {
-				return fmt.Errorf("take write lock: %w", err)
-			}
+		lock, args, what := s.dialect.WriteLock(s.lockKey)
+		if err := tx.Exec(lock, args...).Error; err != nil {
+			return fmt.Errorf("take %s: %w", what, err)
 		}
 		// In its own statement, after the lock: its snapshot then includes
 		// every append that committed before ours took the lock.
@@ -310,10 +300,10 @@ func (s *GormEventStore) appendOnce(ctx context.Context, aggregateID string, exp
 		if err != nil {
 			return err
 		}
-		for _, chunk := range insertStatements(prepared, heads.Position, s.postgres, false) {
+		for _, chunk := range insertStatements(prepared, heads.Position, s.dialect.JSONB, false) {
 			if err := tx.Exec(chunk.sql, chunk.args...).Error; err != nil {
 				err = s.insertError(aggregateID, err)
-				if !s.postgres {
+				if s.dialect == dialect.SQLite {
 					err = duplicateIDError(tx, aggregateID, prepared, err)
 				}
 				return err
@@ -328,7 +318,7 @@ func (s *GormEventStore) appendOnce(ctx context.Context, aggregateID string, exp
 			}
 		}
 		return nil
-	}, opts...)
+	}, s.dialect.TxOptionsList()...)
 	if err == nil || errors.Is(err, domain.ErrInvalidEvent) || errors.Is(err, domain.ErrConcurrencyConflict) ||
 		errors.Is(err, domain.ErrAlreadyAppended) || errors.As(err, new(notifyError)) {
 		return err
@@ -520,10 +510,7 @@ func (s *GormEventStore) GetEventsByTransactionID(ctx context.Context, transacti
 	}
 	// Aggregate IDs sort by their bytes, as in MemoryStore, whatever the
 	// database's collation (SQLite's default, BINARY, already does).
-	order := "ORDER BY aggregate_id, sequence_no"
-	if s.postgres {
-		order = `ORDER BY aggregate_id COLLATE "C", sequence_no`
-	}
+	order := "ORDER BY aggregate_id" + s.dialect.Bytewise() + ", sequence_no"
 	return s.query(ctx, fmt.Sprintf("read transaction %q", transactionID),
 		"WHERE transaction_id = ? "+order, transactionID)
 }

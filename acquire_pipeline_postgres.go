@@ -16,30 +16,47 @@ import (
 	"github.com/eventfeed/subscriptions/internal/pgxconn"
 )
 
-// errNoPipeline tells the subscriber to take the ordinary path (read the
-// feed, then Acquire) for this cycle.
+// errNoPipeline is acquireAndRead's "take the ordinary path" answer.
 var errNoPipeline = errors.New("pipelined acquire not available")
 
-// pipelinedAcquirer is implemented by checkpoint stores that can begin a
-// batch, lock the checkpoint and read the feed in one network round trip.
-// It is an optimisation of the wake-up path only: the ordinary path is
-// always correct, and any errNoPipeline falls back to it.
-type pipelinedAcquirer interface {
-	// pipelines reports whether events shares the store's database, so
-	// that the feed can be read inside the batch's own connection.
-	pipelines(events domain.EventStore) bool
-	// acquireAndRead begins a batch and reads up to limit events after
-	// after on the batch's connection. acquired=false with a nil error
-	// means the checkpoint is held elsewhere; errNoPipeline means "use the
-	// ordinary path".
-	acquireAndRead(ctx context.Context, subscriber string, after int64, limit int) (Batch, []domain.EventEnvelope[any], error)
+// pipelinedAcquirer is the acquirer of a GormCheckpointStore on Postgres
+// whose event store shares its pool: it begins the batch, locks the
+// checkpoint and reads the feed in one network round trip
+// (acquireAndRead). It is an optimisation of the wake-up and catch-up
+// path only: timed polls, and any errNoPipeline, take fallback (the
+// ordinary path), which is always correct. Safe for concurrent use.
+type pipelinedAcquirer struct {
+	store    *GormCheckpointStore
+	fallback acquirer
 }
 
-var _ pipelinedAcquirer = (*GormCheckpointStore)(nil)
+var _ acquirerSource = (*GormCheckpointStore)(nil)
 
+// acquirerFor offers the pipelined acquirer when events is read through
+// this store's own pool (see pipelines); nil otherwise.
+func (g *GormCheckpointStore) acquirerFor(events domain.EventStore, fallback acquirer) acquirer {
+	if !g.pipelines(events) {
+		return nil
+	}
+	return &pipelinedAcquirer{store: g, fallback: fallback}
+}
+
+func (p *pipelinedAcquirer) acquireAfter(ctx context.Context, subscriber string, after int64, limit int, expectWork bool) (Batch, []domain.EventEnvelope[any], error) {
+	if !expectWork {
+		return p.fallback.acquireAfter(ctx, subscriber, after, limit, expectWork)
+	}
+	batch, events, err := p.store.acquireAndRead(context.WithoutCancel(ctx), subscriber, after, limit)
+	if errors.Is(err, errNoPipeline) {
+		return p.fallback.acquireAfter(ctx, subscriber, after, limit, expectWork)
+	}
+	return batch, events, err
+}
+
+// pipelines reports whether events shares the store's database, so that
+// the feed can be read inside the batch's own connection.
 func (g *GormCheckpointStore) pipelines(events domain.EventStore) bool {
 	store, ok := events.(*infrastructure.GormEventStore)
-	if !ok || !g.postgres {
+	if !ok || !g.dialect.Pipelines {
 		return false
 	}
 	pool, err := store.DB().DB()

@@ -1,0 +1,176 @@
+// Package dialect is the module's one seam between its database code and
+// the engines it supports, Postgres and SQLite: the SQL text that differs
+// between them and what each can do. The root package and package
+// infrastructure ask a *Dialect instead of testing the engine's name, the
+// way river's driver interface keeps SQL out of its core; where the two
+// engines need different algorithms (row locks across processes against
+// serialized writers in one process), the callers branch on a capability,
+// never on a name. Errors are classified in package sqlerr.
+//
+// A *Dialect is immutable and safe for concurrent use.
+package dialect
+
+import (
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/eventfeed/subscriptions/internal/sqlschema"
+)
+
+// Dialect is one engine's SQL and capabilities. Postgres and SQLite are
+// the only values.
+type Dialect struct {
+	// Name is gorm.DB.Name() for the engine.
+	Name string
+	// RowLocks: rows can be locked with SELECT ... FOR UPDATE [SKIP
+	// LOCKED], so processes sharing the database coordinate through them
+	// (replicas, replays), and a statement can be cancelled on the server.
+	// Without them (SQLite) writers are serialized by the database's write
+	// lock and coordination is in process.
+	RowLocks bool
+	// Notify: LISTEN/NOTIFY wake-ups exist (pg_notify in the append's
+	// transaction).
+	Notify bool
+	// AdvisoryLocks: transaction-scoped advisory locks exist; appends
+	// serialize through one keyed by the events table (see WriteLock).
+	AdvisoryLocks bool
+	// Pipelines: the driver (pgx) can send several statements in one round
+	// trip, which the acquire and append pipelines use when the pool is
+	// pgx's.
+	Pipelines bool
+	// JSONB: the JSON columns are jsonb, and a text parameter bound to one
+	// needs a cast.
+	JSONB bool
+	// HashedParkedKeys: parked_events is reached through digest columns
+	// (key, subscriber_key; Postgres' index entries are size-limited),
+	// filled in by a trigger; see ParkedKey and ParkedSubscriber.
+	HashedParkedKeys bool
+
+	txOptions *sql.TxOptions
+	forUpdate string
+	bytewise  string
+}
+
+var (
+	// Postgres is the Postgres dialect.
+	Postgres = &Dialect{
+		Name:             sqlschema.Postgres,
+		RowLocks:         true,
+		Notify:           true,
+		AdvisoryLocks:    true,
+		Pipelines:        true,
+		JSONB:            true,
+		HashedParkedKeys: true,
+		// Row locking with SKIP LOCKED, the compare-and-set commit, and
+		// the append's read after its lock are designed for READ
+		// COMMITTED: set whatever the server's default_transaction_isolation.
+		txOptions: &sql.TxOptions{Isolation: sql.LevelReadCommitted},
+		forUpdate: " FOR UPDATE",
+		bytewise:  ` COLLATE "C"`,
+	}
+	// SQLite is the SQLite dialect.
+	SQLite = &Dialect{Name: sqlschema.SQLite}
+)
+
+// Of returns the dialect of db (by gorm.DB.Name()), nil for an engine the
+// module does not support.
+func Of(db *gorm.DB) *Dialect {
+	switch db.Name() {
+	case sqlschema.Postgres:
+		return Postgres
+	case sqlschema.SQLite:
+		return SQLite
+	}
+	return nil
+}
+
+// TxOptions are the options the module's own transactions begin with (nil:
+// the driver's defaults).
+func (d *Dialect) TxOptions() *sql.TxOptions { return d.txOptions }
+
+// TxOptionsList is TxOptions as gorm.DB.Transaction's variadic argument.
+func (d *Dialect) TxOptionsList() []*sql.TxOptions {
+	if d.txOptions == nil {
+		return nil
+	}
+	return []*sql.TxOptions{d.txOptions}
+}
+
+// ForUpdate is the clause that locks the rows a SELECT reads until the
+// transaction ends, "" where writers are serialized anyway (SQLite).
+func (d *Dialect) ForUpdate() string { return d.forUpdate }
+
+// Bytewise is the collation clause that orders a text column by its bytes
+// (appended to the column in ORDER BY); "" where that is the default.
+func (d *Dialect) Bytewise() string { return d.bytewise }
+
+// WriteLock is the statement an append takes its lock with, before it
+// reads the feed head, its arguments, and what it takes (for errors): a
+// transaction-scoped advisory lock on key (AdvisoryLocks), or else the
+// database's write lock, taken at once whatever the DSN's transaction mode
+// (on SQLite a read transaction that later writes could be refused with
+// "database is locked" instead of waiting).
+func (d *Dialect) WriteLock(key int64) (query string, args []any, what string) {
+	if d.AdvisoryLocks {
+		return "SELECT pg_advisory_xact_lock(?)", []any{key}, "append lock"
+	}
+	return "UPDATE events SET position = position WHERE 0", nil, "write lock"
+}
+
+// ParkedKey selects one parked_events row through the table's key index.
+func (d *Dialect) ParkedKey(subscriber, eventID string) (where string, args []any) {
+	if d.HashedParkedKeys {
+		return "key = decode(?, 'hex') AND subscriber = ? AND event_id = ?", []any{digest(subscriber + "\x00" + eventID), subscriber, eventID}
+	}
+	return "subscriber = ? AND event_id = ?", []any{subscriber, eventID}
+}
+
+// ParkedSubscriber selects one subscriber's parked_events rows through the
+// table's subscriber index.
+func (d *Dialect) ParkedSubscriber(subscriber string) (where string, args []any) {
+	if d.HashedParkedKeys {
+		return "subscriber_key = decode(?, 'hex') AND subscriber = ?", []any{digest(subscriber), subscriber}
+	}
+	return "subscriber = ?", []any{subscriber}
+}
+
+// ParkedRow is one parked_events row to write.
+type ParkedRow struct {
+	Subscriber, EventID, EventType string
+	Position                       int64
+	Error                          string
+	Attempts                       int
+	ParkedAt                       time.Time // UTC
+	AggregateID                    string
+}
+
+// ParkUpsert is the statement that parks row, or updates the row already
+// parked for the same event.
+func (d *Dialect) ParkUpsert(row ParkedRow) (string, []any) {
+	const update = ` DO UPDATE SET event_type = excluded.event_type, position = excluded.position,
+				error = excluded.error, attempts = excluded.attempts, parked_at = excluded.parked_at, aggregate_id = excluded.aggregate_id`
+	if d.HashedParkedKeys {
+		return `INSERT INTO parked_events (key, subscriber_key, subscriber, event_id, event_type, position, error, attempts, parked_at, aggregate_id)
+			VALUES (decode(?, 'hex'), decode(?, 'hex'), ?, ?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (key)` + update,
+			[]any{digest(row.Subscriber + "\x00" + row.EventID), digest(row.Subscriber), row.Subscriber, row.EventID,
+				row.EventType, row.Position, row.Error, row.Attempts, row.ParkedAt, row.AggregateID}
+	}
+	return `INSERT INTO parked_events (subscriber, event_id, event_type, position, error, attempts, parked_at, aggregate_id)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (subscriber, event_id)` + update,
+		[]any{row.Subscriber, row.EventID, row.EventType, row.Position, row.Error, row.Attempts, row.ParkedAt, row.AggregateID}
+}
+
+// digest is a parked_events digest column's value, hex-encoded (GORM would
+// expand a []byte argument into a list): SHA-256 of the subscriber name,
+// or of the subscriber name and the event ID separated by a NUL (which
+// neither may contain).
+func digest(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
