@@ -2,6 +2,7 @@ package subscriptions
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -382,19 +383,32 @@ func (g *GormCheckpointStore) failAttempt(ctx context.Context, batch Batch, subs
 	}
 	if b != nil && !g.dialect.RowLocks {
 		// The batch holds SQLite's write lock: end its transaction, write
-		// in a transaction of its own, and only then let other batches in.
+		// on its pinned connection in a statement of its own (the pool may
+		// have no other connection), and only then let other batches in.
 		defer b.release()
 		b.finished = true
 		b.abortMu.Lock()
 		aborted := b.aborted
+		var conn *sql.Conn
 		if !aborted {
-			b.tx.Rollback()
+			rerr := b.tx.Rollback().Error
 			b.aborted = true // nothing left for a Reset to end
+			conn, b.conn = b.conn, nil
+			if rerr != nil && conn != nil {
+				cleanSQLiteConn(conn)
+			}
 		}
 		b.abortMu.Unlock()
 		if aborted {
 			return nil // a Reset moved the checkpoint: nothing to record
 		}
+		if conn == nil {
+			return failAttemptRow(g.db.WithContext(ctx), subscriber, rec)
+		}
+		defer conn.Close()
+		db := g.db.Session(&gorm.Session{NewDB: true, Context: ctx})
+		db.Statement.ConnPool = conn
+		return failAttemptRow(db, subscriber, rec)
 	}
 	var err error
 	if b != nil && g.dialect.RowLocks {

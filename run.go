@@ -320,6 +320,7 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 				// Run the events one per transaction to find the culprit.
 				s.logger.Warn("subscriber: the batch transaction had failed before this event's handler; running its events one per transaction to find the failing one",
 					append(s.eventAttrs(ev), "from", events[0].Position, "error", err)...)
+				r.rollback(batch)
 				r.isolateUntil = ev.Position
 				return outcomeMore
 			}
