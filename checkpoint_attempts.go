@@ -70,6 +70,9 @@ type attemptCounter interface {
 	// starts before the failure is recorded (so the next attempt, by any
 	// replica, sees it). batch is ended even when the error is not nil.
 	failAttempt(ctx context.Context, batch Batch, subscriber string, rec attemptRecord) error
+	// hasAttempt reports whether a record of an attempt from position is
+	// there, read in batch's transaction (nothing committed).
+	hasAttempt(ctx context.Context, batch Batch, subscriber string, position int64) (bool, error)
 	// clearAttempt removes the subscriber's record as part of batch: it is
 	// gone once the batch commits, and kept if it rolls back.
 	clearAttempt(ctx context.Context, batch Batch, subscriber string) error
@@ -130,6 +133,13 @@ func (t *attemptTable) fail(subscriber string, rec attemptRecord) {
 	t.put(subscriber, rec)
 }
 
+func (t *attemptTable) has(subscriber string, position int64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	rec, ok := t.records[subscriber]
+	return ok && rec.position == position
+}
+
 func (t *attemptTable) clear(subscriber string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -163,6 +173,10 @@ func rollbackIf(batch Batch) error {
 		return nil
 	}
 	return batch.Rollback()
+}
+
+func (l *localAttempts) hasAttempt(_ context.Context, _ Batch, subscriber string, position int64) (bool, error) {
+	return l.t.has(subscriber, position), nil
 }
 
 func (l *localAttempts) clearAttempt(_ context.Context, _ Batch, subscriber string) error {
@@ -220,6 +234,13 @@ func (f *fallbackAttempts) failAttempt(ctx context.Context, batch Batch, subscri
 	return err
 }
 
+func (f *fallbackAttempts) hasAttempt(ctx context.Context, batch Batch, subscriber string, position int64) (bool, error) {
+	if f.local.t.has(subscriber, position) {
+		return true, nil
+	}
+	return f.store.hasAttempt(ctx, batch, subscriber, position)
+}
+
 func (f *fallbackAttempts) clearAttempt(ctx context.Context, batch Batch, subscriber string) error {
 	_ = f.local.clearAttempt(ctx, batch, subscriber) // never fails
 	return f.store.clearAttempt(ctx, batch, subscriber)
@@ -242,6 +263,10 @@ func (m *MemoryCheckpointStore) putAttempt(_ context.Context, _ Batch, subscribe
 func (m *MemoryCheckpointStore) failAttempt(_ context.Context, batch Batch, subscriber string, rec attemptRecord) error {
 	m.attempts.fail(subscriber, rec)
 	return rollbackIf(batch)
+}
+
+func (m *MemoryCheckpointStore) hasAttempt(_ context.Context, _ Batch, subscriber string, position int64) (bool, error) {
+	return m.attempts.has(subscriber, position), nil
 }
 
 func (m *MemoryCheckpointStore) clearAttempt(_ context.Context, batch Batch, subscriber string) error {
@@ -437,6 +462,18 @@ func failAttemptRow(db *gorm.DB, subscriber string, rec attemptRecord) error {
 		return fmt.Errorf("subscriptions: record the failure of event %q of %q: %w", rec.eventID, subscriber, err)
 	}
 	return nil
+}
+
+func (g *GormCheckpointStore) hasAttempt(ctx context.Context, batch Batch, subscriber string, position int64) (bool, error) {
+	b, ok := batch.(*gormBatch)
+	if !ok || b.store != g {
+		return false, fmt.Errorf("subscriptions: read the attempt record of %q: not a batch of this store", subscriber)
+	}
+	var found []int
+	if err := b.tx.WithContext(ctx).Raw("SELECT 1 FROM subscriber_attempts WHERE subscriber = ? AND position = ?", subscriber, position).Scan(&found).Error; err != nil {
+		return false, fmt.Errorf("subscriptions: read the attempt record of %q: %w", subscriber, err)
+	}
+	return len(found) > 0, nil
 }
 
 func (g *GormCheckpointStore) clearAttempt(ctx context.Context, batch Batch, subscriber string) error {

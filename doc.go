@@ -40,8 +40,9 @@
 // It is parked after 1 + WithMaxRetries attempts in all: the checkpoint
 // store counts each attempt before it runs, so replicas and restarts
 // continue one count, and an event whose handler crashes the process is
-// parked too, without running again (docs/design.md, "Attempt counts",
-// says how, and what a CheckpointStore of your own gets).
+// parked too, without running again, after one uncounted first crash
+// (docs/design.md, "Attempt counts", says how, why the first crash is not
+// counted, and what a CheckpointStore of your own gets).
 // Parked events are listed with ListParked and re-run with ReplayParked;
 // a replay started while another replay of the same event runs is refused
 // with ErrReplayInProgress, on every ParkingLot, so the handler runs once

@@ -203,7 +203,7 @@ func (s *Subscriber) runPartitioned(ctx context.Context) error {
 	names := s.partitionNames()
 	for p := range ps.parts {
 		child := s.partitionChild(names[p], p)
-		r := &runner{s: child, timer: time.NewTimer(time.Hour), known: -1, drain: drain}
+		r := &runner{s: child, timer: time.NewTimer(time.Hour), known: -1, ownedAt: -1, drain: drain}
 		r.timer.Stop()
 		defer r.timer.Stop()
 		ps.parts[p] = &partitionState{r: r, seen: -1}

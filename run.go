@@ -80,7 +80,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 
 	drain, stopDrain := s.drainContext(ctx)
 	defer stopDrain()
-	r := &runner{s: s, wake: s.wake, timer: time.NewTimer(time.Hour), known: -1, drain: drain}
+	r := &runner{s: s, wake: s.wake, timer: time.NewTimer(time.Hour), known: -1, ownedAt: -1, drain: drain}
 	r.timer.Stop()
 	defer r.timer.Stop()
 
@@ -172,7 +172,13 @@ type runner struct {
 	// its first event (countAttempt); clearOnCommit is set when that is a
 	// retry, whose record the batch's commit removes. wrote is the last
 	// attempt record this runner wrote.
-	attemptN      int
+	attemptN int
+	// ownedAt is the checkpoint this runner's last batch committed, while
+	// nothing else happened since (-1 otherwise): a batch from there skips
+	// the committed attempt record (see countAttempt). clean marks a batch
+	// in flight that continues no earlier attempt.
+	ownedAt       int64
+	clean         bool
 	clearOnCommit bool
 	wrote         attemptRecord
 }
@@ -441,6 +447,18 @@ func (r *runner) takePending(first domain.EventEnvelope[any], prefixCycle bool) 
 // logged, and the entry stays until a later delivery or replay removes it
 // (see doc.go). batch is ended either way.
 func (r *runner) commit(bctx, hctx context.Context, batch Batch, start, last int64) error {
+	err := r.commitBatch(bctx, hctx, batch, start, last)
+	if err == nil && r.clean {
+		r.ownedAt = last
+	} else {
+		r.ownedAt = -1
+	}
+	r.clean = false
+	return err
+}
+
+// commitBatch is commit without the ownedAt bookkeeping.
+func (r *runner) commitBatch(bctx, hctx context.Context, batch Batch, start, last int64) error {
 	if r.clearOnCommit {
 		r.clearOnCommit = false
 		if err := r.s.attempts.clearAttempt(hctx, batch, r.s.name); err != nil {

@@ -42,6 +42,26 @@ func (r *runner) countAttempt(bctx context.Context, batch Batch, start int64, ev
 		r.wrote = pending
 		return 0, true
 	}
+	r.clean = false
+	if start == r.ownedAt && r.pending == nil && start >= r.isolateUntil {
+		// This runner committed the checkpoint to start itself, in a batch
+		// with no failure. Unless another replica's attempt from here left
+		// a record (a read in the batch's transaction, no commit), the
+		// committed record is skipped, to keep its round trip and flush off
+		// the steady path (the wake latency). The price: an event that
+		// kills the process in such a batch runs once uncounted; every
+		// attempt after that (the first batch of a restart, any retry) is
+		// counted. See docs/design.md, "Attempt counts".
+		has, err := s.attempts.hasAttempt(bctx, batch, s.name, start)
+		if err != nil {
+			return r.attemptNotCounted(batch, first, err), false
+		}
+		r.ownedAt = -1 // set again when this batch commits
+		if !has {
+			r.wrote, r.clean = attemptRecord{}, true
+			return 0, true
+		}
+	}
 	prev, found, err := s.attempts.beginAttempt(bctx, batch, s.name, rec)
 	if err != nil {
 		return r.attemptNotCounted(batch, first, err), false
@@ -49,6 +69,7 @@ func (r *runner) countAttempt(bctx context.Context, batch Batch, start int64, ev
 	own := r.wrote
 	r.wrote = rec
 	if !found {
+		r.clean = r.pending == nil && start >= r.isolateUntil
 		return 0, true
 	}
 	if prev.attempts == 0 {
@@ -141,7 +162,7 @@ func (r *runner) attemptNotCounted(batch Batch, ev domain.EventEnvelope[any], er
 func (r *runner) recordFailure(ctx context.Context, batch Batch, start int64, ev domain.EventEnvelope[any], n int, err error) {
 	s := r.s
 	rec := attemptRecord{position: start, eventID: ev.ID, through: ev.Position, attempts: n, lastError: err.Error()}
-	r.wrote = rec
+	r.wrote, r.clean = rec, false
 	if ferr := s.attempts.failAttempt(context.WithoutCancel(ctx), batch, s.name, rec); ferr != nil {
 		s.logger.Warn("subscriber: recording the failed attempt failed", append(s.eventAttrs(ev), "attempt", n, "error", ferr)...)
 	}
