@@ -499,6 +499,26 @@ func retryWaitRetrying(t *testing.T, e *env, sub *subscriptions.Subscriber, id s
 	}, 30*time.Second, 5*time.Millisecond)
 }
 
+// retryPoisonFeed creates the projection (on a database) and appends
+// nBefore events, a poison event whose handler always fails, and nAfter
+// events; it returns the feed, the probe of the handler's calls and the
+// handler.
+func retryPoisonFeed(t *testing.T, e *env, nBefore, nAfter int) (before []string, poison domain.EventEnvelope[any], after []string, probe *parkProbe, h subscriptions.Handler) {
+	t.Helper()
+	if e.DB != nil {
+		createProjection(t, e.DB, parkProjection)
+	}
+	before, poison, after = parkFeed(t, e, nBefore, nAfter)
+	probe = newParkProbe()
+	h = parkHandler(e, probe, func(ev domain.EventEnvelope[any], _ int) error {
+		if ev.ID == poison.ID {
+			return errParkPoison
+		}
+		return nil
+	})
+	return before, poison, after, probe, h
+}
+
 // TestRetryCountSharedByReplicas: two replicas of one subscriber attempt
 // a poison event 1 + WithMaxRetries times in all, not each, then it is
 // parked; every other event is handled once.
@@ -507,17 +527,7 @@ func TestRetryCountSharedByReplicas(t *testing.T) {
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
-			if e.DB != nil {
-				createProjection(t, e.DB, parkProjection)
-			}
-			before, poison, after := parkFeed(t, e, 2, 2)
-			probe := newParkProbe()
-			h := parkHandler(e, probe, func(ev domain.EventEnvelope[any], _ int) error {
-				if ev.ID == poison.ID {
-					return errParkPoison
-				}
-				return nil
-			})
+			before, poison, after, probe, h := retryPoisonFeed(t, e, 2, 2)
 			var subs []*subscriptions.Subscriber
 			for range 2 {
 				sub := parkSubscriber(t, e, "retry-replicas", h,
@@ -546,17 +556,7 @@ func TestRetryCountSurvivesRestart(t *testing.T) {
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
-			if e.DB != nil {
-				createProjection(t, e.DB, parkProjection)
-			}
-			_, poison, _ := parkFeed(t, e, 1, 1)
-			probe := newParkProbe()
-			h := parkHandler(e, probe, func(ev domain.EventEnvelope[any], _ int) error {
-				if ev.ID == poison.ID {
-					return errParkPoison
-				}
-				return nil
-			})
+			_, poison, _, probe, h := retryPoisonFeed(t, e, 1, 1)
 			newSub := func(backoff time.Duration) *subscriptions.Subscriber {
 				return parkSubscriber(t, e, "retry-restart", h,
 					subscriptions.WithParkingLot(e.Parking),
@@ -726,17 +726,7 @@ func TestRetryResetClearsCount(t *testing.T) {
 		for _, b := range envBackends() {
 			t.Run(rs.name+"/"+b.Name, func(t *testing.T) {
 				e := b.New(t)
-				if e.DB != nil {
-					createProjection(t, e.DB, parkProjection)
-				}
-				_, poison, _ := parkFeed(t, e, 0, 1)
-				probe := newParkProbe()
-				h := parkHandler(e, probe, func(ev domain.EventEnvelope[any], _ int) error {
-					if ev.ID == poison.ID {
-						return errParkPoison
-					}
-					return nil
-				})
+				_, poison, _, _, h := retryPoisonFeed(t, e, 0, 1)
 				sub := parkSubscriber(t, e, "retry-reset", h,
 					subscriptions.WithParkingLot(e.Parking),
 					subscriptions.WithMaxRetries(5),
@@ -759,17 +749,7 @@ func TestRetryHaltedCountInStatus(t *testing.T) {
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
-			if e.DB != nil {
-				createProjection(t, e.DB, parkProjection)
-			}
-			_, poison, _ := parkFeed(t, e, 0, 2)
-			probe := newParkProbe()
-			h := parkHandler(e, probe, func(ev domain.EventEnvelope[any], _ int) error {
-				if ev.ID == poison.ID {
-					return errParkPoison
-				}
-				return nil
-			})
+			_, poison, _, probe, h := retryPoisonFeed(t, e, 0, 2)
 			for life := 1; life <= 3; life++ {
 				sub := parkSubscriber(t, e, "retry-halted", h, subscriptions.WithPollInterval(time.Hour))
 				r := start(t, sub)
