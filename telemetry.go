@@ -339,7 +339,46 @@ type batchSpan struct {
 	// the figures; both are decided once per batch, so that an application
 	// without an SDK pays nothing per event but a function call.
 	recording, timed bool
-	ended            bool // end is idempotent
+	ended            bool          // end is idempotent
+	spans            *handlerSpans // when recording
+}
+
+// handlerSpans is what a recording batch keeps for its handler spans: the
+// start options, built once per batch and refilled per event (the API
+// copies attributes into each span's own configuration, so the buffer can
+// be reused), and the spans whose handlers have returned, ended together
+// when the batch ends (see batchSpan.end). Run's goroutine alone uses it.
+type handlerSpans struct {
+	attrs [5]attribute.KeyValue
+	opts  [3]trace.SpanStartOption // kind, attributes (over attrs), a link
+	// done are the spans whose handlers have returned, and ends their end
+	// options (the time the handler returned): End is given ends[i:i+1],
+	// not a slice of its own per span.
+	done []trace.Span
+	ends []trace.SpanEndOption
+}
+
+func newHandlerSpans(t *telemetry, events int) *handlerSpans {
+	hs := &handlerSpans{done: make([]trace.Span, 0, events), ends: make([]trace.SpanEndOption, 0, events)}
+	hs.attrs[0] = AttrSubscriber.String(t.name)
+	hs.opts[0] = trace.WithSpanKind(trace.SpanKindConsumer)
+	hs.opts[1] = trace.WithAttributes(hs.attrs[:]...)
+	return hs
+}
+
+// startOptions fills the options for ev's handler span, a link to its
+// append included when there is one. The result is valid until the next
+// call.
+func (hs *handlerSpans) startOptions(ev *domain.EventEnvelope[any], attempt int) []trace.SpanStartOption {
+	hs.attrs[1] = AttrEventID.String(ev.ID)
+	hs.attrs[2] = AttrEventType.String(ev.EventType)
+	hs.attrs[3] = AttrEventPosition.Int64(ev.Position)
+	hs.attrs[4] = AttrAttempt.Int(attempt)
+	opts := hs.opts[:2]
+	if sc := appendSpanContext(*ev); sc.IsValid() {
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
+	}
+	return opts
 }
 
 // startBatch starts a batch's span and clock. attempt is 0 for an
@@ -377,6 +416,7 @@ func (t *telemetry) startBatch(ctx context.Context, events []domain.EventEnvelop
 			attrs = append(attrs, AttrAttempt.Int(attempt))
 		}
 		b.span.SetAttributes(attrs...)
+		b.spans = newHandlerSpans(t, len(events))
 	}
 	return ctx, b
 }
@@ -389,10 +429,19 @@ func (b *batchSpan) spanContext() trace.SpanContext {
 	return b.span.SpanContext()
 }
 
-// end ends the batch span (recording err, if any) and its duration. Only
-// the first call counts: a batch that fails on its first event is ended
-// as soon as it is rolled back, before the retry schedule, and its
-// deferred end then does nothing.
+// end ends the batch's handler spans and then the batch span (recording
+// err, if any), and records its duration. Only the first call counts: a
+// batch that fails on its first event is ended as soon as it is rolled
+// back, before the retry schedule, and its deferred end then does nothing.
+//
+// The handler spans are ended here, together, each with the time its
+// handler returned, rather than one by one as the handlers return: an
+// SDK's batch span processor hands every ended span to a goroutine of its
+// own, and ending one between two database round trips, while the process
+// is otherwise idle, wakes an idle thread for each span (measured at
+// about 25 µs of CPU per event on Postgres, against 1 µs for the same
+// span ended in a busy loop). The exported spans are the same; they reach
+// the processor when their batch ends instead of when their handler does.
 func (b *batchSpan) end(ctx context.Context, err error) {
 	if b.t.off || b.ended {
 		return
@@ -400,6 +449,14 @@ func (b *batchSpan) end(ctx context.Context, err error) {
 	b.ended = true
 	if !b.start.IsZero() {
 		b.t.batchDuration.Record(ctx, time.Since(b.start).Seconds(), b.t.record...)
+	}
+	if b.spans != nil {
+		hs := b.spans
+		for i, span := range hs.done {
+			span.End(hs.ends[i : i+1]...)
+			hs.done[i], hs.ends[i] = nil, nil
+		}
+		hs.done, hs.ends = hs.done[:0], hs.ends[:0]
 	}
 	if b.recording && err != nil {
 		b.span.RecordError(err)
@@ -416,10 +473,14 @@ func (b *batchSpan) handle(ctx context.Context, h Handler, ev domain.EventEnvelo
 	if b.t.off || !b.recording && !b.timed {
 		return h(ctx, ev)
 	}
-	return b.t.handle(ctx, b.recording, SpanHandle, h, ev, attempt, wokenAt)
+	return b.t.handle(ctx, b, SpanHandle, h, ev, attempt, wokenAt)
 }
 
-func (t *telemetry) handle(ctx context.Context, recording bool, name string, h Handler, ev domain.EventEnvelope[any], attempt int, wokenAt time.Time) error {
+// handle runs h under a span named name when batch is nil (a replay) or
+// records (the span then waits for the batch's end, see batchSpan.end), and
+// times it when the histograms take the figures.
+func (t *telemetry) handle(ctx context.Context, batch *batchSpan, name string, h Handler, ev domain.EventEnvelope[any], attempt int, wokenAt time.Time) error {
+	recording := batch == nil || batch.recording
 	var start time.Time
 	if t.handlerDuration.Enabled(ctx) || (!wokenAt.IsZero() && t.wakeDuration.Enabled(ctx)) {
 		start = time.Now()
@@ -429,13 +490,13 @@ func (t *telemetry) handle(ctx context.Context, recording bool, name string, h H
 	}
 	var span trace.Span
 	if recording {
-		opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
-			AttrSubscriber.String(t.name), AttrEventID.String(ev.ID), AttrEventType.String(ev.EventType),
-			AttrEventPosition.Int64(ev.Position), AttrAttempt.Int(attempt))}
-		if sc := appendSpanContext(ev); sc.IsValid() {
-			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
+		var spans *handlerSpans
+		if batch != nil {
+			spans = batch.spans
+		} else {
+			spans = newHandlerSpans(t, 0) // a replay: one span
 		}
-		ctx, span = t.tracer.Start(ctx, name, opts...)
+		ctx, span = t.tracer.Start(ctx, name, spans.startOptions(&ev, attempt)...)
 	}
 	err := h(ctx, ev)
 	if !start.IsZero() {
@@ -446,7 +507,12 @@ func (t *telemetry) handle(ctx context.Context, recording bool, name string, h H
 			span.RecordError(err)
 			span.SetStatus(codes.Error, err.Error())
 		}
-		span.End()
+		if batch != nil && !batch.ended {
+			hs := batch.spans
+			hs.done, hs.ends = append(hs.done, span), append(hs.ends, trace.WithTimestamp(time.Now()))
+		} else {
+			span.End()
+		}
 	}
 	return err
 }
@@ -467,7 +533,7 @@ func (t *telemetry) replayHandler(h Handler) Handler {
 		return h
 	}
 	return func(ctx context.Context, ev domain.EventEnvelope[any]) error {
-		return t.handle(ctx, true, SpanReplay, h, ev, 0, time.Time{})
+		return t.handle(ctx, nil, SpanReplay, h, ev, 0, time.Time{})
 	}
 }
 

@@ -2,6 +2,8 @@ package subscriptions_test
 
 import (
 	"context"
+	"fmt"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/internal/dbtest"
 )
 
 // telemetryBenchEvents is the history one catch-up of the telemetry
@@ -97,4 +100,109 @@ func BenchmarkTelemetryOverhead(b *testing.B) {
 	}
 	b.ReportMetric(perEvent[1]/perEvent[0], "noop/baseline")
 	b.ReportMetric(perEvent[2]/perEvent[0], "sdk/baseline")
+}
+
+// telemetryCostEvents is the history one catch-up of
+// BenchmarkTelemetryCost walks on each backend.
+var telemetryCostEvents = map[string]int{"memory": 20_000, "postgres": 5_000}
+
+// BenchmarkTelemetryCost reports what the instrumentation costs per event
+// in a catch-up, with no SDK installed and with one (every span sampled
+// into a batcher that drops them, metrics read by a ManualReader), on the
+// memory backend (a no-op handler: the instrumentation's whole cost) and
+// on Postgres (one upsert per event through TxFromContext, batches of
+// 100: the realistic case). One op is one catch-up from position 0. Its
+// figures per event are the process's CPU time (getrusage: other
+// processes' load hardly moves it, unlike the wall clock) and the heap
+// allocations; compare each sdk line with its noop line.
+func BenchmarkTelemetryCost(b *testing.B) {
+	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	traces := sdktrace.NewTracerProvider(sdktrace.WithBatcher(discardSpans{}))
+	b.Cleanup(func() {
+		require.NoError(b, meters.Shutdown(context.Background()))
+		require.NoError(b, traces.Shutdown(context.Background()))
+	})
+	sdk := []subscriptions.SubscriberOption{subscriptions.WithMeterProvider(meters), subscriptions.WithTracerProvider(traces)}
+	for _, backend := range []string{"memory", "postgres"} {
+		for _, provider := range []string{"noop", "sdk"} {
+			b.Run(backend+"/"+provider, func(b *testing.B) {
+				n := telemetryCostEvents[backend]
+				opts := []subscriptions.SubscriberOption{subscriptions.WithBatchSize(100), subscriptions.WithPollInterval(time.Hour),
+					subscriptions.WithLogger(quietLogger())}
+				if provider == "sdk" {
+					opts = append(opts, sdk...)
+				}
+				var store domain.EventStore
+				var newCheckpoints func(i int) (subscriptions.CheckpointStore, string)
+				handler := coreNoop
+				if backend == "memory" {
+					store = infrastructure.NewMemoryStore()
+					coreAppendBulk(b, store, n)
+					newCheckpoints = func(i int) (subscriptions.CheckpointStore, string) {
+						return subscriptions.NewMemoryCheckpointStore(), "bench"
+					}
+				} else {
+					pg := dbtest.NewPostgres(b)
+					events, err := infrastructure.NewGormEventStore(pg.DB)
+					require.NoError(b, err)
+					coreAppendBulk(b, events, n)
+					require.NoError(b, pg.DB.Exec("CREATE TABLE core_bench_projection (event_id text PRIMARY KEY, position bigint NOT NULL, seen bigint NOT NULL)").Error)
+					cps, err := subscriptions.NewGormCheckpointStore(pg.DB)
+					require.NoError(b, err)
+					store = events
+					newCheckpoints = func(i int) (subscriptions.CheckpointStore, string) { return cps, fmt.Sprintf("bench-%d", i) }
+					handler = func(ctx context.Context, ev coreEnvelope) error {
+						return subscriptions.TxFromContext(ctx).Exec(coreBenchUpsert, ev.ID, ev.Position).Error
+					}
+				}
+				b.ReportAllocs()
+				runtime.GC()
+				var ms0, ms1 runtime.MemStats
+				runtime.ReadMemStats(&ms0)
+				cpu0 := telemetryProcessCPU()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					cps, name := newCheckpoints(i)
+					telemetryCatchUpWith(b, store, cps, name, n, handler, opts...)
+				}
+				b.StopTimer()
+				cpu := telemetryProcessCPU() - cpu0
+				runtime.ReadMemStats(&ms1)
+				events := float64(n) * float64(b.N)
+				b.ReportMetric(float64(cpu.Nanoseconds())/events, "cpu-ns/event")
+				b.ReportMetric(float64(ms1.Mallocs-ms0.Mallocs)/events, "allocs/event")
+				b.ReportMetric(float64(ms1.TotalAlloc-ms0.TotalAlloc)/events, "B/event")
+			})
+		}
+	}
+}
+
+// telemetryCatchUpWith runs a subscriber named name on store and cps
+// until handler has been called want times, then stops it.
+func telemetryCatchUpWith(b *testing.B, store domain.EventStore, cps subscriptions.CheckpointStore, name string, want int, handler subscriptions.Handler, opts ...subscriptions.SubscriberOption) {
+	b.Helper()
+	var seen atomic.Int64
+	done := make(chan struct{})
+	h := func(ctx context.Context, ev domain.EventEnvelope[any]) error {
+		if err := handler(ctx, ev); err != nil {
+			return err
+		}
+		if seen.Add(1) == int64(want) {
+			close(done)
+		}
+		return nil
+	}
+	sub, err := subscriptions.NewSubscriber(name, store, cps, h, opts...)
+	require.NoError(b, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	result := make(chan error, 1)
+	go func() { result <- sub.Run(ctx) }()
+	select {
+	case <-done:
+	case err := <-result:
+		b.Fatalf("Run returned early: %v", err)
+	}
+	cancel()
+	require.NoError(b, <-result)
 }
