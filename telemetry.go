@@ -499,8 +499,10 @@ func (t *telemetry) handle(ctx context.Context, batch *batchSpan, name string, h
 		ctx, span = t.tracer.Start(ctx, name, spans.startOptions(&ev, attempt)...)
 	}
 	err := h(ctx, ev)
+	var end time.Time
 	if !start.IsZero() {
-		t.handlerDuration.Record(ctx, time.Since(start).Seconds(), t.record...)
+		end = time.Now()
+		t.handlerDuration.Record(ctx, end.Sub(start).Seconds(), t.record...)
 	}
 	if span != nil {
 		if err != nil {
@@ -508,8 +510,11 @@ func (t *telemetry) handle(ctx context.Context, batch *batchSpan, name string, h
 			span.SetStatus(codes.Error, err.Error())
 		}
 		if batch != nil && !batch.ended {
+			if end.IsZero() {
+				end = time.Now()
+			}
 			hs := batch.spans
-			hs.done, hs.ends = append(hs.done, span), append(hs.ends, trace.WithTimestamp(time.Now()))
+			hs.done, hs.ends = append(hs.done, span), append(hs.ends, trace.WithTimestamp(end))
 		} else {
 			span.End()
 		}
