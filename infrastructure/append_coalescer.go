@@ -2,6 +2,7 @@ package infrastructure
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -21,8 +22,9 @@ const (
 // transaction: one append lock, one commit and one WAL flush. A
 // transaction is sent to the database in one round trip (see
 // appendBatchOnce), so its membership is fixed when it is sent. At most
-// maxInFlight batches of a store are in flight at once (one holding the
-// append lock, one queued on it in the database); an append that finds
+// two batches of a store are in flight at once (one holding the append
+// lock, one queued on it in the database), one while other stores append
+// to the table too (limit); an append that finds
 // them all busy joins the batch that forms behind them, which is sent as
 // soon as one of them ends. An uncontended append is sent at once, alone.
 // So the coalescing window is the time an append would have queued for
@@ -34,19 +36,57 @@ const (
 // is unchanged: a batch is one append transaction, whose rows take their
 // positions under the lock.
 //
-// It is safe for concurrent use. Each in-flight batch runs on a goroutine
-// that ends when no formed batch is left to send; a batch's database work
-// is cancelled only once every member's context is done, so one caller's
-// cancellation never fails the appends it shares a batch with.
+// It is safe for concurrent use. An append sent at once runs on its
+// caller's goroutine (runAlone); a formed batch runs on a goroutine that
+// ends when no formed batch is left to send. A shared batch's database
+// work is cancelled only once every member's context is done, so one
+// caller's cancellation never fails the appends it shares a batch with.
 type appendCoalescer struct {
 	mu       sync.Mutex
 	inFlight int
 	forming  []*appendBatch // in order; appends join the last one they can
+	// lastEnd is the feed head after the latest of this store's committed
+	// batches (0: none seen yet); shared is set when the latest batch
+	// found rows appended after lastEnd by others (see observe).
+	lastEnd int64
+	shared  bool
 }
 
 // maxInFlight: one batch holding the lock and one queued on it, so that
-// the next transaction starts the moment the lock is released.
+// the next transaction starts the moment the lock is released. When other
+// stores (other processes) append too, the limit is 1: see limit.
 const maxInFlight = 2
+
+// limit is the number of batches the store keeps in flight. With the
+// append lock to itself, two: the lock is never idle for a round trip to
+// the client. When others append between its batches (shared), one: the
+// lock is kept busy by the others' transactions meanwhile, and the store's
+// appends gather into one larger batch (one flush) instead of two queued
+// in the database, each waiting for the lock and paying its own flush.
+// The caller holds c.mu.
+func (c *appendCoalescer) limit() int {
+	if c.shared && !coalesce.FixedInFlight.Load() {
+		return 1
+	}
+	return maxInFlight
+}
+
+// observe records a committed batch of the store that numbered the rows
+// after start up to end (positions start+1..end): when start is past the
+// end of the store's previous batch, another store appended in between.
+// Batches are normally observed in lock order. One observed before an
+// earlier batch of the store (whose goroutine was slow) is taken for
+// another store's rows in between, which the next batch corrects; the
+// earlier one, observed last (start behind lastEnd), decides nothing. It
+// is safe for concurrent use.
+func (c *appendCoalescer) observe(start, end int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.lastEnd > 0 && start >= c.lastEnd {
+		c.shared = start > c.lastEnd
+	}
+	c.lastEnd = max(c.lastEnd, end)
+}
 
 // appendRequest is one Append call in a batch.
 type appendRequest struct {
@@ -94,14 +134,16 @@ func (c *appendCoalescer) run(req *appendRequest, runBatch func(*appendBatch)) e
 		b = c.forming[n-1]
 		b.add(req)
 		c.mu.Unlock()
-	} else if solo || c.inFlight < maxInFlight {
-		b = newAppendBatch(req)
-		b.closed = true
+	} else if solo || (len(c.forming) == 0 && c.inFlight < c.limit()) {
+		// Sent at once, alone: on the caller's goroutine, under the
+		// caller's context (see runAlone).
+		b = &appendBatch{ctx: req.ctx, cancel: func() {}, aggs: map[string]bool{}, ids: map[string]bool{}, closed: true}
+		b.add(req)
 		if !solo {
 			c.inFlight++
 		}
 		c.mu.Unlock()
-		go c.send(b, runBatch, !solo)
+		return c.runAlone(req, b, runBatch, !solo)
 	} else {
 		b = newAppendBatch(req)
 		c.forming = append(c.forming, b)
@@ -137,28 +179,76 @@ func (c *appendCoalescer) run(req *appendRequest, runBatch func(*appendBatch)) e
 	return fmt.Errorf("append %d event(s) to aggregate %q: gave up waiting for the commit, which may still succeed: %w", len(req.events), req.aggregateID, context.Cause(req.ctx))
 }
 
-// send runs b and then, while batches have formed behind it, the oldest
-// of them, on the same goroutine; counted batches hold an in-flight slot.
-func (c *appendCoalescer) send(b *appendBatch, runBatch func(*appendBatch), counted bool) {
-	for {
-		runBatch(b)
-		if !counted {
-			return
+// runAlone runs the batch b of req alone on the caller's goroutine: an
+// uncontended append is not handed to another goroutine and back, which
+// costs a lone append scheduler wake-ups on its path. b's context is the
+// caller's (req is its only member and nobody can join it), so the
+// caller's cancellation stops the database work at once, as the last
+// member's does for a shared batch. An outcome the batch delivered
+// stands; a failure after the caller's context ended is reported as the
+// caller having given up, since the commit may have been under way. When
+// batches formed behind b meanwhile, the slot passes to a goroutine that
+// sends them (send), and the caller returns.
+func (c *appendCoalescer) runAlone(req *appendRequest, b *appendBatch, runBatch func(*appendBatch), counted bool) error {
+	runBatch(b)
+	if counted {
+		if next := c.next(runBatch); next != nil {
+			go c.send(next, runBatch)
 		}
-		c.mu.Lock()
-		if len(c.forming) == 0 {
-			c.inFlight--
-			c.mu.Unlock()
-			return
-		}
-		b = c.forming[0]
-		c.forming = c.forming[1:]
-		b.closed = true
-		if b.allDone() {
-			b.cancel()
-		}
-		c.mu.Unlock()
 	}
+	err := <-req.done
+	if err == nil || req.ctx.Err() == nil || definite(err) {
+		return err
+	}
+	return fmt.Errorf("append %d event(s) to aggregate %q: gave up waiting for the commit, which may still succeed: %w (%v)", len(req.events), req.aggregateID, context.Cause(req.ctx), err)
+}
+
+// definite reports an outcome that does not depend on whether the
+// transaction committed: the append's own refusal.
+func definite(err error) bool {
+	return errors.Is(err, domain.ErrConcurrencyConflict) || errors.Is(err, domain.ErrAlreadyAppended) || errors.Is(err, domain.ErrInvalidEvent)
+}
+
+// send runs b, a formed batch holding an in-flight slot, and then, while
+// batches have formed behind it, the oldest of them, on the same
+// goroutine, which ends when the slot is freed (next).
+func (c *appendCoalescer) send(b *appendBatch, runBatch func(*appendBatch)) {
+	for b != nil {
+		runBatch(b)
+		b = c.next(runBatch)
+	}
+}
+
+// next closes and returns the oldest formed batch, to be sent on the
+// in-flight slot of a batch that just ended; nil when none formed or the
+// limit fell below the batches in flight, the slot then freed. When the
+// limit rose, formed batches beyond this one are sent on new slots.
+func (c *appendCoalescer) next(runBatch func(*appendBatch)) *appendBatch {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	limit := c.limit()
+	if len(c.forming) == 0 || c.inFlight > limit {
+		c.inFlight--
+		return nil
+	}
+	b := c.takeFormed()
+	for len(c.forming) > 0 && c.inFlight < limit {
+		c.inFlight++
+		go c.send(c.takeFormed(), runBatch)
+	}
+	return b
+}
+
+// takeFormed closes the oldest formed batch and returns it. The caller
+// holds c.mu.
+func (c *appendCoalescer) takeFormed() *appendBatch {
+	b := c.forming[0]
+	c.forming = c.forming[1:]
+	b.closed = true
+	if b.allDone() {
+		b.cancel()
+	}
+	return b
 }
 
 // canJoin: a batch takes no two appends to one aggregate and no shared

@@ -2,7 +2,9 @@ package infrastructure
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -47,5 +49,74 @@ func TestCoalescerOutcomeBeatsCancellation(t *testing.T) {
 			close(ctx.ready)
 		})
 		require.NoError(t, err)
+	}
+}
+
+// TestCoalescerLimitFollowsOtherAppenders: the coalescer keeps two
+// batches in flight while its committed batches follow one another in the
+// feed, one once another store's rows came between two of them, and two
+// again when they follow one another again. With one, a second append
+// forms behind the batch in flight instead of being sent.
+func TestCoalescerLimitFollowsOtherAppenders(t *testing.T) {
+	cases := []struct {
+		name     string
+		observed [][2]int64 // committed batches: (start, end) positions
+		want     int
+	}{
+		{name: "nothing committed yet", want: 2},
+		{name: "one batch: nothing to compare with", observed: [][2]int64{{5, 10}}, want: 2},
+		{name: "batches follow one another", observed: [][2]int64{{0, 10}, {10, 12}, {12, 20}}, want: 2},
+		{name: "another store's rows in between", observed: [][2]int64{{0, 10}, {10, 12}, {15, 20}}, want: 1},
+		{name: "following one another again", observed: [][2]int64{{0, 10}, {15, 20}, {20, 21}}, want: 2},
+		{name: "seen out of order: decides nothing", observed: [][2]int64{{0, 10}, {15, 20}, {12, 15}}, want: 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var co appendCoalescer
+			for _, o := range c.observed {
+				co.observe(o[0], o[1])
+			}
+			co.mu.Lock()
+			require.Equal(t, c.want, co.limit())
+			co.mu.Unlock()
+
+			// Hold the first append's batch; a second one is sent at once
+			// under a limit of two, and forms behind it under one.
+			release := make(chan struct{})
+			var sent atomic.Int32
+			runBatch := func(b *appendBatch) {
+				if sent.Add(1) == 1 {
+					<-release
+				}
+				for _, m := range b.members {
+					m.done <- nil
+				}
+			}
+			ctx := context.Background()
+			first := make(chan error, 1)
+			go func() {
+				first <- co.run(&appendRequest{ctx: ctx, aggregateID: "a", events: make([]domain.EventEnvelope[any], 1)}, runBatch)
+			}()
+			require.Eventually(t, func() bool { return sent.Load() == 1 }, 10*time.Second, time.Millisecond)
+			second := make(chan error, 1)
+			go func() {
+				second <- co.run(&appendRequest{ctx: ctx, aggregateID: "b", events: make([]domain.EventEnvelope[any], 1)}, runBatch)
+			}()
+			if c.want == 2 {
+				require.NoError(t, <-second, "sent beside the first")
+				second <- nil
+			} else {
+				require.Eventually(t, func() bool {
+					co.mu.Lock()
+					defer co.mu.Unlock()
+					return len(co.forming) == 1
+				}, 10*time.Second, time.Millisecond, "formed behind the first")
+				require.Equal(t, int32(1), sent.Load())
+			}
+			close(release)
+			require.NoError(t, <-first)
+			require.NoError(t, <-second)
+			require.Equal(t, int32(2), sent.Load())
+		})
 	}
 }

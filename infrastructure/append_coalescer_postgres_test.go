@@ -260,3 +260,49 @@ func TestPostgresRefusalUnexplainedIsNoConflict(t *testing.T) {
 	require.ErrorContains(t, err, "retry the same call")
 	require.ErrorContains(t, err, "co-unknown")
 }
+
+// TestPostgresAppendsInFlightFollowOtherStores: a store keeps one append
+// transaction in flight once another store (its own pool: another
+// process) appended between two of its batches, so that its next append
+// forms a batch behind the one in flight instead of queuing on the lock in
+// the database; and two again once its batches follow one another. The
+// feed is the same either way.
+func TestPostgresAppendsInFlightFollowOtherStores(t *testing.T) {
+	ctx := testCtx(t)
+	pg := dbtest.NewPostgres(t)
+	store := newGormStore(t, pg.DB)
+	other := newGormStore(t, pg.Open(t))
+	observer := pgConnect(t, pg.DSN)
+	key := appendLockKey(t, observer)
+	var want []string
+	appendTo := func(s *infrastructure.GormEventStore, agg string) {
+		ev := newEvent(agg, "x", nil)
+		require.NoError(t, s.Append(ctx, agg, 0, ev))
+		want = append(want, ev.ID)
+	}
+	appendTo(store, "mine-1")
+	appendTo(store, "mine-2")
+	require.Equal(t, 2, infrastructure.AppendsInFlightLimit(store), "its batches follow one another")
+	appendTo(other, "theirs")
+	appendTo(store, "mine-3")
+	require.Equal(t, 1, infrastructure.AppendsInFlightLimit(store), "another store appended between its batches")
+
+	gate := newAppendGate(t, pg)
+	held, next := newEvent("held", "x", nil), newEvent("mine-4", "x", nil)
+	doneHeld := goAsync(func() error { return store.Append(ctx, "held", 0, held) })
+	gate.waitHeld(t, 1)
+	doneNext := goAsync(func() error { return store.Append(ctx, "mine-4", 0, next) })
+	eventually(t, "the next append forms a batch behind the one in flight", func() bool {
+		return infrastructure.FormingAppends(store) == 1
+	})
+	require.Zero(t, advisoryLocks(t, observer, key, false), "nothing queued on the append lock in the database")
+	gate.release()
+	require.NoError(t, result(t, doneHeld, "held"))
+	require.NoError(t, result(t, doneNext, "mine-4"))
+	want = append(want, held.ID, next.ID)
+	require.Equal(t, 2, infrastructure.AppendsInFlightLimit(store), "its batches followed one another again")
+
+	feed, err := store.ReadAfter(ctx, 0, 0)
+	require.NoError(t, err)
+	require.Equal(t, want, ids(feed), "each append stored once, in order")
+}

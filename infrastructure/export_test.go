@@ -37,3 +37,11 @@ func ExplainRefusal(ctx context.Context, pc *pgx.Conn, aggregateID string, expec
 	explainRefusals(ctx, pc, []*appendRequest{m}, results)
 	return results[m]
 }
+
+// AppendsInFlightLimit is the number of append transactions s keeps in
+// flight at present (see appendCoalescer.limit).
+func AppendsInFlightLimit(s *GormEventStore) int {
+	s.coalescer.mu.Lock()
+	defer s.coalescer.mu.Unlock()
+	return s.coalescer.limit()
+}

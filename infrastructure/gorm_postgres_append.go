@@ -124,8 +124,9 @@ const (
 		FROM unnest($1::text[]) AS a(id)`
 	selectStored = `SELECT id, aggregate_id, event_type, transaction_id, sequence_no, payload FROM events WHERE id = ANY($1)`
 	// notifyIfWritten notifies only if the transaction inserted a row
-	// (an append whose version check failed inserts none).
-	notifyIfWritten = `SELECT pg_notify($1, '') WHERE txid_current_if_assigned() IS NOT NULL`
+	// (an append whose version check failed inserts none), and returns
+	// the feed head after the transaction's rows (appendCoalescer.observe).
+	notifyIfWritten = `SELECT (SELECT MAX(position) FROM events), pg_notify($1, '') WHERE txid_current_if_assigned() IS NOT NULL`
 )
 
 // checkedInsert is one append's INSERT that checks its version and
@@ -325,7 +326,11 @@ func (s *GormEventStore) runPlans(ctx context.Context, pc *pgx.Conn, plans []app
 	if err != nil {
 		return fail(err)
 	}
-	var accepted []*appendRequest
+	var (
+		accepted []*appendRequest
+		inserted int64
+		end      *int64 // the head after the rows, when the NOTIFY said
+	)
 	for _, p := range plans {
 		tag, err := br.Exec()
 		if err != nil {
@@ -336,12 +341,21 @@ func (s *GormEventStore) runPlans(ctx context.Context, pc *pgx.Conn, plans []app
 		}
 		if tag.RowsAffected() == int64(len(p.m.events)) {
 			accepted = append(accepted, p.m)
+			inserted += tag.RowsAffected()
 		} else {
 			refused = append(refused, p.m)
 		}
 	}
 	if notify {
-		if _, err := br.Exec(); err != nil {
+		rows, err := br.Query()
+		if err == nil {
+			for rows.Next() {
+				err = rows.Scan(&end, nil)
+			}
+			rows.Close()
+			err = errors.Join(err, rows.Err())
+		}
+		if err != nil {
 			if !isNotifyFailure(err) {
 				// A lost connection, a cancellation: not the queue.
 				return fail(fmt.Errorf("notify subscribers: %w", err))
@@ -369,6 +383,9 @@ func (s *GormEventStore) runPlans(ctx context.Context, pc *pgx.Conn, plans []app
 	// batch reports (the deferred Close; the connection is then dropped).
 	for _, m := range accepted {
 		results[m] = nil
+	}
+	if end != nil && inserted > 0 {
+		s.coalescer.observe(*end-inserted, *end)
 	}
 	return refused
 }

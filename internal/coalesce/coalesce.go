@@ -11,3 +11,9 @@ import "sync/atomic"
 // Disabled makes every GormEventStore of this process append alone: each
 // Postgres append its own transaction, lock and commit.
 var Disabled atomic.Bool
+
+// FixedInFlight makes every GormEventStore of this process keep two
+// append transactions in flight whether or not other processes append to
+// its table (the design before the adaptive limit), so that cmd/subbench
+// can measure the limit beside it.
+var FixedInFlight atomic.Bool
