@@ -124,6 +124,7 @@ func decodeJSON[T any](t *testing.T, w *httptest.ResponseRecorder) T {
 }
 
 func TestNewAdminHandlerRefusesBadArguments(t *testing.T) {
+	t.Parallel()
 	e := envBackends()[0].New(t)
 	nop := func(context.Context, domain.EventEnvelope[any]) error { return nil }
 	a := parkSubscriber(t, e, "admin-a", nop)
@@ -149,6 +150,7 @@ func TestNewAdminHandlerRefusesBadArguments(t *testing.T) {
 
 // TestAdminHandler runs the admin API and page on every backend.
 func TestAdminHandler(t *testing.T) {
+	t.Parallel()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			f := newAdminFixture(t, b.New(t))
@@ -299,6 +301,7 @@ func jsonInt(n int64) string { b, _ := json.Marshal(n); return string(b) }
 // TestAdminRedactsPayloads: with WithAdminRedactedPayloads the payload
 // never leaves the handler, in the API or on the page.
 func TestAdminRedactsPayloads(t *testing.T) {
+	t.Parallel()
 	f := newAdminFixture(t, envBackends()[0].New(t), subscriptions.WithAdminRedactedPayloads())
 	w := f.do("GET", adminPath("admin-sub", "parked", f.poison[0].ID), "alice", "", "", nil)
 	require.Equal(t, 200, w.Code)
@@ -315,6 +318,7 @@ var csrfField = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
 // TestAdminPage drives the HTML page as a browser without JavaScript
 // would: the tables, then the replay and discard forms with their token.
 func TestAdminPage(t *testing.T) {
+	t.Parallel()
 	f := newAdminFixture(t, envBackends()[0].New(t))
 	w := f.do("GET", "/ops/", "alice", "", "", nil)
 	require.Equal(t, 200, w.Code)
@@ -385,6 +389,7 @@ func TestAdminPage(t *testing.T) {
 // TestAdminHostileNames: subscriber names with markup, slashes and
 // quotes are escaped on the page and addressable through the API.
 func TestAdminHostileNames(t *testing.T) {
+	t.Parallel()
 	e := envBackends()[0].New(t)
 	nop := func(context.Context, domain.EventEnvelope[any]) error { return nil }
 	names := []string{`<script>alert("x")</script>`, "a/b/../c", `q"uote'&amp;`, "パーク 🚗"}
@@ -417,6 +422,7 @@ func TestAdminHostileNames(t *testing.T) {
 // TestAdminTrustedOrigins: an origin listed with WithAdminTrustedOrigins
 // may act (a proxy rewrote Host); any other origin is still refused.
 func TestAdminTrustedOrigins(t *testing.T) {
+	t.Parallel()
 	f := newAdminFixture(t, envBackends()[0].New(t), subscriptions.WithAdminTrustedOrigins("https://ops.example.com"))
 	reset := adminPath("admin-sub", "reset")
 	hdr := func(origin string) map[string]string {

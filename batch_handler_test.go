@@ -19,6 +19,7 @@ import (
 // poison event in the middle of a batch found, retried and parked alone
 // while every other event commits once.
 func TestBatchHandlerSuite(t *testing.T) {
+	t.Parallel()
 	const poll = 20 * time.Millisecond
 	for _, b := range envBackends() {
 		for _, parts := range []int{0, 4} {
@@ -29,6 +30,7 @@ func TestBatchHandlerSuite(t *testing.T) {
 				opts = append(opts, subscriptions.WithPartitions(parts), subscriptions.WithConcurrency(2))
 			}
 			t.Run(name, func(t *testing.T) {
+				t.Parallel()
 				t.Run("whole batches in one call, each event once", func(t *testing.T) {
 					e := b.New(t)
 					proj := newPartProjection(t, e, "batch_whole")
@@ -123,6 +125,7 @@ func TestBatchHandlerSuite(t *testing.T) {
 // TestBatchHandlerOptionIsValidated: a batch handler replaces the Handler;
 // giving both is refused.
 func TestBatchHandlerOptionIsValidated(t *testing.T) {
+	t.Parallel()
 	events, cps := subscriptionsMemory()
 	h := func(context.Context, domain.EventEnvelope[any]) error { return nil }
 	bh := func(context.Context, []domain.EventEnvelope[any]) error { return nil }
@@ -142,6 +145,7 @@ func subscriptionsMemory() (domain.EventStore, subscriptions.CheckpointStore) {
 // shutdown grace runs out has its batch rolled back, even if it then
 // returns nil, and Run returns; the events are handled after a restart.
 func TestBatchHandlerShutdownGrace(t *testing.T) {
+	t.Parallel()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)

@@ -54,7 +54,7 @@ func (g *GormCheckpointStore) Delete(ctx context.Context, subscriber string, app
 // takes the row lock before apply runs) and apply in one transaction,
 // with the subscriber's batches held off. When it returns, nothing of the
 // transaction holds a lock any more, whether it committed, failed or was
-// abandoned because ctx ended (see fencedPostgres).
+// abandoned because ctx ended (see fencedOnServer).
 func (g *GormCheckpointStore) fenced(ctx context.Context, subscriber, what string, write func(tx *gorm.DB) error, apply func(ctx context.Context) error) error {
 	if err := ctx.Err(); err != nil {
 		// Before anything is touched: an abandoned reset leaves a batch in
@@ -75,7 +75,7 @@ func (g *GormCheckpointStore) fenced(ctx context.Context, subscriber, what strin
 	}
 	var err error
 	if g.reg == nil { // row locks: the transaction waits for the batch's
-		err = g.fencedPostgres(ctx, run)
+		err = g.fencedOnServer(ctx, run)
 	} else {
 		var release func()
 		release, err = g.fenceSQLite(ctx, subscriber, what)
@@ -94,7 +94,7 @@ func (g *GormCheckpointStore) fenced(ctx context.Context, subscriber, what strin
 	return nil
 }
 
-// fencedPostgres runs the transaction on a connection of its own, with
+// fencedOnServer runs the transaction on a connection of its own, with
 // ctx's cancellation handled on the server rather than by the driver. A
 // driver that gives up when ctx ends closes its socket but leaves the
 // server running the statement: the checkpoint write, waiting for the row
@@ -103,14 +103,15 @@ func (g *GormCheckpointStore) fenced(ctx context.Context, subscriber, what strin
 // Acquire could find the row still locked by the abandoned transaction.
 // Here the statements run without ctx's cancellation, the statement
 // running when ctx ends is cancelled on the server (cancelBackendOnDone),
-// the transaction rolls back, and only then does fencedPostgres return.
-func (g *GormCheckpointStore) fencedPostgres(ctx context.Context, run func(tx *gorm.DB) error) error {
+// the transaction rolls back, and only then does fencedOnServer return.
+// It needs the dialect's RowLocks (a server to cancel on).
+func (g *GormCheckpointStore) fencedOnServer(ctx context.Context, run func(tx *gorm.DB) error) error {
 	return g.db.WithContext(context.WithoutCancel(ctx)).Connection(func(conn *gorm.DB) error {
 		var pid int64
-		if err := conn.Raw("SELECT pg_backend_pid()").Scan(&pid).Error; err != nil {
+		if err := conn.Raw(g.dialect.BackendPID()).Scan(&pid).Error; err != nil {
 			return fmt.Errorf("read backend pid: %w", err)
 		}
-		stop := cancelBackendOnDone(ctx, g.db, pid)
+		stop := cancelBackendOnDone(ctx, g.db, g.dialect, pid)
 		defer stop()
 		return conn.Transaction(func(tx *gorm.DB) error {
 			if err := run(tx); err != nil {

@@ -19,6 +19,7 @@ import (
 // and the same primary key, and the model has no other field: a migration
 // or a tag that changes one without the other fails here.
 func TestGormCheckpointModelMatchesMigratedTable(t *testing.T) {
+	t.Parallel()
 	for _, b := range dbtest.GormBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			db := b.Open(t)

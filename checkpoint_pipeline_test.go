@@ -17,6 +17,7 @@ import (
 // batch, always gives its pinned connection back to the pool, and steps
 // aside (ordinary path) when the checkpoint is held or not created yet.
 func TestPipelinedAcquire(t *testing.T) {
+	t.Parallel()
 	pg := dbtest.NewPostgres(t)
 	e := gormEnv(t, "postgres", pg.DB, pg)
 	cps := e.Checkpoints.(*subscriptions.GormCheckpointStore)

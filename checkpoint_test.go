@@ -30,8 +30,10 @@ func coreAdvance(t *testing.T, cps subscriptions.CheckpointStore, name string, p
 // is on a second pool, as another process's would be), and on schemas
 // goose applied from migrations.FS.
 func TestCheckpointStoreContract(t *testing.T) {
+	t.Parallel()
 	subscriptionstest.RunCheckpointStoreSuite(t, subscriptionstest.CheckpointStoreHarness{
-		Name: "memory",
+		Name:     "memory",
+		Parallel: true,
 		New: func(*testing.T) (subscriptions.CheckpointStore, subscriptions.CheckpointStore) {
 			s := subscriptions.NewMemoryCheckpointStore()
 			return s, s
@@ -39,7 +41,8 @@ func TestCheckpointStoreContract(t *testing.T) {
 	})
 	for _, b := range dbtest.GormBackends() {
 		subscriptionstest.RunCheckpointStoreSuite(t, subscriptionstest.CheckpointStoreHarness{
-			Name: b.Name,
+			Name:     b.Name,
+			Parallel: true,
 			New: func(t *testing.T) (subscriptions.CheckpointStore, subscriptions.CheckpointStore) {
 				if !b.Postgres {
 					s := coreCheckpointStore(t, b.Open(t))
@@ -54,7 +57,8 @@ func TestCheckpointStoreContract(t *testing.T) {
 	}
 	for _, b := range gooseEnvBackends() {
 		subscriptionstest.RunCheckpointStoreSuite(t, subscriptionstest.CheckpointStoreHarness{
-			Name: b.Name,
+			Name:     b.Name,
+			Parallel: true,
 			New: func(t *testing.T) (subscriptions.CheckpointStore, subscriptions.CheckpointStore) {
 				e := b.New(t)
 				if !e.Postgres() {
@@ -83,6 +87,7 @@ func coreCheckpointStore(t *testing.T, db *gorm.DB) subscriptions.CheckpointStor
 // writes under savepoints, hostile savepoint names, and the names as stored
 // in subscriber_checkpoints.
 func TestCheckpointStoreGormTransaction(t *testing.T) {
+	t.Parallel()
 	for _, b := range gormEnvs() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
@@ -182,6 +187,7 @@ func TestCheckpointStoreGormTransaction(t *testing.T) {
 // the batch in flight; a Reset whose context has already ended must not,
 // or the batch would be thrown away although the checkpoint never moved.
 func TestCheckpointStoreAbandonedResetKeepsTheBatch(t *testing.T) {
+	t.Parallel()
 	db := dbtest.NewSQLiteFile(t)
 	cps, err := subscriptions.NewGormCheckpointStore(db)
 	require.NoError(t, err)
@@ -210,6 +216,7 @@ func TestCheckpointStoreAbandonedResetKeepsTheBatch(t *testing.T) {
 // batch is still in flight when the call returns, so a statement left
 // behind is still waiting, and seen, every time.
 func TestCheckpointStoreAbandonedResetReleasesItsLocksOnPostgres(t *testing.T) {
+	t.Parallel()
 	ops := []struct {
 		name string
 		run  func(ctx context.Context, s *subscriptions.GormCheckpointStore, name string) error

@@ -15,13 +15,16 @@ import (
 // schemas goose applied from migrations.FS (the lot then built without
 // DDL of its own).
 func TestParkingLotSuite(t *testing.T) {
+	t.Parallel()
 	subscriptionstest.RunParkingLotSuite(t, subscriptionstest.ParkingLotHarness{
-		Name: "memory",
-		New:  func(*testing.T) subscriptions.ParkingLot { return subscriptions.NewMemoryParkingLot() },
+		Name:     "memory",
+		Parallel: true,
+		New:      func(*testing.T) subscriptions.ParkingLot { return subscriptions.NewMemoryParkingLot() },
 	})
 	for _, b := range dbtest.GormBackends() {
 		subscriptionstest.RunParkingLotSuite(t, subscriptionstest.ParkingLotHarness{
 			Name:          b.Name,
+			Parallel:      true,
 			Transactional: true,
 			New: func(t *testing.T) subscriptions.ParkingLot {
 				lot, err := subscriptions.NewGormParkingLot(b.Open(t))
@@ -33,6 +36,7 @@ func TestParkingLotSuite(t *testing.T) {
 	for _, b := range dbtest.GooseBackends() {
 		subscriptionstest.RunParkingLotSuite(t, subscriptionstest.ParkingLotHarness{
 			Name:          b.Name,
+			Parallel:      true,
 			Transactional: true,
 			New: func(t *testing.T) subscriptions.ParkingLot {
 				lot, err := subscriptions.NewGormParkingLot(b.Open(t), subscriptions.WithSchemaVerifyOnly())

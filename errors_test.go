@@ -16,6 +16,7 @@ import (
 // not repeat it. Each error names the subscriber and carries the package
 // prefix exactly once, and still wraps the sentinel callers branch on.
 func TestErrorsSayTheirContextOnce(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	events := infrastructure.NewMemoryStore()
 	checkpoints := subscriptions.NewMemoryCheckpointStore()

@@ -288,6 +288,7 @@ func faultCommitRun(t *testing.T, e *env, tc faultCommitCase, table, name string
 // culprit alone is parked, never the event after it, and every other
 // event is handled exactly once.
 func TestFaultSwallowedFailureParksTheCulprit(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, b := range gormEnvs() {
 		t.Run(b.Name, func(t *testing.T) {
@@ -386,6 +387,7 @@ func (b *faultFlakyBatch) Commit(ctx context.Context, position int64) error {
 // is really terminated (from inside the handler, twice); on every backend
 // a commit also fails with driver.ErrBadConn twice.
 func TestFaultTransientCommitFailureParksNothing(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
@@ -467,6 +469,7 @@ func TestFaultTransientCommitFailureParksNothing(t *testing.T) {
 // parked (even with WithMaxRetries(0)), and once the fault is gone every
 // event is handled and the old entry is cleared.
 func TestFaultLibraryStatementFailureParksNothing(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, b := range gormEnvs() {
 		t.Run(b.Name, func(t *testing.T) {
@@ -521,6 +524,7 @@ func TestFaultLibraryStatementFailureParksNothing(t *testing.T) {
 // connection, injected) the entry stays listed; once a commit succeeds it
 // is gone.
 func TestFaultCommitFailureKeepsParkedEntryOfLotOutsideTx(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {

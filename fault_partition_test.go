@@ -21,7 +21,7 @@ import (
 // TestFaultPartitionCrashLoop: three child processes run one partitioned
 // subscriber (8 partitions, 2 workers each) over Postgres while events
 // arrive, and the parent SIGKILLs a random one at random moments and
-// starts it again (12 kills in the short form, 120 in the long one). At
+// starts it again (6 kills in the short form, 120 in the long one). At
 // the end every event is in the projection exactly once, each aggregate's
 // events were handled in feed order, and no partition is left behind.
 func TestFaultPartitionCrashLoop(t *testing.T) {
@@ -52,7 +52,7 @@ func TestFaultPartitionCrashLoop(t *testing.T) {
 	for i := range children {
 		children[i] = faultStartChild(t, bin, args...)
 	}
-	kills := faultScale(12, 120)
+	kills := faultScale(6, 120)
 	for k := 0; k < kills; k++ {
 		i := rng.IntN(len(children))
 		if rng.IntN(3) > 0 {
@@ -280,7 +280,7 @@ func TestFaultPartitionTerminatedBackends(t *testing.T) {
 // TestFaultPartitionResetWhileRunning: three replicas of a partitioned
 // subscriber (8 partitions, 2 workers each, a pool each) run while a
 // writer appends, and the test rebuilds from a random position at random
-// moments (4 times, 40 in the long form) at or below the position every
+// moments (twice, 40 times in the long form) at or below the position every
 // partition has reached: ResetCheckpointWith deletes the projection's rows
 // past the position and moves every partition there in one transaction,
 // against the batches in flight. Afterwards every event
@@ -296,7 +296,7 @@ func TestFaultPartitionResetWhileRunning(t *testing.T) {
 
 	ctx := context.Background()
 	rng := faultRand(t)
-	resets := faultScale(4, 40)
+	resets := faultScale(2, 40)
 	var positions []int64
 	prev := int64(0)
 	for i := 0; i < resets; i++ {

@@ -19,6 +19,7 @@ import (
 // Postgres' ordinary path and on its pipelined (pinned connection) path;
 // a replay of a parked event likewise fails and leaves the entry parked.
 func TestHandlerCannotEndTheBatchTransaction(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, b := range gormEnvs() {
 		t.Run(b.Name, func(t *testing.T) {

@@ -29,6 +29,7 @@ func wakePending(ch <-chan struct{}) bool {
 // TestInProcessNotifierNeverBlocks: Notify returns at once even when a
 // subscriber never reads, and such a channel holds at most one signal.
 func TestInProcessNotifierNeverBlocks(t *testing.T) {
+	t.Parallel()
 	n := subscriptions.NewInProcessNotifier()
 	neverRead := n.Subscribe()
 	done := make(chan struct{})
@@ -54,6 +55,7 @@ func TestInProcessNotifierNeverBlocks(t *testing.T) {
 // independent, and a channel subscribed later gets the Notify calls after
 // its Subscribe.
 func TestInProcessNotifierEverySubscriberReceivesEachNotify(t *testing.T) {
+	t.Parallel()
 	n := subscriptions.NewInProcessNotifier()
 	n.Notify() // no subscribers: a no-op
 	chans := []<-chan struct{}{n.Subscribe(), n.Subscribe(), n.Subscribe(), n.Subscribe(), n.Subscribe()}
@@ -90,6 +92,7 @@ func TestInProcessNotifierEverySubscriberReceivesEachNotify(t *testing.T) {
 // goroutines at once (run under -race); after the storm, one more Notify
 // reaches every channel.
 func TestInProcessNotifierConcurrentUse(t *testing.T) {
+	t.Parallel()
 	n := subscriptions.NewInProcessNotifier()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -205,6 +208,7 @@ func (s *wakeRecordingStore) Close() error {
 // for a failed Append (a version conflict, an invalid event) or an Append of
 // nothing — on every backend.
 func TestNotifyingEventStoreSignalsOnlyAfterSuccessfulAppend(t *testing.T) {
+	t.Parallel()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
@@ -258,6 +262,7 @@ func TestNotifyingEventStoreSignalsOnlyAfterSuccessfulAppend(t *testing.T) {
 // TestNotifyingEventStorePassesThroughOtherMethods: every method but Append
 // is the wrapped store's own, and none of them signals.
 func TestNotifyingEventStorePassesThroughOtherMethods(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	inner := &wakeRecordingStore{EventStore: infrastructure.NewMemoryStore()}
 	var signals atomic.Int64
@@ -304,6 +309,7 @@ func TestNotifyingEventStorePassesThroughOtherMethods(t *testing.T) {
 // TestNotifyingEventStoreConstructor: a nil callback signals nothing; a nil
 // store is refused at construction.
 func TestNotifyingEventStoreConstructor(t *testing.T) {
+	t.Parallel()
 	store := subscriptions.NewNotifyingEventStore(infrastructure.NewMemoryStore(), nil)
 	appendN(t, store, "nil.notify", 0, 2)
 	head, err := store.HeadPosition(context.Background())

@@ -14,6 +14,7 @@ import (
 // before aggregate_id existed gets the column from NewGormParkingLot; its
 // rows read back with an empty aggregate and new parks store one.
 func TestGormParkingLotAddsAggregateColumn(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, b := range dbtest.GormBackends() {
 		t.Run(b.Name, func(t *testing.T) {

@@ -21,6 +21,7 @@ import (
 // failing one parks it again, once, with the new error. Entries of other
 // subscribers and before the reset position are untouched.
 func TestParkedEntryDoesNotOutliveRedelivery(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
@@ -110,6 +111,7 @@ func TestParkedEntryDoesNotOutliveRedelivery(t *testing.T) {
 // the batch's commit fails, the entry stays; once a commit succeeds, it is
 // gone.
 func TestParkedEntryRemovalCommitsWithTheBatch(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, b := range gormEnvs() {
 		t.Run(b.Name, func(t *testing.T) {

@@ -218,6 +218,7 @@ func (l *parkCountingLot) Park(ctx context.Context, p subscriptions.ParkedEvent)
 // GormParkingLot on the checkpoint store's *gorm.DB the park rolls back
 // with the batch, so the event is neither lost nor parked twice.
 func TestParkingCommitsAtomicallyWithCheckpoint(t *testing.T) {
+	t.Parallel()
 	const maxRetries = 2
 	for _, b := range gormEnvs() {
 		t.Run(b.Name, func(t *testing.T) {
@@ -282,6 +283,7 @@ func TestParkingCommitsAtomicallyWithCheckpoint(t *testing.T) {
 // lot's own database, never in the checkpoint database through the
 // batch's (foreign) transaction.
 func TestParkingLotOnForeignDatabase(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name    string
 		backend string
@@ -356,6 +358,7 @@ func TestParkingLotOnForeignDatabase(t *testing.T) {
 // running process's own store (Subscriber.ResetCheckpoint) or, as an
 // operator's separate process would, through a second store instance.
 func TestParkingReparkAfterReset(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name  string
 		reset func(t *testing.T, e *env, sub *subscriptions.Subscriber) error
@@ -430,6 +433,7 @@ func parkRepark(t *testing.T, e *env, reset func(t *testing.T, e *env, sub *subs
 // subscriber without a parking lot fail naming the subscriber and wrapping
 // ErrNoParkingLot.
 func TestParkingWithoutLot(t *testing.T) {
+	t.Parallel()
 	e := envBackends()[0].New(t)
 	ids := appendN(t, e.Events, "park.ok", 0, 1)
 	const name = "park-no-lot"

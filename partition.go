@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/eventfeed/subscriptions/internal/dialect"
 )
 
 // MaxPartitions bounds WithPartitions. Each partition is one checkpoint row
@@ -47,8 +49,8 @@ func WithConcurrency(k int) SubscriberOption {
 // PartitionOf returns the partition, in [0, n), that WithPartitions(n)
 // assigns an aggregate: the first four bytes of the MD5 digest of the
 // aggregate ID's UTF-8 bytes, read as a big-endian unsigned integer,
-// modulo n. The same function is computed in SQL on Postgres
-// (partitionHashSQL); MD5 is fixed by RFC 1321, so the assignment is the
+// modulo n. The same function is computed in SQL where the engine has MD5
+// (dialect.PartitionHash: Postgres); MD5 is fixed by RFC 1321, so the assignment is the
 // same in every version of Go, of Postgres and of this module. It returns
 // 0 when n < 1.
 func PartitionOf(aggregateID string, n int) int {
@@ -59,10 +61,9 @@ func PartitionOf(aggregateID string, n int) int {
 	return int(uint64(binary.BigEndian.Uint32(sum[:4])) % uint64(n))
 }
 
-// partitionHashSQL is PartitionOf's hash in Postgres SQL: the first eight
-// hex digits of md5(aggregate_id) as an unsigned 32-bit integer (a bigint,
-// so the modulo stays non-negative).
-const partitionHashSQL = `('x' || substr(md5(aggregate_id), 1, 8))::bit(32)::bigint`
+// partitionHashSQL is PartitionOf's hash in SQL (dialect.MD5PartitionHash),
+// a constant for the Postgres partition feed's query.
+const partitionHashSQL = dialect.MD5PartitionHash
 
 // partitionName is the checkpoint name of partition p of n. It names n so
 // that checkpoints of different partition counts never share a row.

@@ -3,8 +3,6 @@ package subscriptions
 import (
 	"context"
 	"fmt"
-
-	"github.com/eventfeed/subscriptions/internal/dialect"
 )
 
 // partitionClearer is a partition's deliveredClearer: a live delivery in
@@ -58,8 +56,8 @@ var (
 )
 
 // clearPartitionDelivered on Postgres is one indexed DELETE, as
-// clearDelivered is, with the partition's hash filter (partitionHashSQL on
-// the entry's aggregate_id). SQLite has no MD5: the range's entries (in the
+// clearDelivered is, with the partition's hash filter (dialect.PartitionHash
+// on the entry's aggregate_id). SQLite has no MD5: the range's entries (in the
 // usual case none: only a reset makes a live batch cover a parked event)
 // are read through the batch transaction, filtered with PartitionOf, and
 // the partition's deleted by key.
@@ -73,9 +71,9 @@ func (g *GormParkingLot) clearPartitionDelivered(ctx context.Context, subscriber
 		return fmt.Errorf("subscriptions: clear the parked events of %q (partition %d of %d) delivered in positions %d-%d: %w",
 			subscriber, partition, partitions, after+1, upTo, err)
 	}
-	if g.dialect == dialect.Postgres { // the partition hash in SQL (partitionHashSQL)
+	if hash := g.dialect.PartitionHash(); hash != "" { // the partition hash in SQL
 		where, args := g.dialect.ParkedSubscriber(subscriber)
-		if err := db.Exec("DELETE FROM parked_events WHERE "+where+" AND position > ? AND position <= ? AND aggregate_id <> '' AND mod("+partitionHashSQL+", ?) = ?",
+		if err := db.Exec("DELETE FROM parked_events WHERE "+where+" AND position > ? AND position <= ? AND aggregate_id <> '' AND mod("+hash+", ?) = ?",
 			append(args, after, upTo, partitions, partition)...).Error; err != nil {
 			return what(err)
 		}

@@ -153,6 +153,7 @@ func partReplica(t *testing.T, e *env) (domain.EventStore, subscriptions.Checkpo
 // compatibility promise (changing them moves aggregates between
 // partitions of running subscribers).
 func TestPartitionOfIsStable(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		agg  string
 		n    int
@@ -170,6 +171,7 @@ func TestPartitionOfIsStable(t *testing.T) {
 // TestPartitionOptionsAreValidated: out-of-range partition options are
 // refused at construction.
 func TestPartitionOptionsAreValidated(t *testing.T) {
+	t.Parallel()
 	events, cps := infrastructure.NewMemoryStore(), subscriptions.NewMemoryCheckpointStore()
 	h := func(context.Context, domain.EventEnvelope[any]) error { return nil }
 	for _, c := range []struct {
@@ -193,9 +195,11 @@ func TestPartitionOptionsAreValidated(t *testing.T) {
 // TestPartitionsSuite runs the partitioned subscriber's behaviour against
 // every backend.
 func TestPartitionsSuite(t *testing.T) {
+	t.Parallel()
 	const poll = 20 * time.Millisecond
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			t.Run("replicas handle every event once, in order per aggregate", func(t *testing.T) {
 				e := b.New(t)
 				proj := newPartProjection(t, e, "part_replicas")
@@ -486,6 +490,7 @@ func TestPartitionsIdleCostDoesNotGrowWithN(t *testing.T) {
 // than the test, events appended after the start are handled because the
 // wake signal triggers the coordinator's probe.
 func TestPartitionsWakeSignalWakesTheWorkers(t *testing.T) {
+	t.Parallel()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
@@ -508,6 +513,7 @@ func TestPartitionsWakeSignalWakesTheWorkers(t *testing.T) {
 // goroutine ends Run with the same panic on Run's goroutine, after the
 // other workers have stopped.
 func TestPartitionsHandlerPanicPropagates(t *testing.T) {
+	t.Parallel()
 	events, cps := infrastructure.NewMemoryStore(), subscriptions.NewMemoryCheckpointStore()
 	partAppend(t, events, map[string]int{}, 8, 20)
 	sub := coreNewSub(t, "part-panic", events, cps, func(context.Context, domain.EventEnvelope[any]) error {
@@ -528,6 +534,7 @@ func TestPartitionsHandlerPanicPropagates(t *testing.T) {
 // it yet stays listed while the other partitions have committed well past
 // its position.
 func TestPartitionParkedEntryRemovedOnLiveDelivery(t *testing.T) {
+	t.Parallel()
 	const (
 		poll  = 20 * time.Millisecond
 		parts = 4
@@ -540,6 +547,7 @@ func TestPartitionParkedEntryRemovedOnLiveDelivery(t *testing.T) {
 				name = b.Name + "/batch handler"
 			}
 			t.Run(name, func(t *testing.T) {
+				t.Parallel()
 				e := b.New(t)
 				proj := newPartProjection(t, e, "part_unpark")
 				lenient, strict := proj.handler(false), proj.handler(true)

@@ -75,9 +75,11 @@ func (r *rebuildReplicas) finish(t *testing.T) (feed []string, counts map[string
 // empties the projection and resets in one transaction that holds off
 // every replica's batches: every event is applied exactly once.
 func TestRebuildWithReplicasAndAppends(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, eb := range gormEnvs() {
 		t.Run(eb.Name, func(t *testing.T) {
+			t.Parallel()
 			t.Run("the old two-step procedure applies events twice", func(t *testing.T) {
 				if strings.HasSuffix(eb.Name, "-glebarez") {
 					// Shown on the other drivers. On glebarez under a loaded
@@ -125,6 +127,7 @@ func TestRebuildWithReplicasAndAppends(t *testing.T) {
 // operations guide, which point to the safe ones
 // (TestRebuildWithReplicasAndAppends shows why).
 func TestDocsDescribeOnlySafeRebuilds(t *testing.T) {
+	t.Parallel()
 	for _, file := range []string{"README.md", "docs/operations.md", "docs/rebuilds.md"} {
 		raw, err := os.ReadFile(file)
 		require.NoError(t, err)

@@ -105,9 +105,11 @@ type plainCheckpoints struct{ subscriptions.CheckpointStore }
 // checkpoint move happen together or not at all, and no batch lands
 // between them, on every backend.
 func TestResetCheckpointWithSuite(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			t.Run("a failing cleanup changes nothing", func(t *testing.T) {
 				e := b.New(t)
 				ids := appendN(t, e.Events, "rw.fail", 0, 12)
@@ -198,6 +200,7 @@ func TestResetCheckpointWithSuite(t *testing.T) {
 // TestDeleteStateSuite: retiring a name deletes its checkpoint and its
 // parked events, and nothing of another name's.
 func TestDeleteStateSuite(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
@@ -249,6 +252,7 @@ func TestDeleteStateSuite(t *testing.T) {
 // TestRunTwiceSuite: a second concurrent Run is refused; a Subscriber runs
 // again after its Run returned.
 func TestRunTwiceSuite(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
@@ -284,6 +288,7 @@ func TestRunTwiceSuite(t *testing.T) {
 // TestWaitCaughtUpSuite: WaitCaughtUp returns the head as of its call once
 // the checkpoint reached it, and ctx's error when ctx ends first.
 func TestWaitCaughtUpSuite(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
@@ -329,6 +334,7 @@ func (f failingPurger) Purge(ctx context.Context, subscriber string) error {
 // TestDeleteStateIsAtomic: on the database backends the checkpoint and the
 // parked events are deleted in one transaction: a failure leaves both.
 func TestDeleteStateIsAtomic(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, b := range gormEnvs() {
 		t.Run(b.Name, func(t *testing.T) {
@@ -370,6 +376,7 @@ func (h hookPurger) Purge(ctx context.Context, subscriber string) error {
 // Subscriber is refused with ErrRunning (it would re-create the checkpoint
 // at 0), and the Subscriber runs again afterwards, on every backend.
 func TestDeleteStateRefusesRun(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
@@ -399,6 +406,7 @@ func TestDeleteStateRefusesRun(t *testing.T) {
 // reported once, with the subscriber and the step named once each, on the
 // database backends (the memory lot cannot fail).
 func TestDeleteStatePurgeError(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, b := range gormEnvs() {
 		t.Run(b.Name, func(t *testing.T) {
@@ -424,6 +432,7 @@ func TestDeleteStatePurgeError(t *testing.T) {
 // fixed handler then applies every event once and nothing stays parked to
 // be replayed a second time, on every backend.
 func TestRebuildPurgesParkedEvents(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {

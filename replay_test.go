@@ -25,6 +25,7 @@ import (
 // event that is not parked is ErrEventNotParked and an unknown one
 // domain.ErrEventNotFound.
 func TestReplayParked(t *testing.T) {
+	t.Parallel()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
@@ -126,6 +127,7 @@ func TestReplayParked(t *testing.T) {
 // entry: the handler reads its own parked row through TxFromContext, and
 // the entry is gone only once the replay has committed.
 func TestReplayParkedSeesEntryInItsTransaction(t *testing.T) {
+	t.Parallel()
 	for _, b := range gormEnvs() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
@@ -258,6 +260,7 @@ func parkResult(t *testing.T, done <-chan error) error {
 // then finds the entry gone). A replay after the first one cleared the
 // entry finds it gone.
 func TestReplayParkedConcurrently(t *testing.T) {
+	t.Parallel()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
@@ -306,6 +309,7 @@ func TestReplayParkedConcurrently(t *testing.T) {
 // database, as two processes (Postgres) or two parts of one process
 // (SQLite file) would: the second is refused with ErrReplayInProgress.
 func TestGormParkingLotReplayRaceAcrossHandles(t *testing.T) {
+	t.Parallel()
 	for _, b := range dbtest.GormBackends() {
 		if b.Name == "sqlite-memory" {
 			continue // one connection holds the whole database
@@ -351,6 +355,7 @@ func TestGormParkingLotReplayRaceAcrossHandles(t *testing.T) {
 // concurrent Park from another goroutine waits for the replay (on Postgres
 // it is seen waiting on the row lock) and the entry exists afterwards.
 func TestReplayParkedKeepsEntryReparkedMeanwhile(t *testing.T) {
+	t.Parallel()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			var e *env

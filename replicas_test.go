@@ -192,6 +192,7 @@ func TestReplicasProcessExactlyOnceAndTakeOver(t *testing.T) {
 // at once — even on the subscriber's very first batch, when the other
 // process is still creating the checkpoint row.
 func TestReplicaStopsWhileAnotherHoldsTheFirstBatch(t *testing.T) {
+	t.Parallel()
 	pg := dbtest.NewPostgres(t)
 	e := gormEnv(t, "postgres", pg.DB, pg)
 	ids := appendN(t, e.Events, "core.first", 0, 5)

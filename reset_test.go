@@ -19,6 +19,7 @@ import (
 // TestCheckpointStoreResetThenAcquire: a reset checkpoint is acquired at
 // the reset position by the same store, and can be reset again.
 func TestCheckpointStoreResetThenAcquire(t *testing.T) {
+	t.Parallel()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
@@ -53,6 +54,7 @@ func TestCheckpointStoreResetThenAcquire(t *testing.T) {
 // batch's Commit fails with ErrCheckpointMoved. Memory: Reset fails with
 // ErrBatchInFlight.
 func TestCheckpointStoreResetDuringBatch(t *testing.T) {
+	t.Parallel()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
@@ -164,6 +166,7 @@ func coreCounts(t *testing.T, db *gorm.DB, table string) map[string]int {
 // its batch is in flight: the reset is never overwritten, and the
 // subscriber resumes from the reset position.
 func TestSubscriberResetWhileBatchInFlight(t *testing.T) {
+	t.Parallel()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
@@ -282,6 +285,7 @@ func TestSubscriberResetWhileBatchInFlight(t *testing.T) {
 // once, incrementally (a stop midway leaves a consistent prefix) and
 // resumably (a new subscriber finishes the rebuild).
 func TestSubscriberResetRebuildsProjection(t *testing.T) {
+	t.Parallel()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)

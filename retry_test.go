@@ -104,6 +104,7 @@ var errParkPoison = errors.New("park: poison event refused")
 // attempts' writes through the batch transaction are discarded — the other
 // events of its batch, before and after it, commit.
 func TestRetryPoisonEventIsParkedAfterBackoff(t *testing.T) {
+	t.Parallel()
 	const maxRetries = 5
 	initial, maximum := 2*time.Millisecond, 8*time.Millisecond // 2, 4, 8, 8, 8
 	cases := []struct {
@@ -141,6 +142,7 @@ func TestRetryPoisonEventIsParkedAfterBackoff(t *testing.T) {
 // of its batch must also be attempted exactly 1+maxRetries times (and the
 // parked attempt count must say how often the handler really ran).
 func TestRetryMiddleOfBatchAttemptCount(t *testing.T) {
+	t.Parallel()
 	const maxRetries = 2
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
@@ -158,6 +160,7 @@ func TestRetryMiddleOfBatchAttemptCount(t *testing.T) {
 // runs under a savepoint) is not parked, and its writes commit exactly
 // once.
 func TestRetryTransientFailureIsNotParked(t *testing.T) {
+	t.Parallel()
 	const maxRetries = 3
 	cases := []struct {
 		name      string
@@ -210,6 +213,7 @@ func TestRetryTransientFailureIsNotParked(t *testing.T) {
 // is logged at error level with the subscriber, position, event ID and
 // type.
 func TestRetryWithoutParkingLotHalts(t *testing.T) {
+	t.Parallel()
 	const poll = 20 * time.Millisecond
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
@@ -269,6 +273,7 @@ func TestRetryWithoutParkingLotHalts(t *testing.T) {
 // the wait, the failed attempt's writes are rolled back, and the event is
 // redelivered on restart.
 func TestRetryShutdownDuringBackoff(t *testing.T) {
+	t.Parallel()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
@@ -523,6 +528,7 @@ func retryPoisonFeed(t *testing.T, e *env, nBefore, nAfter int) (before []string
 // a poison event 1 + WithMaxRetries times in all, not each, then it is
 // parked; every other event is handled once.
 func TestRetryCountSharedByReplicas(t *testing.T) {
+	t.Parallel()
 	const maxRetries = 3
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
@@ -552,6 +558,7 @@ func TestRetryCountSharedByReplicas(t *testing.T) {
 // TestRetryCountSurvivesRestart: a subscriber stopped while it waits to
 // retry, and started again, continues the count instead of starting over.
 func TestRetryCountSurvivesRestart(t *testing.T) {
+	t.Parallel()
 	const maxRetries = 3
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
@@ -619,6 +626,7 @@ func retryRunUntilPanic(t *testing.T, sub *subscriptions.Subscriber, cond func()
 // that ran it alone, plus one uncounted first crash, and the events
 // around it are handled.
 func TestRetryCrashingEventIsParked(t *testing.T) {
+	t.Parallel()
 	const maxRetries = 2
 	for _, batch := range []int{1, 5} {
 		for _, b := range envBackends() {
@@ -674,6 +682,7 @@ func TestRetryCrashingEventIsParked(t *testing.T) {
 // TestRetrySuccessClearsCount: an event that succeeds on a retry leaves
 // no count behind, and the next failing event counts from 1.
 func TestRetrySuccessClearsCount(t *testing.T) {
+	t.Parallel()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
@@ -708,6 +717,7 @@ func TestRetrySuccessClearsCount(t *testing.T) {
 // TestRetryResetClearsCount: ResetCheckpoint, ResetCheckpointWith and
 // DeleteState forget the count of the event being retried.
 func TestRetryResetClearsCount(t *testing.T) {
+	t.Parallel()
 	resets := []struct {
 		name  string
 		reset func(ctx context.Context, sub *subscriptions.Subscriber, position int64) error
@@ -746,6 +756,7 @@ func TestRetryResetClearsCount(t *testing.T) {
 // across restarts (each life here makes one attempt: the poll interval
 // is longer than the test).
 func TestRetryHaltedCountInStatus(t *testing.T) {
+	t.Parallel()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
@@ -772,6 +783,7 @@ func TestRetryHaltedCountInStatus(t *testing.T) {
 // the process (with a warning), and the poison event is still parked after
 // 1 + WithMaxRetries attempts while the events around it are handled.
 func TestRetryOnePostgresConnection(t *testing.T) {
+	t.Parallel()
 	pg := dbtest.NewPostgres(t)
 	db := pg.Open(t)
 	sqlDB, err := db.DB()

@@ -18,6 +18,7 @@ import (
 // that creates tables fails with an error that says so and names the
 // search_path, instead of a driver's "converting NULL to string".
 func TestConstructorsNameAMissingSchema(t *testing.T) {
+	t.Parallel()
 	dbtest.RequirePostgres(t)
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)

@@ -16,6 +16,7 @@ import (
 // cut off by WithHandlerTimeout: a hang once is retried and succeeds, a
 // hang every time is parked with ErrHandlerTimeout, on every backend.
 func TestHandlerTimeoutSuite(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
@@ -76,9 +77,11 @@ func TestHandlerTimeoutSuite(t *testing.T) {
 // and Run returns; the batch is delivered again after a restart. Without
 // it, the batch in flight drains (the default), on every backend.
 func TestShutdownGraceSuite(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			// The hung handler either honours its context (returns its
 			// error) or swallows the cancellation and returns nil; either
 			// way the batch must roll back. The nil case hangs on the

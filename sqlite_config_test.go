@@ -33,6 +33,7 @@ var sqliteConstructors = []struct {
 // every constructor refuses it and names the fix; on one connection it is
 // accepted and works.
 func TestSQLiteInMemoryPoolRefused(t *testing.T) {
+	t.Parallel()
 	for _, d := range dbtest.SQLiteDrivers() {
 		t.Run(d.Name, func(t *testing.T) {
 			for _, dsn := range []string{":memory:", "file::memory:"} {
@@ -79,6 +80,7 @@ func TestSQLiteInMemoryPoolRefused(t *testing.T) {
 // refuse it and name the DSN parameter. The drivers' default (5 s) is
 // accepted.
 func TestSQLiteBusyTimeoutZeroRefused(t *testing.T) {
+	t.Parallel()
 	for _, d := range dbtest.SQLiteDrivers() {
 		t.Run(d.Name, func(t *testing.T) {
 			zero := "?_busy_timeout=0"
@@ -135,6 +137,7 @@ func TestSQLiteClosedPoolsReleased(t *testing.T) {
 // event exactly once: the drivers' default busy timeout (5 s) and the
 // store's write-first transactions are all the module needs.
 func TestSQLiteDriverDefaultsHold(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name string
 		dsn  func(path string) string
@@ -208,6 +211,7 @@ func TestSQLiteDriverDefaultsHold(t *testing.T) {
 // mode is switched to WAL by the constructors (under load, writers in a
 // rollback-journal database wait out the busy timeout and fail).
 func TestSQLiteSwitchedToWAL(t *testing.T) {
+	t.Parallel()
 	for _, d := range dbtest.SQLiteDrivers() {
 		for _, c := range sqliteConstructors {
 			t.Run(d.Name+"/"+c.name, func(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 // checkpoint; a parking lot's Replay hands it over too. Outside a database
 // batch there is none.
 func TestSQLTxFromContext(t *testing.T) {
+	t.Parallel()
 	require.Nil(t, subscriptions.SQLTxFromContext(context.Background()))
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {

@@ -47,8 +47,10 @@ func statusHealthyFor(t *testing.T, sub *subscriptions.Subscriber, d time.Durati
 // TestStatusAndHealthyStates drives a subscriber through every state on
 // every backend and checks Status and Healthy in each.
 func TestStatusAndHealthyStates(t *testing.T) {
+	t.Parallel()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 
 			t.Run("stopped, then idle, then stopped", func(t *testing.T) {
@@ -293,6 +295,7 @@ func TestStatusAndHealthyStates(t *testing.T) {
 // TestHealthOptionsValidated: the thresholds are checked like every
 // option.
 func TestHealthOptionsValidated(t *testing.T) {
+	t.Parallel()
 	e := envBackends()[0].New(t)
 	for _, tc := range []struct {
 		opt  subscriptions.SubscriberOption

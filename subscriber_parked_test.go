@@ -18,6 +18,7 @@ import (
 // paging; bulk replay in position order, stopping at the first failure or
 // continuing; a discard that leaves an audit line.
 func TestManageParked(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
@@ -149,6 +150,7 @@ func TestManageParked(t *testing.T) {
 // TestManageParkedNeedsManagedLot: a lot that only implements ParkingLot
 // is refused by the management methods, which say why.
 func TestManageParkedNeedsManagedLot(t *testing.T) {
+	t.Parallel()
 	e := envBackends()[0].New(t)
 	sub := parkSubscriber(t, e, "manage-plain", func(context.Context, domain.EventEnvelope[any]) error { return nil },
 		subscriptions.WithParkingLot(plainLot{subscriptions.NewMemoryParkingLot()}))
@@ -181,6 +183,7 @@ func parkedIDs(ps []subscriptions.ParkedEvent) []string {
 // under a running replay: DiscardParked answers ErrReplayInProgress at
 // once on every backend, and the replay then clears the entry.
 func TestDiscardParkedDuringReplay(t *testing.T) {
+	t.Parallel()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)

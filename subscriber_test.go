@@ -22,6 +22,7 @@ import (
 // feed order; a new Subscriber with the same name (as after a restart)
 // continues right after the checkpoint, repeating and skipping nothing.
 func TestSubscriberProcessesInOrderAndResumes(t *testing.T) {
+	t.Parallel()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
@@ -80,6 +81,7 @@ func TestSubscriberProcessesInOrderAndResumes(t *testing.T) {
 // TestSubscriberHandlerSeesBatchTx: handlers run with the batch transaction
 // in their context on database backends, and with none in memory.
 func TestSubscriberHandlerSeesBatchTx(t *testing.T) {
+	t.Parallel()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
@@ -115,9 +117,11 @@ func TestSubscriberHandlerSeesBatchTx(t *testing.T) {
 // the catch-up batches take the pipelined path and the others the
 // ordinary one.
 func TestSubscriberExactlyOnceWithFailingHandler(t *testing.T) {
+	t.Parallel()
 	for _, b := range append(gormEnvs(), gooseEnvBackends()...) {
 		for _, p := range projectors {
 			t.Run(b.Name+"/"+p.Name, func(t *testing.T) {
+				t.Parallel()
 				e := b.New(t)
 				ctx := context.Background()
 				table := coreProjection(t, e.DB, "exactly_once")
@@ -172,6 +176,7 @@ func TestSubscriberExactlyOnceWithFailingHandler(t *testing.T) {
 // lets the batch finish and commit; Run returns nil and starts no new
 // batch.
 func TestSubscriberDrainsOnShutdown(t *testing.T) {
+	t.Parallel()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
@@ -219,6 +224,7 @@ func TestSubscriberDrainsOnShutdown(t *testing.T) {
 // TestSubscriberLag: 0 when caught up, head minus checkpoint otherwise,
 // and an error wrapping ErrCheckpointAhead (not 0) past the head.
 func TestSubscriberLag(t *testing.T) {
+	t.Parallel()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
@@ -263,6 +269,7 @@ func TestSubscriberLag(t *testing.T) {
 // checkpoint (no leaked transaction, row lock or pooled connection; the
 // next cycle can acquire) and the panic propagates out of Run.
 func TestSubscriberPanicReleasesCheckpoint(t *testing.T) {
+	t.Parallel()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
@@ -354,6 +361,7 @@ func (s *coreNoFeedStore) HeadPosition(ctx context.Context) (int64, error) {
 // TestSubscriberRunFailsFastWithoutGlobalFeed: Run returns an error
 // wrapping ErrGlobalOrderingNotSupported on a store without a global feed.
 func TestSubscriberRunFailsFastWithoutGlobalFeed(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name      string
 		headWorks bool
@@ -440,6 +448,7 @@ func (b *coreFlakyBatch) Commit(ctx context.Context, position int64) error {
 // checkpoint operations are logged and retried, never fatal; every event
 // is eventually handled, in order.
 func TestSubscriberTransientErrorsAreRetried(t *testing.T) {
+	t.Parallel()
 	t.Run("feed", func(t *testing.T) {
 		store := &coreFlakyStore{MemoryStore: infrastructure.NewMemoryStore()}
 		store.headFails.Store(1)
@@ -513,6 +522,7 @@ func TestSubscriberTransientErrorsAreRetried(t *testing.T) {
 // TestNewSubscriberValidation: every out-of-range argument is rejected with
 // an error naming it.
 func TestNewSubscriberValidation(t *testing.T) {
+	t.Parallel()
 	store := infrastructure.NewMemoryStore()
 	cps := subscriptions.NewMemoryCheckpointStore()
 	noop := func(context.Context, coreEnvelope) error { return nil }
@@ -607,6 +617,7 @@ type coreOrderPlaced struct {
 // a database into the handler's type, with the batch transaction in
 // context.
 func TestSubscriberWithEventDispatcher(t *testing.T) {
+	t.Parallel()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
@@ -681,6 +692,7 @@ func TestSubscriberWithEventDispatcher(t *testing.T) {
 // middle of a batch — are logged and retried, never fatal, and the
 // projection still ends up with every event exactly once.
 func TestSubscriberSurvivesTerminatedConnections(t *testing.T) {
+	t.Parallel()
 	pg := dbtest.NewPostgres(t)
 	app := "core_victim_" + pg.Schema
 	db := dbtest.OpenPostgresDSN(t, pg.DSN+"&application_name="+app)
@@ -750,6 +762,7 @@ func coreLines(s, substr string) string {
 // even when it hits an event in the middle of a batch and the event then
 // succeeds when it is run again.
 func TestSubscriberLogsMidBatchHandlerFailure(t *testing.T) {
+	t.Parallel()
 	store := infrastructure.NewMemoryStore()
 	ids := appendN(t, store, "core.glitch", 0, 10)
 	var failed atomic.Bool

@@ -94,6 +94,7 @@ func takeoverSnapshot(t *testing.T, db *gorm.DB) string {
 // row written through the documented model afterwards is one the library
 // reads. No row's data is changed by the takeover.
 func TestTakeOverOriginalDatabase(t *testing.T) {
+	t.Parallel()
 	for _, tdb := range takeoverDBs() {
 		t.Run(tdb.name, func(t *testing.T) {
 			open := tdb.open
@@ -226,6 +227,7 @@ func TestTakeOverOriginalDatabase(t *testing.T) {
 // dbtest.OriginalParkedEvent, which has no key columns) is complete: listed,
 // re-parked and replayed like one the library parked.
 func TestParkedModelRowIsReadByTheLibrary(t *testing.T) {
+	t.Parallel()
 	for _, b := range gormEnvs() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)

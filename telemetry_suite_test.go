@@ -161,6 +161,7 @@ func spanAttr(s sdktrace.ReadOnlySpan, key attribute.Key) attribute.Value {
 // application span through TracingEventStore, so on the database backends
 // the link crosses the database (metadata stored and read back).
 func TestTelemetrySuite(t *testing.T) {
+	t.Parallel()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
@@ -325,6 +326,7 @@ func TestTelemetrySuite(t *testing.T) {
 // Status does) with the checkpoint ahead of the feed head, on every
 // backend.
 func TestTelemetryGauges(t *testing.T) {
+	t.Parallel()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
@@ -371,6 +373,7 @@ func TestTelemetryGauges(t *testing.T) {
 // fails on its first event ends before its retries start, and the retry
 // batch links to it. On every backend.
 func TestTelemetryBatchSpans(t *testing.T) {
+	t.Parallel()
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
@@ -453,6 +456,7 @@ func (s *blockingHeadStore) HeadPosition(ctx context.Context) (int64, error) {
 // answer: the callback's reads run under a deadline of their own. The
 // deadline is the store's business, not the backend's: memory only.
 func TestTelemetryGaugeDeadline(t *testing.T) {
+	t.Parallel()
 	e := envBackends()[0].New(t)
 	store := &blockingHeadStore{EventStore: e.Events}
 	kit := newTelemetryKit(t)

@@ -18,6 +18,7 @@ import (
 // and what it leaves alone, on every backend (the values must survive the
 // database's JSON round trip).
 func TestTracingEventStoreMetadata(t *testing.T) {
+	t.Parallel()
 	tp := sdktrace.NewTracerProvider()
 	t.Cleanup(func() { require.NoError(t, tp.Shutdown(context.Background())) })
 	for _, b := range envBackends() {
@@ -76,6 +77,7 @@ func TestTracingEventStoreMetadata(t *testing.T) {
 // TestDecoratedStoresKeepThePipeline: a subscriber given the decorated
 // stores still acquires and reads in one round trip on Postgres.
 func TestDecoratedStoresKeepThePipeline(t *testing.T) {
+	t.Parallel()
 	pg := dbtest.NewPostgres(t)
 	e := gormEnv(t, "postgres", pg.DB, pg)
 	decorated := subscriptions.NewNotifyingEventStore(subscriptions.NewTracingEventStore(e.Events), func() {})

@@ -170,11 +170,13 @@ func wakeLatencies(t *testing.T, appendTo domain.EventStore, counting *wakeCount
 // event within milliseconds of the commit, on the memory store and on
 // SQLite.
 func TestWakeSignalInProcess(t *testing.T) {
+	t.Parallel()
 	for _, b := range envBackends() {
 		if b.Name == "postgres" {
 			continue // cross-process: TestWakeSignalAcrossProcessesPostgres
 		}
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
 			e := b.New(t)
 			notifier := subscriptions.NewInProcessNotifier()
 			appendTo := subscriptions.NewNotifyingEventStore(e.Events, notifier.Notify)
@@ -197,6 +199,7 @@ func TestWakeSignalInProcess(t *testing.T) {
 // reaches the PostgresListener, which wakes the subscriber long before its
 // 1-hour poll.
 func TestWakeSignalAcrossProcessesPostgres(t *testing.T) {
+	t.Parallel()
 	pg := dbtest.NewPostgres(t)
 	e := gormEnv(t, "postgres", pg.DB, pg)
 	other, err := infrastructure.NewGormEventStore(pg.Open(t))
@@ -247,6 +250,7 @@ func startWakeRecheck(t *testing.T, name string) (*infrastructure.MemoryStore, *
 // further signal: the subscriber's quick re-check must find it, well before
 // the 1-hour poll.
 func TestWakeRecheckAfterFruitlessWake(t *testing.T) {
+	t.Parallel()
 	store, counting, wake, handled := startWakeRecheck(t, "wake-recheck")
 
 	// The wake's read (the second) finds nothing; the event commits right
@@ -277,6 +281,7 @@ func TestWakeRecheckAfterFruitlessWake(t *testing.T) {
 // visible only after the first re-check (5 ms) also found nothing; the
 // 25 ms re-check must find it.
 func TestWakeRechecksRepeatAfterFruitlessWake(t *testing.T) {
+	t.Parallel()
 	store, counting, wake, handled := startWakeRecheck(t, "wake-recheck2")
 
 	ev := domain.NewEventEnvelope[any](map[string]any{"n": 1}, "wake-agg", "wake.test", 0)
@@ -299,6 +304,7 @@ func TestWakeRechecksRepeatAfterFruitlessWake(t *testing.T) {
 // once and dropped; the subscriber then polls at its poll interval — it
 // does not spin on the closed channel — and still handles new events.
 func TestWakeClosedChannelFallsBackToPolling(t *testing.T) {
+	t.Parallel()
 	const poll = 100 * time.Millisecond
 	store := infrastructure.NewMemoryStore()
 	counting := &wakeCountingStore{EventStore: store}

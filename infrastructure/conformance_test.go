@@ -14,6 +14,7 @@ func TestStoreSuite(t *testing.T) {
 	for _, b := range storeBackends() {
 		subscriptionstest.RunEventStoreSuite(t, subscriptionstest.EventStoreHarness{
 			Name:               b.name,
+			Parallel:           true,
 			New:                func(t *testing.T) domain.EventStore { return b.open(t) },
 			MaxIdentifierBytes: infrastructure.MaxIdentifierBytes,
 		})

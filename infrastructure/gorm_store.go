@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync/atomic"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
 
 	"github.com/eventfeed/subscriptions/domain"
@@ -255,16 +254,16 @@ func (s *GormEventStore) appendOnce(ctx context.Context, aggregateID string, exp
 	// taken before the lock (duplicate positions), or appends would fail
 	// with serialization errors, so the level is set explicitly (dialect.TxOptions).
 	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		if s.inTx && s.dialect.TxOptions() != nil {
+		if show, readCommitted := s.dialect.ShowIsolation(); s.inTx && show != "" {
 			// The caller's transaction chose its isolation level. Only READ
 			// COMMITTED reads, after the lock, every append committed
 			// before it; under a snapshot taken earlier the append would
 			// reuse a committed position and fail.
 			var level string
-			if err := tx.Raw("SHOW transaction_isolation").Scan(&level).Error; err != nil {
+			if err := tx.Raw(show).Scan(&level).Error; err != nil {
 				return fmt.Errorf("read the transaction's isolation level: %w", err)
 			}
-			if level != "read committed" {
+			if level != readCommitted {
 				return fmt.Errorf("the caller's transaction runs at isolation level %q; appending inside a transaction needs READ COMMITTED (begin it with &sql.TxOptions{Isolation: sql.LevelReadCommitted})", level)
 			}
 		}
@@ -361,32 +360,29 @@ func isNotifyFailure(err error) bool {
 	if errors.As(err, new(notifyError)) {
 		return true
 	}
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "54000" && strings.Contains(pgErr.Message, "notif")
+	return sqlerr.NotifyQueueFull(err)
 }
 
 // insertError maps unique violations to the domain's errors, from any
-// driver (see internal/sqlerr: no driver is imported).
+// driver (classified by internal/sqlerr: no driver is imported).
 func (s *GormEventStore) insertError(aggregateID string, err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
-		if pgErr.ConstraintName == "events_pkey" {
-			return fmt.Errorf("%w: aggregate %q: an event ID is already stored: %s", domain.ErrInvalidEvent, aggregateID, pgErr.Detail)
-		}
-		return fmt.Errorf("%w: aggregate %q: %s", domain.ErrConcurrencyConflict, aggregateID, pgErr.Detail)
+	violation, unique := sqlerr.UniqueViolation(err)
+	if !unique {
+		return fmt.Errorf("insert events: %w", err)
 	}
-	if unique, detail := sqlerr.UniqueViolation(err); unique {
-		if detail == "events.id" {
-			return fmt.Errorf("%w: aggregate %q: an event ID is already stored", domain.ErrInvalidEvent, aggregateID)
-		}
-		if detail == "" {
-			// gorm.Config.TranslateError dropped the detail: the caller
-			// tells an ID clash from a version clash (duplicateIDError).
-			return fmt.Errorf("%w: aggregate %q: %w", domain.ErrConcurrencyConflict, aggregateID, errUndetailed)
-		}
-		return fmt.Errorf("%w: aggregate %q: UNIQUE constraint failed: %s", domain.ErrConcurrencyConflict, aggregateID, detail)
+	switch {
+	case violation.Constraint == "events_pkey": // Postgres
+		return fmt.Errorf("%w: aggregate %q: an event ID is already stored: %s", domain.ErrInvalidEvent, aggregateID, violation.Detail)
+	case violation.Constraint == "events.id": // SQLite
+		return fmt.Errorf("%w: aggregate %q: an event ID is already stored", domain.ErrInvalidEvent, aggregateID)
+	case violation.Constraint == "":
+		// gorm.Config.TranslateError dropped the detail: the caller
+		// tells an ID clash from a version clash (duplicateIDError).
+		return fmt.Errorf("%w: aggregate %q: %w", domain.ErrConcurrencyConflict, aggregateID, errUndetailed)
+	case violation.Detail != "": // Postgres
+		return fmt.Errorf("%w: aggregate %q: %s", domain.ErrConcurrencyConflict, aggregateID, violation.Detail)
 	}
-	return fmt.Errorf("insert events: %w", err)
+	return fmt.Errorf("%w: aggregate %q: UNIQUE constraint failed: %s", domain.ErrConcurrencyConflict, aggregateID, violation.Constraint)
 }
 
 // errUndetailed marks a unique violation whose constraint is unknown.

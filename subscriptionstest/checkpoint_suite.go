@@ -32,6 +32,13 @@ type CheckpointStoreHarness struct {
 	// other batch, whatever its subscriber (SQLite's single write lock):
 	// the suite then does not check that another name is independent.
 	SerializesWriters bool
+	// Parallel runs this backend's cases alongside the test binary's other
+	// parallel tests (t.Parallel on the Name subtest, so that the suites of
+	// several backends overlap while each waits on its database). Set it
+	// when New's stores share nothing with other tests, e.g. a database or
+	// schema of their own. The cases of one backend still run one after
+	// another.
+	Parallel bool
 }
 
 // RunCheckpointStoreSuite runs the behavioural contract of
@@ -42,6 +49,9 @@ type CheckpointStoreHarness struct {
 func RunCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
 	ctx := context.Background()
 	t.Run(h.Name, func(t *testing.T) {
+		if h.Parallel {
+			t.Parallel()
+		}
 		t.Run("PositionOfUnknownIsZero", func(t *testing.T) {
 			cps, _ := h.New(t)
 			requirePosition(t, cps, "never-seen", 0)

@@ -33,6 +33,13 @@ type EventStoreHarness struct {
 	// Zero means the store has no bound, and the bound's cases are skipped.
 	// This module's stores use infrastructure.MaxIdentifierBytes.
 	MaxIdentifierBytes int
+	// Parallel runs this backend's cases alongside the test binary's other
+	// parallel tests (t.Parallel on the Name subtest, so that the suites of
+	// several backends overlap while each waits on its database). Set it
+	// when New's stores share nothing with other tests, e.g. a database or
+	// schema of their own. The cases of one backend still run one after
+	// another.
+	Parallel bool
 }
 
 // storeBackend is the harness as the cases read it.
@@ -80,6 +87,9 @@ func RunEventStoreSuite(t *testing.T, h EventStoreHarness) {
 	// One backend; the loop keeps the cases where they were written.
 	for _, b := range []storeBackend{{name: h.Name, open: h.New}} {
 		t.Run(b.name, func(t *testing.T) {
+			if h.Parallel {
+				t.Parallel()
+			}
 			for _, c := range cases {
 				t.Run(c.name, func(t *testing.T) { c.run(t, b.open(t)) })
 			}

@@ -30,6 +30,13 @@ type ParkingLotHarness struct {
 	// free text as valid UTF-8 without NUL characters, and Replay hands
 	// the handler its transaction (subscriptions.TxFromContext).
 	Transactional bool
+	// Parallel runs this backend's cases alongside the test binary's other
+	// parallel tests (t.Parallel on the Name subtest, so that the suites of
+	// several backends overlap while each waits on its database). Set it
+	// when New's stores share nothing with other tests, e.g. a database or
+	// schema of their own. The cases of one backend still run one after
+	// another.
+	Parallel bool
 }
 
 // parkLotBackend is the harness as the cases read it.
@@ -89,6 +96,9 @@ func RunParkingLotSuite(t *testing.T, h ParkingLotHarness) {
 	// One backend; the loop keeps the cases where they were written.
 	for _, b := range []parkLotBackend{{name: h.Name, new: h.New, db: h.Transactional}} {
 		t.Run(b.name, func(t *testing.T) {
+			if h.Parallel {
+				t.Parallel()
+			}
 			t.Run("empty list is an empty non-nil slice", func(t *testing.T) {
 				lot := b.new(t)
 				got, err := lot.List(ctx, "park-nobody")

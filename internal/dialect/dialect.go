@@ -50,10 +50,21 @@ type Dialect struct {
 	// filled in by a trigger; see ParkedKey and ParkedSubscriber.
 	HashedParkedKeys bool
 
-	txOptions *sql.TxOptions
-	forUpdate string
-	bytewise  string
+	txOptions     *sql.TxOptions
+	forUpdate     string
+	bytewise      string
+	backendPID    string
+	cancelBackend string
+	showIsolation string
+	partitionHash string
 }
+
+// MD5PartitionHash is subscriptions.PartitionOf's hash as an SQL
+// expression on aggregate_id, for engines with md5() (Postgres): the first
+// eight hex digits of md5(aggregate_id) as an unsigned 32-bit integer (a
+// bigint, so that a modulo stays non-negative). It is a constant for
+// queries built at compile time; elsewhere ask PartitionHash.
+const MD5PartitionHash = `('x' || substr(md5(aggregate_id), 1, 8))::bit(32)::bigint`
 
 var (
 	// Postgres is the Postgres dialect.
@@ -68,9 +79,13 @@ var (
 		// Row locking with SKIP LOCKED, the compare-and-set commit, and
 		// the append's read after its lock are designed for READ
 		// COMMITTED: set whatever the server's default_transaction_isolation.
-		txOptions: &sql.TxOptions{Isolation: sql.LevelReadCommitted},
-		forUpdate: " FOR UPDATE",
-		bytewise:  ` COLLATE "C"`,
+		txOptions:     &sql.TxOptions{Isolation: sql.LevelReadCommitted},
+		forUpdate:     " FOR UPDATE",
+		bytewise:      ` COLLATE "C"`,
+		backendPID:    "SELECT pg_backend_pid()",
+		cancelBackend: "SELECT pg_cancel_backend(?)",
+		showIsolation: "SHOW transaction_isolation",
+		partitionHash: MD5PartitionHash,
 	}
 	// SQLite is the SQLite dialect.
 	SQLite = &Dialect{Name: sqlschema.SQLite}
@@ -107,6 +122,33 @@ func (d *Dialect) ForUpdate() string { return d.forUpdate }
 // Bytewise is the collation clause that orders a text column by its bytes
 // (appended to the column in ORDER BY); "" where that is the default.
 func (d *Dialect) Bytewise() string { return d.bytewise }
+
+// BackendPID is the query that returns the ID of the server process
+// serving the connection it runs on, for CancelBackend; "" without
+// RowLocks (an in-process engine's statements end with the driver's
+// cancellation).
+func (d *Dialect) BackendPID() string { return d.backendPID }
+
+// CancelBackend is the statement that cancels, from another connection,
+// the statement that the server process BackendPID returned (its one
+// argument) is running; "" without RowLocks.
+func (d *Dialect) CancelBackend() string { return d.cancelBackend }
+
+// ShowIsolation is the query that reads the current transaction's
+// isolation level, and the level it reads under READ COMMITTED, the level
+// TxOptions chooses; both "" where the module chooses none (TxOptions is
+// nil: SQLite's transactions are serializable).
+func (d *Dialect) ShowIsolation() (query, readCommitted string) {
+	if d.showIsolation == "" {
+		return "", ""
+	}
+	return d.showIsolation, "read committed"
+}
+
+// PartitionHash is subscriptions.PartitionOf's hash of aggregate_id as an
+// SQL expression (MD5PartitionHash), "" where the engine has no MD5
+// (SQLite): there the caller filters in Go with PartitionOf.
+func (d *Dialect) PartitionHash() string { return d.partitionHash }
 
 // WriteLock is the statement an append takes its lock with, before it
 // reads the feed head, its arguments, and what it takes (for errors): a

@@ -41,3 +41,23 @@ func TestParkedKeys(t *testing.T) {
 	require.Contains(t, q, "ON CONFLICT (key)")
 	require.Len(t, qargs, 10)
 }
+
+// TestServerQueries: only Postgres has server-side cancellation, an
+// isolation level to check and an SQL partition hash; on SQLite the
+// callers take their in-process paths ("" everywhere).
+func TestServerQueries(t *testing.T) {
+	require.Equal(t, "SELECT pg_backend_pid()", Postgres.BackendPID())
+	require.Equal(t, "SELECT pg_cancel_backend(?)", Postgres.CancelBackend())
+	show, readCommitted := Postgres.ShowIsolation()
+	require.Equal(t, "SHOW transaction_isolation", show)
+	require.Equal(t, "read committed", readCommitted)
+	require.Equal(t, MD5PartitionHash, Postgres.PartitionHash())
+
+	require.Empty(t, SQLite.BackendPID())
+	require.Empty(t, SQLite.CancelBackend())
+	show, readCommitted = SQLite.ShowIsolation()
+	require.Empty(t, show)
+	require.Empty(t, readCommitted)
+	require.Empty(t, SQLite.PartitionHash())
+	require.Nil(t, SQLite.TxOptions(), "ShowIsolation is empty exactly where the module chooses no level")
+}

@@ -22,35 +22,54 @@ import (
 	"gorm.io/gorm"
 )
 
+// Unique is a unique or primary-key violation as the database reported
+// it.
+type Unique struct {
+	// Constraint names what was violated: the constraint on Postgres
+	// ("events_pkey"), the columns on SQLite ("events.id"); "" when
+	// gorm.Config.TranslateError dropped the database's message.
+	Constraint string
+	// Detail is Postgres' DETAIL line (the key and its value); "" on
+	// SQLite, whose message has no more than the columns.
+	Detail string
+}
+
 // UniqueViolation reports whether err is a unique or primary-key
-// violation. detail is what the database says about it (the constraint or
-// the columns), "" when a translation dropped it.
-func UniqueViolation(err error) (unique bool, detail string) {
+// violation, and what the database says about it.
+func UniqueViolation(err error) (violation Unique, unique bool) {
 	if err == nil {
-		return false, ""
+		return Unique{}, false
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		if pgErr.Code != "23505" {
-			return false, ""
+			return Unique{}, false
 		}
-		return true, pgErr.ConstraintName + ": " + pgErr.Detail
+		return Unique{Constraint: pgErr.ConstraintName, Detail: pgErr.Detail}, true
 	}
 	msg := err.Error()
 	for _, marker := range []string{"UNIQUE constraint failed: ", "PRIMARY KEY constraint failed: "} {
 		if i := strings.Index(msg, marker); i >= 0 {
-			detail = strings.TrimSpace(msg[i+len(marker):])
+			columns := strings.TrimSpace(msg[i+len(marker):])
 			// modernc.org/sqlite appends the extended code: " (1555)".
-			if j := strings.LastIndex(detail, " ("); j > 0 && strings.HasSuffix(detail, ")") {
-				detail = detail[:j]
+			if j := strings.LastIndex(columns, " ("); j > 0 && strings.HasSuffix(columns, ")") {
+				columns = columns[:j]
 			}
-			return true, detail
+			return Unique{Constraint: columns}, true
 		}
 	}
 	if errors.Is(err, gorm.ErrDuplicatedKey) {
-		return true, ""
+		return Unique{}, true
 	}
-	return false, ""
+	return Unique{}, false
+}
+
+// NotifyQueueFull reports whether err is Postgres refusing a NOTIFY, or
+// the COMMIT that delivers it, because the server's notification queue is
+// full (program_limit_exceeded about notifications).
+func NotifyQueueFull(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "54000" && strings.Contains(pgErr.Message, "notif")
 }
 
 // Busy reports whether err is SQLite's SQLITE_BUSY or SQLITE_LOCKED

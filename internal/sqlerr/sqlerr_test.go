@@ -51,3 +51,37 @@ func TestSQLState(t *testing.T) {
 	require.True(t, sqlerr.CommitRolledBack(fmt.Errorf("commit: %w", pgx.ErrTxCommitRollback)))
 	require.False(t, sqlerr.CommitRolledBack(errors.New("commit unexpectedly resulted in rollback")))
 }
+
+// TestUniqueViolation: a unique violation from each engine, and from a
+// translating GORM, names what was violated; other errors are not one.
+func TestUniqueViolation(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		err    error
+		want   sqlerr.Unique
+		unique bool
+	}{
+		{"postgres", fmt.Errorf("insert: %w", &pgconn.PgError{Code: "23505", ConstraintName: "events_pkey", Detail: "Key (id)=(a) already exists."}),
+			sqlerr.Unique{Constraint: "events_pkey", Detail: "Key (id)=(a) already exists."}, true},
+		{"postgres other error", &pgconn.PgError{Code: "23503", ConstraintName: "fk"}, sqlerr.Unique{}, false},
+		{"sqlite mattn", errors.New("UNIQUE constraint failed: events.id"), sqlerr.Unique{Constraint: "events.id"}, true},
+		{"sqlite modernc", errors.New("constraint failed: UNIQUE constraint failed: events.aggregate_id, events.sequence_no (2067)"),
+			sqlerr.Unique{Constraint: "events.aggregate_id, events.sequence_no"}, true},
+		{"sqlite primary key", errors.New("PRIMARY KEY constraint failed: t.id"), sqlerr.Unique{Constraint: "t.id"}, true},
+		{"translated", fmt.Errorf("insert: %w", gorm.ErrDuplicatedKey), sqlerr.Unique{}, true},
+		{"other", errors.New("database is locked"), sqlerr.Unique{}, false},
+		{"nil", nil, sqlerr.Unique{}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, unique := sqlerr.UniqueViolation(tc.err)
+			require.Equal(t, tc.unique, unique)
+			require.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func TestNotifyQueueFull(t *testing.T) {
+	require.True(t, sqlerr.NotifyQueueFull(fmt.Errorf("commit: %w", &pgconn.PgError{Code: "54000", Message: "too many notifications in the NOTIFY queue"})))
+	require.False(t, sqlerr.NotifyQueueFull(&pgconn.PgError{Code: "54000", Message: "stack depth limit exceeded"}))
+	require.False(t, sqlerr.NotifyQueueFull(errors.New("too many notifications in the NOTIFY queue")))
+}

@@ -209,6 +209,6 @@ func createProjection(ctx context.Context, db *gorm.DB, driver, table string) er
 }
 
 func isUniqueViolation(err error) bool {
-	unique, _ := sqlerr.UniqueViolation(err)
+	_, unique := sqlerr.UniqueViolation(err)
 	return unique
 }

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/eventfeed/subscriptions/internal/dialect"
 )
 
 // cancelRetryInterval is how often cancelBackendOnDone repeats its cancel
@@ -12,9 +14,9 @@ import (
 // reaches the backend between two statements is ignored by Postgres.
 const cancelRetryInterval = 20 * time.Millisecond
 
-// cancelBackendOnDone cancels, on the Postgres server, the statement that
-// backend pid is running once ctx ends, and keeps doing so until stop is
-// called. It exists because a client-side cancellation (the driver closing
+// cancelBackendOnDone cancels, on the database server, the statement that
+// backend pid is running once ctx ends (d.CancelBackend), and keeps doing
+// so until stop is called. It exists because a client-side cancellation (the driver closing
 // its socket when ctx ends) leaves the server still running the statement:
 // a backend waiting for a row lock notices the closed socket only after it
 // got the lock, so the lock would outlive the call that was abandoned.
@@ -25,7 +27,7 @@ const cancelRetryInterval = 20 * time.Millisecond
 // go through db, on another connection, without ctx (it has ended); a
 // request that fails is retried at the next tick, and stop ends the
 // retries and any request still waiting.
-func cancelBackendOnDone(ctx context.Context, db *gorm.DB, pid int64) (stop func()) {
+func cancelBackendOnDone(ctx context.Context, db *gorm.DB, d *dialect.Dialect, pid int64) (stop func()) {
 	stopped := make(chan struct{})
 	done := make(chan struct{})
 	// Ended by stop, so that a request waiting for a pool connection
@@ -44,7 +46,7 @@ func cancelBackendOnDone(ctx context.Context, db *gorm.DB, pid int64) (stop func
 			// The error is not actionable here: the guarded statement
 			// returns on its own once the row is free, and the next tick
 			// tries again.
-			_ = db.WithContext(reqCtx).Exec("SELECT pg_cancel_backend(?)", pid).Error
+			_ = db.WithContext(reqCtx).Exec(d.CancelBackend(), pid).Error
 			select {
 			case <-ticker.C:
 			case <-stopped:
