@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -201,8 +202,9 @@ func (s *Subscriber) runPartitioned(ctx context.Context) error {
 	defer stopDrain()
 	ps := &partitionSet{parts: make([]*partitionState, s.partitions), kick: make(chan struct{}, k), abort: abort}
 	names := s.partitionNames()
+	index := s.newPartitionIndex(ctx, names)
 	for p := range ps.parts {
-		child := s.partitionChild(names[p], p)
+		child := s.partitionChild(names[p], p, index)
 		r := &runner{s: child, timer: time.NewTimer(time.Hour), known: -1, ownedAt: -1, drain: drain}
 		r.timer.Stop()
 		defer r.timer.Stop()
@@ -243,10 +245,12 @@ func (s *Subscriber) runPartitioned(ctx context.Context) error {
 // parking under this subscriber's name. Every field of Subscriber is
 // listed (TestPartitionChildCopiesEveryField counts them): a copy of the
 // struct would copy its running flag.
-func (s *Subscriber) partitionChild(name string, p int) *Subscriber {
+func (s *Subscriber) partitionChild(name string, p int, index *partitionIndex) *Subscriber {
+	feed := newPartitionFeed(s.events, p, s.partitions)
+	feed.index = index
 	c := &Subscriber{
 		name:            name,
-		events:          newPartitionFeed(s.events, p, s.partitions),
+		events:          feed,
 		checkpoints:     s.checkpoints,
 		handler:         s.handler,
 		batchSize:       s.batchSize,
@@ -284,6 +288,26 @@ func (s *Subscriber) partitionChild(name string, p int) *Subscriber {
 		c.clearer = partitionClearer{lot: lot, name: s.name, partition: p, partitions: s.partitions}
 	}
 	return c
+}
+
+// newPartitionIndex returns the partitions' shared index of the feed on
+// Postgres (nil elsewhere: SQLite and memory filter in Go), its window
+// started at the lowest partition checkpoint when that can be read now.
+func (s *Subscriber) newPartitionIndex(ctx context.Context, names []string) *partitionIndex {
+	pg := newPartitionFeed(s.events, 0, s.partitions).pg
+	if pg == nil {
+		return nil
+	}
+	index := newPartitionIndex(pg.DB(), s.partitions)
+	positions, err := s.storePositions(ctx, names)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.logger.Warn("subscriber: reading the partition checkpoints failed; the first batch starts the feed index instead", "subscriber", s.name, "error", err)
+		}
+		return index
+	}
+	index.start(slices.Min(positions))
+	return index
 }
 
 // partitionWorker runs one cycle at a time on whichever partition is

@@ -1,0 +1,98 @@
+package subscriptions
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/internal/dbtest"
+)
+
+// TestPartitionIndexReadsWhatTheHashFilterReads: a partition's read
+// through the feed index returns exactly the events the hash-filtered read
+// returns, whatever the checkpoint: inside the window, behind it after the
+// window dropped its oldest chunks (the read falls back to the filter),
+// far past it (the window restarts), and at the head before and after
+// more events are appended.
+func TestPartitionIndexReadsWhatTheHashFilterReads(t *testing.T) {
+	pg := dbtest.NewPostgres(t)
+	store, err := infrastructure.NewGormEventStore(pg.DB)
+	require.NoError(t, err)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(1, 2))
+	appendEvents := func(count int) {
+		for done := 0; done < count; {
+			agg := fmt.Sprintf("agg-%d", rng.IntN(150))
+			k := min(1+rng.IntN(5), count-done)
+			evs := make([]domain.EventEnvelope[any], k)
+			for i := range evs {
+				evs[i] = domain.NewEventEnvelope[any](map[string]any{"n": done + i}, agg, "test", 0)
+			}
+			require.NoError(t, store.Append(ctx, agg, -1, evs...))
+			done += k
+		}
+	}
+	appendEvents(1200)
+
+	for _, tc := range []struct {
+		name                  string
+		partitions, chunk, cp int
+	}{
+		{"4 partitions, a window larger than the feed", 4, 100, 1 << 17},
+		{"16 partitions, a window that drops chunks", 16, 50, 600},
+		{"1 partition", 1, 100, 1 << 17},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			index := newPartitionIndex(pg.DB, tc.partitions)
+			index.chunk, index.capacity = tc.chunk, tc.cp
+			head, err := store.HeadPosition(ctx)
+			require.NoError(t, err)
+			// check compares the reads and reports whether the index
+			// answered (rather than the fallback).
+			check := func(p int, after int64, limit int) bool {
+				t.Helper()
+				plain := newPartitionFeed(store, p, tc.partitions)
+				indexed := newPartitionFeed(store, p, tc.partitions)
+				indexed.index = index
+				want, err := plain.ReadAfter(ctx, after, limit)
+				require.NoError(t, err)
+				got, err := indexed.ReadAfter(ctx, after, limit)
+				require.NoError(t, err)
+				require.Equal(t, positionsOf(want), positionsOf(got), "partition %d after %d, limit %d", p, after, limit)
+				_, answered, err := indexed.readIndexed(ctx, after, limit)
+				require.NoError(t, err)
+				return answered
+			}
+			// Partitions moving forward together, as a catch-up does.
+			for after := int64(0); after < head; after += 37 {
+				require.True(t, check(int(after)%tc.partitions, after, 5), "after %d: the index did not answer", after)
+			}
+			// Checkpoints in any order: behind the window, far past it, at
+			// the head.
+			for range 40 {
+				check(rng.IntN(tc.partitions), rng.Int64N(head+1), 1+rng.IntN(30))
+			}
+			require.True(t, check(0, head, 10))
+			appendEvents(150)
+			require.True(t, check(0, head, 10))
+			for p := range tc.partitions {
+				require.True(t, check(p, head, 200))
+			}
+			head, err = store.HeadPosition(ctx)
+			require.NoError(t, err)
+		})
+	}
+}
+
+func positionsOf(events []domain.EventEnvelope[any]) []int64 {
+	out := make([]int64, len(events))
+	for i, ev := range events {
+		out[i] = ev.Position
+	}
+	return out
+}
