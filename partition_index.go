@@ -127,6 +127,19 @@ func (x *partitionIndex) start(position int64) {
 	}
 }
 
+// rewind restarts the window at lowest when every partition's checkpoint
+// (lowest to highest) is behind it, as after a reset or a rebuild in place:
+// otherwise every partition would read with the hash filter until it
+// reached the old window. A window some partition still reads from is
+// kept. The coordinator's sweep calls it with the checkpoints it read.
+func (x *partitionIndex) rewind(lowest, highest int64) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.started && highest < x.lo {
+		x.restart(lowest)
+	}
+}
+
 // restart empties the window at position; the caller holds x.mu.
 func (x *partitionIndex) restart(position int64) {
 	x.started, x.lo, x.hi, x.size, x.chunks = true, position, position, 0, nil

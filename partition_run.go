@@ -60,6 +60,9 @@ type partitionSet struct {
 	parts []*partitionState
 	queue []int
 	kick  chan struct{}
+	// index is the workers' feed index (Postgres; nil elsewhere), which
+	// the sweep rewinds after a reset.
+	index *partitionIndex
 	// failure: a worker's fatal error or handler panic, ending Run.
 	fatal    error
 	panicked any
@@ -200,9 +203,9 @@ func (s *Subscriber) runPartitioned(ctx context.Context) error {
 	// cancelled drain (or get the shutdown grace), as in Run.
 	drain, stopDrain := s.drainContext(ctx)
 	defer stopDrain()
-	ps := &partitionSet{parts: make([]*partitionState, s.partitions), kick: make(chan struct{}, k), abort: abort}
 	names := s.partitionNames()
 	index := s.newPartitionIndex(ctx, names)
+	ps := &partitionSet{parts: make([]*partitionState, s.partitions), kick: make(chan struct{}, k), abort: abort, index: index}
 	for p := range ps.parts {
 		child := s.partitionChild(names[p], p, index)
 		r := &runner{s: child, timer: time.NewTimer(time.Hour), known: -1, ownedAt: -1, drain: drain}
@@ -494,6 +497,9 @@ func (s *Subscriber) sweep(ctx context.Context, ps *partitionSet, names []string
 			s.logger.Error("subscriber: reading the partition checkpoints failed; will retry", "subscriber", s.name, "error", err)
 		}
 		return
+	}
+	if ps.index != nil {
+		ps.index.rewind(slices.Min(positions), slices.Max(positions))
 	}
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
