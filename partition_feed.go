@@ -163,3 +163,68 @@ func (f *partitionFeed) countAfter(ctx context.Context, after, head int64) (int6
 	}
 	return n, nil
 }
+
+// indexedAcquirer is a partition's acquirer when its feed has an index
+// (Postgres): it looks the partition's positions up in the index, acquires
+// the checkpoint only when there are some, and reads those events in the
+// batch's transaction. A partition another replica holds then costs the
+// lock attempt alone, not a read of its events (with several processes,
+// most attempts at a partition held elsewhere ended that way). The index
+// answering nothing, or a store whose batches are not this module's GORM
+// ones, takes fallback, the ordinary read then acquire.
+type indexedAcquirer struct {
+	feed        *partitionFeed
+	checkpoints CheckpointStore
+	fallback    acquirer
+}
+
+func (a indexedAcquirer) acquireAfter(ctx context.Context, subscriber string, after int64, limit int, expectWork bool) (Batch, []domain.EventEnvelope[any], error) {
+	f := a.feed
+	positions, ok, err := f.index.positionsAfter(ctx, f.partition, after, limit)
+	if err != nil {
+		return nil, nil, &feedReadError{err: fmt.Errorf("read partition %d of %d after position %d: %w", f.partition, f.partitions, after, err)}
+	}
+	if !ok {
+		return a.fallback.acquireAfter(ctx, subscriber, after, limit, expectWork)
+	}
+	if len(positions) == 0 {
+		return nil, nil, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, &feedReadError{err: err}
+	}
+	batch, acquired, err := a.checkpoints.Acquire(context.WithoutCancel(ctx), subscriber)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !acquired {
+		return nil, nil, errCheckpointHeld
+	}
+	gb, ok := batch.(*gormBatch)
+	if !ok {
+		if err := batch.Rollback(); err != nil {
+			return nil, nil, err
+		}
+		return a.fallback.acquireAfter(ctx, subscriber, after, limit, expectWork)
+	}
+	var rows []infrastructure.GormEventModel
+	if err := gb.tx.WithContext(context.WithoutCancel(ctx)).Raw(partitionPositionsQuery, positionsArray(positions)).Scan(&rows).Error; err != nil {
+		_ = batch.Rollback() // the read's failure is the one to report
+		return nil, nil, &feedReadError{err: fmt.Errorf("read partition %d of %d after position %d: %w", f.partition, f.partitions, after, err)}
+	}
+	if len(rows) != len(positions) {
+		// An event the index named is gone: read with the hash filter.
+		if err := batch.Rollback(); err != nil {
+			return nil, nil, err
+		}
+		return a.fallback.acquireAfter(ctx, subscriber, after, limit, expectWork)
+	}
+	events := make([]domain.EventEnvelope[any], len(rows))
+	for i := range rows {
+		if events[i], err = rows[i].Envelope(); err != nil {
+			_ = batch.Rollback() // the decoding failure is the one to report
+			return nil, nil, &feedReadError{err: err}
+		}
+	}
+	return batch, events, nil
+}

@@ -103,3 +103,53 @@ func positionsOf(events []domain.EventEnvelope[any]) []int64 {
 	}
 	return out
 }
+
+// TestIndexedAcquirerLocksBeforeReading: with a feed index, a partition
+// whose checkpoint another replica holds is answered errCheckpointHeld
+// without reading its events; once free, the batch holds the events the
+// hash filter reads; past the head no transaction is opened.
+func TestIndexedAcquirerLocksBeforeReading(t *testing.T) {
+	pg := dbtest.NewPostgres(t)
+	store, err := infrastructure.NewGormEventStore(pg.DB)
+	require.NoError(t, err)
+	cps, err := NewGormCheckpointStore(pg.DB)
+	require.NoError(t, err)
+	ctx := context.Background()
+	for i := range 20 {
+		agg := fmt.Sprintf("agg-%d", i)
+		evs := make([]domain.EventEnvelope[any], 10)
+		for j := range evs {
+			evs[j] = domain.NewEventEnvelope[any](map[string]any{"n": j}, agg, "test", 0)
+		}
+		require.NoError(t, store.Append(ctx, agg, -1, evs...))
+	}
+	feed := newPartitionFeed(store, 1, 4)
+	feed.index = newPartitionIndex(pg.DB, 4)
+	a := indexedAcquirer{feed: feed, checkpoints: cps, fallback: readThenAcquire{events: feed, checkpoints: cps}}
+	name := partitionName("sub", 1, 4)
+
+	held, ok, err := cps.Acquire(ctx, name)
+	require.NoError(t, err)
+	require.True(t, ok)
+	batch, events, err := a.acquireAfter(ctx, name, 0, 10, true)
+	require.ErrorIs(t, err, errCheckpointHeld)
+	require.Nil(t, batch)
+	require.Empty(t, events)
+	require.NoError(t, held.Rollback())
+
+	batch, events, err = a.acquireAfter(ctx, name, 0, 10, true)
+	require.NoError(t, err)
+	require.NotNil(t, batch)
+	want, err := newPartitionFeed(store, 1, 4).ReadAfter(ctx, 0, 10)
+	require.NoError(t, err)
+	require.Len(t, want, 10)
+	require.Equal(t, positionsOf(want), positionsOf(events))
+	require.NoError(t, batch.Rollback())
+
+	head, err := store.HeadPosition(ctx)
+	require.NoError(t, err)
+	batch, events, err = a.acquireAfter(ctx, name, head, 10, true)
+	require.NoError(t, err)
+	require.Nil(t, batch)
+	require.Empty(t, events)
+}

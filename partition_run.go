@@ -278,12 +278,16 @@ func (s *Subscriber) partitionChild(name string, p int, index *partitionIndex) *
 		// Not copied: wake (the coordinator's), running (Run's own),
 		// partitions and concurrency (a partition is unpartitioned),
 		// acquirer (set below: the partition's read is filtered, so the
-		// ordinary one over the partition's view). clearer is the
-		// partition's own (partitionClearer): a partition's batch spans
+		// ordinary one over the partition's view, or with a feed index
+		// indexedAcquirer). clearer is the partition's own
+		// (partitionClearer): a partition's batch spans
 		// positions of other partitions' events, so clearing parked
 		// entries by position range alone would remove theirs.
 	}
 	c.acquirer = readThenAcquire{events: c.events, checkpoints: c.checkpoints}
+	if index != nil {
+		c.acquirer = indexedAcquirer{feed: feed, checkpoints: c.checkpoints, fallback: c.acquirer}
+	}
 	if s.parking != nil {
 		c.parking = partitionLot{ParkingLot: s.parking, name: s.name}
 	}
