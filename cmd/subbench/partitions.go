@@ -101,7 +101,7 @@ func runPartitions(ctx context.Context, b *bench) ([]Row, error) {
 		want := float64(c.partitions) * base.rate
 		label := "I/O-bound, " + c.label()
 		if c.perAggregate == 2 {
-			label += ", added: 10,000 aggregates of 2 events"
+			label += fmt.Sprintf(", added: %d aggregates of 2 events", c.events/2)
 		}
 		skew := partitionSkew(c.events, c.partitions, c.perAggregate)
 		r := newRow(label, res.rate, want, "ev/s", bname).
