@@ -170,8 +170,9 @@ func (f *partitionFeed) countAfter(ctx context.Context, after, head int64) (int6
 // batch's transaction. A partition another replica holds then costs the
 // lock attempt alone, not a read of its events (with several processes,
 // most attempts at a partition held elsewhere ended that way). The index
-// answering nothing, or a store whose batches are not this module's GORM
-// ones, takes fallback, the ordinary read then acquire.
+// answering nothing takes fallback, the ordinary read then acquire. It is
+// used only with a GormCheckpointStore on the events' own database
+// (partitionChild).
 type indexedAcquirer struct {
 	feed        *partitionFeed
 	checkpoints CheckpointStore

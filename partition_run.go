@@ -285,7 +285,9 @@ func (s *Subscriber) partitionChild(name string, p int, index *partitionIndex) *
 		// entries by position range alone would remove theirs.
 	}
 	c.acquirer = readThenAcquire{events: c.events, checkpoints: c.checkpoints}
-	if index != nil {
+	// The indexed acquirer reads the events in the batch's transaction:
+	// only when the checkpoints are this module's, in the events' database.
+	if g, ok := s.checkpoints.(*GormCheckpointStore); ok && index != nil && g.pipelines(feed.pg) {
 		c.acquirer = indexedAcquirer{feed: feed, checkpoints: c.checkpoints, fallback: c.acquirer}
 	}
 	if s.parking != nil {
