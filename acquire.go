@@ -2,6 +2,7 @@ package subscriptions
 
 import (
 	"context"
+	"errors"
 
 	"github.com/eventfeed/subscriptions/domain"
 )
@@ -18,7 +19,8 @@ import (
 //   - any other error: the checkpoint could not be acquired;
 //   - no events: nothing past after; batch, if not nil, holds nothing the
 //     caller needs and is to be rolled back;
-//   - events and a nil batch: another replica holds the checkpoint;
+//   - events and a nil batch, or errCheckpointHeld: another replica holds
+//     the checkpoint;
 //   - events and a batch: the batch holds the checkpoint; the caller owns
 //     it, checks its position against after, and ends it.
 //
@@ -81,6 +83,12 @@ func (a readThenAcquire) acquireAfter(ctx context.Context, subscriber string, af
 	}
 	return batch, events, nil
 }
+
+// errCheckpointHeld is an acquirer's answer that another replica holds the
+// checkpoint, for an acquirer that tries the lock before reading the
+// events (indexedAcquirer): the run loop treats it as the events-and-no-
+// batch answer.
+var errCheckpointHeld = errors.New("the checkpoint is held by another replica")
 
 // feedReadError is an acquirer's failure to read the feed, which the run
 // loop treats as transient (or fatal: domain.ErrGlobalOrderingNotSupported)

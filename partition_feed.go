@@ -15,9 +15,12 @@ import (
 // store's. A partition's runner is the ordinary per-name runner over this
 // view, so the batch, retry and park steps are the unpartitioned ones.
 //
-// On a Postgres GormEventStore the filter runs in SQL; on other stores the
-// view reads the feed in chunks and filters in Go (SQLite and memory are
-// one process, where reading is cheap next to the write lock).
+// On a Postgres GormEventStore the filter runs in SQL: in a partitioned
+// Run, by the positions its partitionIndex names (one index lookup per
+// event of the partition), else by the hash filter (which walks the
+// position index past every other partition's events); on other stores
+// the view reads the feed in chunks and filters in Go (SQLite and memory
+// are one process, where reading is cheap next to the write lock).
 //
 // A partitionFeed is safe for concurrent use, as its store is.
 type partitionFeed struct {
@@ -25,6 +28,9 @@ type partitionFeed struct {
 	partition, partitions int
 	// pg is set when the store is a GormEventStore on Postgres.
 	pg *infrastructure.GormEventStore
+	// index, set by a partitioned Run on Postgres, names the partition's
+	// positions, so that ReadAfter reads them alone (partitionIndex).
+	index *partitionIndex
 }
 
 func newPartitionFeed(events domain.EventStore, partition, partitions int) *partitionFeed {
@@ -38,6 +44,11 @@ func newPartitionFeed(events domain.EventStore, partition, partitions int) *part
 const partitionFeedQuery = `SELECT id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at
 	FROM events WHERE position > ? AND mod(` + partitionHashSQL + `, ?) = ? ORDER BY position LIMIT ?`
 
+// partitionPositionsQuery reads the events at the positions of a bigint[]
+// literal (positionsArray).
+const partitionPositionsQuery = `SELECT id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at
+	FROM events WHERE position = ANY(?::bigint[]) ORDER BY position`
+
 // partitionReadChunk bounds one read of the unfiltered feed on stores that
 // filter in Go.
 const partitionReadChunk = 1000
@@ -49,23 +60,17 @@ const partitionReadChunk = 1000
 // the view too.
 func (f *partitionFeed) ReadAfter(ctx context.Context, afterPosition int64, limit int) ([]domain.EventEnvelope[any], error) {
 	if f.pg != nil {
+		if f.index != nil {
+			events, ok, err := f.readIndexed(ctx, afterPosition, limit)
+			if ok || err != nil {
+				return events, err
+			}
+		}
 		sqlLimit := int64(limit)
 		if limit <= 0 {
 			sqlLimit = 1<<63 - 1
 		}
-		var rows []infrastructure.GormEventModel
-		if err := f.pg.DB().WithContext(ctx).Raw(partitionFeedQuery, afterPosition, f.partitions, f.partition, sqlLimit).Scan(&rows).Error; err != nil {
-			return nil, fmt.Errorf("read partition %d of %d after position %d: %w", f.partition, f.partitions, afterPosition, err)
-		}
-		out := make([]domain.EventEnvelope[any], 0, len(rows))
-		for i := range rows {
-			ev, err := rows[i].Envelope()
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, ev)
-		}
-		return out, nil
+		return f.readRows(ctx, afterPosition, partitionFeedQuery, afterPosition, f.partitions, f.partition, sqlLimit)
 	}
 	out := []domain.EventEnvelope[any]{}
 	cursor := afterPosition
@@ -87,6 +92,45 @@ func (f *partitionFeed) ReadAfter(ctx context.Context, afterPosition int64, limi
 		}
 		cursor = chunk[len(chunk)-1].Position
 	}
+}
+
+// readIndexed reads the partition's events past afterPosition at the
+// positions its index names. ok is false when the index cannot answer (the
+// checkpoint is behind its window) or a named event is missing: the caller
+// then reads with the hash filter.
+func (f *partitionFeed) readIndexed(ctx context.Context, afterPosition int64, limit int) (events []domain.EventEnvelope[any], ok bool, err error) {
+	positions, ok, err := f.index.positionsAfter(ctx, f.partition, afterPosition, limit)
+	if err != nil {
+		return nil, false, fmt.Errorf("read partition %d of %d after position %d: %w", f.partition, f.partitions, afterPosition, err)
+	}
+	if !ok {
+		return nil, false, nil
+	}
+	if len(positions) == 0 {
+		return []domain.EventEnvelope[any]{}, true, nil
+	}
+	events, err = f.readRows(ctx, afterPosition, partitionPositionsQuery, positionsArray(positions))
+	if err != nil {
+		return nil, false, err
+	}
+	return events, len(events) == len(positions), nil
+}
+
+// readRows runs a read of the partition's events and decodes them.
+func (f *partitionFeed) readRows(ctx context.Context, afterPosition int64, query string, args ...any) ([]domain.EventEnvelope[any], error) {
+	var rows []infrastructure.GormEventModel
+	if err := f.pg.DB().WithContext(ctx).Raw(query, args...).Scan(&rows).Error; err != nil {
+		return nil, fmt.Errorf("read partition %d of %d after position %d: %w", f.partition, f.partitions, afterPosition, err)
+	}
+	out := make([]domain.EventEnvelope[any], 0, len(rows))
+	for i := range rows {
+		ev, err := rows[i].Envelope()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ev)
+	}
+	return out, nil
 }
 
 // countAfter counts the partition's events in (after, head].
@@ -118,4 +162,70 @@ func (f *partitionFeed) countAfter(ctx context.Context, after, head int64) (int6
 		cursor = chunk[len(chunk)-1].Position
 	}
 	return n, nil
+}
+
+// indexedAcquirer is a partition's acquirer when its feed has an index
+// (Postgres): it looks the partition's positions up in the index, acquires
+// the checkpoint only when there are some, and reads those events in the
+// batch's transaction. A partition another replica holds then costs the
+// lock attempt alone, not a read of its events (with several processes,
+// most attempts at a partition held elsewhere ended that way). The index
+// answering nothing takes fallback, the ordinary read then acquire. It is
+// used only with a GormCheckpointStore on the events' own database
+// (partitionChild).
+type indexedAcquirer struct {
+	feed        *partitionFeed
+	checkpoints CheckpointStore
+	fallback    acquirer
+}
+
+func (a indexedAcquirer) acquireAfter(ctx context.Context, subscriber string, after int64, limit int, expectWork bool) (Batch, []domain.EventEnvelope[any], error) {
+	f := a.feed
+	positions, ok, err := f.index.positionsAfter(ctx, f.partition, after, limit)
+	if err != nil {
+		return nil, nil, &feedReadError{err: fmt.Errorf("read partition %d of %d after position %d: %w", f.partition, f.partitions, after, err)}
+	}
+	if !ok {
+		return a.fallback.acquireAfter(ctx, subscriber, after, limit, expectWork)
+	}
+	if len(positions) == 0 {
+		return nil, nil, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, &feedReadError{err: err}
+	}
+	batch, acquired, err := a.checkpoints.Acquire(context.WithoutCancel(ctx), subscriber)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !acquired {
+		return nil, nil, errCheckpointHeld
+	}
+	gb, ok := batch.(*gormBatch)
+	if !ok {
+		if err := batch.Rollback(); err != nil {
+			return nil, nil, err
+		}
+		return a.fallback.acquireAfter(ctx, subscriber, after, limit, expectWork)
+	}
+	var rows []infrastructure.GormEventModel
+	if err := gb.tx.WithContext(context.WithoutCancel(ctx)).Raw(partitionPositionsQuery, positionsArray(positions)).Scan(&rows).Error; err != nil {
+		_ = batch.Rollback() // the read's failure is the one to report
+		return nil, nil, &feedReadError{err: fmt.Errorf("read partition %d of %d after position %d: %w", f.partition, f.partitions, after, err)}
+	}
+	if len(rows) != len(positions) {
+		// An event the index named is gone: read with the hash filter.
+		if err := batch.Rollback(); err != nil {
+			return nil, nil, err
+		}
+		return a.fallback.acquireAfter(ctx, subscriber, after, limit, expectWork)
+	}
+	events := make([]domain.EventEnvelope[any], len(rows))
+	for i := range rows {
+		if events[i], err = rows[i].Envelope(); err != nil {
+			_ = batch.Rollback() // the decoding failure is the one to report
+			return nil, nil, &feedReadError{err: err}
+		}
+	}
+	return batch, events, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -59,6 +60,9 @@ type partitionSet struct {
 	parts []*partitionState
 	queue []int
 	kick  chan struct{}
+	// index is the workers' feed index (Postgres; nil elsewhere), which
+	// the sweep rewinds after a reset.
+	index *partitionIndex
 	// failure: a worker's fatal error or handler panic, ending Run.
 	fatal    error
 	panicked any
@@ -199,10 +203,11 @@ func (s *Subscriber) runPartitioned(ctx context.Context) error {
 	// cancelled drain (or get the shutdown grace), as in Run.
 	drain, stopDrain := s.drainContext(ctx)
 	defer stopDrain()
-	ps := &partitionSet{parts: make([]*partitionState, s.partitions), kick: make(chan struct{}, k), abort: abort}
 	names := s.partitionNames()
+	index := s.newPartitionIndex(ctx, names)
+	ps := &partitionSet{parts: make([]*partitionState, s.partitions), kick: make(chan struct{}, k), abort: abort, index: index}
 	for p := range ps.parts {
-		child := s.partitionChild(names[p], p)
+		child := s.partitionChild(names[p], p, index)
 		r := &runner{s: child, timer: time.NewTimer(time.Hour), known: -1, ownedAt: -1, drain: drain}
 		r.timer.Stop()
 		defer r.timer.Stop()
@@ -243,10 +248,12 @@ func (s *Subscriber) runPartitioned(ctx context.Context) error {
 // parking under this subscriber's name. Every field of Subscriber is
 // listed (TestPartitionChildCopiesEveryField counts them): a copy of the
 // struct would copy its running flag.
-func (s *Subscriber) partitionChild(name string, p int) *Subscriber {
+func (s *Subscriber) partitionChild(name string, p int, index *partitionIndex) *Subscriber {
+	feed := newPartitionFeed(s.events, p, s.partitions)
+	feed.index = index
 	c := &Subscriber{
 		name:            name,
-		events:          newPartitionFeed(s.events, p, s.partitions),
+		events:          feed,
 		checkpoints:     s.checkpoints,
 		handler:         s.handler,
 		batchSize:       s.batchSize,
@@ -271,12 +278,18 @@ func (s *Subscriber) partitionChild(name string, p int) *Subscriber {
 		// Not copied: wake (the coordinator's), running (Run's own),
 		// partitions and concurrency (a partition is unpartitioned),
 		// acquirer (set below: the partition's read is filtered, so the
-		// ordinary one over the partition's view). clearer is the
-		// partition's own (partitionClearer): a partition's batch spans
+		// ordinary one over the partition's view, or with a feed index
+		// indexedAcquirer). clearer is the partition's own
+		// (partitionClearer): a partition's batch spans
 		// positions of other partitions' events, so clearing parked
 		// entries by position range alone would remove theirs.
 	}
 	c.acquirer = readThenAcquire{events: c.events, checkpoints: c.checkpoints}
+	// The indexed acquirer reads the events in the batch's transaction:
+	// only when the checkpoints are this module's, in the events' database.
+	if g, ok := s.checkpoints.(*GormCheckpointStore); ok && index != nil && g.pipelines(feed.pg) {
+		c.acquirer = indexedAcquirer{feed: feed, checkpoints: c.checkpoints, fallback: c.acquirer}
+	}
 	if s.parking != nil {
 		c.parking = partitionLot{ParkingLot: s.parking, name: s.name}
 	}
@@ -284,6 +297,26 @@ func (s *Subscriber) partitionChild(name string, p int) *Subscriber {
 		c.clearer = partitionClearer{lot: lot, name: s.name, partition: p, partitions: s.partitions}
 	}
 	return c
+}
+
+// newPartitionIndex returns the partitions' shared index of the feed on
+// Postgres (nil elsewhere: SQLite and memory filter in Go), its window
+// started at the lowest partition checkpoint when that can be read now.
+func (s *Subscriber) newPartitionIndex(ctx context.Context, names []string) *partitionIndex {
+	pg := newPartitionFeed(s.events, 0, s.partitions).pg
+	if pg == nil {
+		return nil
+	}
+	index := newPartitionIndex(pg.DB(), s.partitions)
+	positions, err := s.storePositions(ctx, names)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.logger.Warn("subscriber: reading the partition checkpoints failed; the first batch starts the feed index instead", "subscriber", s.name, "error", err)
+		}
+		return index
+	}
+	index.start(slices.Min(positions))
+	return index
 }
 
 // partitionWorker runs one cycle at a time on whichever partition is
@@ -470,6 +503,9 @@ func (s *Subscriber) sweep(ctx context.Context, ps *partitionSet, names []string
 			s.logger.Error("subscriber: reading the partition checkpoints failed; will retry", "subscriber", s.name, "error", err)
 		}
 		return
+	}
+	if ps.index != nil {
+		ps.index.rewind(slices.Min(positions), slices.Max(positions))
 	}
 	ps.mu.Lock()
 	defer ps.mu.Unlock()

@@ -244,6 +244,12 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 	batch, events, err := s.acquirer.acquireAfter(ctx, s.name, start, limit, !check)
 	var readErr *feedReadError
 	switch {
+	case errors.Is(err, errCheckpointHeld):
+		if !prefixCycle {
+			r.pending = nil // as takePending would: the holder handles the event
+		}
+		r.known = -1
+		return outcomeSkipped
 	case errors.As(err, &readErr):
 		return r.transient(ctx, "reading the feed failed", readErr.err)
 	case err != nil:
