@@ -2,6 +2,8 @@ package subscriptions
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
 	"time"
 
 	"gorm.io/gorm"
@@ -27,9 +29,17 @@ const cancelRetryInterval = 20 * time.Millisecond
 // go through db, on another connection, without ctx (it has ended); a
 // request that fails is retried at the next tick, and stop ends the
 // retries and any request still waiting.
-func cancelBackendOnDone(ctx context.Context, db *gorm.DB, d *dialect.Dialect, pid int64) (stop func()) {
+//
+// stop reports whether a cancel request was sent. If so, the caller must
+// discard the connection of pid rather than return it to the pool
+// (discardConn): a request that stop abandoned may still reach the server,
+// and a request's signal may be handled after the guarded statement has
+// ended, so either could cancel whatever statement the connection's next
+// user runs (seen as a 57014 on an unrelated Position call).
+func cancelBackendOnDone(ctx context.Context, db *gorm.DB, d *dialect.Dialect, pid int64) (stop func() (sent bool)) {
 	stopped := make(chan struct{})
 	done := make(chan struct{})
+	var requested bool // written by the goroutine, read by stop after done
 	// Ended by stop, so that a request waiting for a pool connection
 	// cannot hold stop up.
 	reqCtx, endRequests := context.WithCancel(context.WithoutCancel(ctx))
@@ -43,6 +53,7 @@ func cancelBackendOnDone(ctx context.Context, db *gorm.DB, d *dialect.Dialect, p
 		ticker := time.NewTicker(cancelRetryInterval)
 		defer ticker.Stop()
 		for {
+			requested = true
 			// The error is not actionable here: the guarded statement
 			// returns on its own once the row is free, and the next tick
 			// tries again.
@@ -54,9 +65,21 @@ func cancelBackendOnDone(ctx context.Context, db *gorm.DB, d *dialect.Dialect, p
 			}
 		}
 	}()
-	return func() {
+	return func() bool {
 		close(stopped)
 		endRequests()
 		<-done
+		return requested
+	}
+}
+
+// discardConn closes the dedicated connection conn runs on (a *gorm.DB of
+// gorm's Connection) instead of letting it go back to the pool: a
+// driver.ErrBadConn from Raw makes database/sql close the driver
+// connection. It is for a connection that may still receive a cancel
+// request meant for a statement it has finished (cancelBackendOnDone).
+func discardConn(conn *gorm.DB) {
+	if c, ok := conn.Statement.ConnPool.(*sql.Conn); ok {
+		_ = c.Raw(func(any) error { return driver.ErrBadConn })
 	}
 }

@@ -112,7 +112,11 @@ func (g *GormCheckpointStore) fencedOnServer(ctx context.Context, run func(tx *g
 			return fmt.Errorf("read backend pid: %w", err)
 		}
 		stop := cancelBackendOnDone(ctx, g.db, g.dialect, pid)
-		defer stop()
+		defer func() {
+			if stop() {
+				discardConn(conn)
+			}
+		}()
 		return conn.Transaction(func(tx *gorm.DB) error {
 			if err := run(tx); err != nil {
 				return err
