@@ -36,13 +36,20 @@ func coreAppendBulk(b *testing.B, store domain.EventStore, n int) {
 	}
 }
 
-// coreCatchUp runs a fresh subscriber over the feed from its checkpoint
-// until handler has been called want times, then stops it (the last batch
-// drains and commits). It returns the time until the want-th handler call
-// and the time until Run returned. (A subscriber with more events ahead
-// keeps going until it sees the cancellation, so only the first figure
-// counts exactly want events.)
+// coreCatchUp runs a subscriber named name on events and cps, batches of
+// batch, no polling, until handler has been called want times, then stops
+// it (the last batch drains and commits). It returns the time until the
+// want-th handler call and the time until Run returned. (A subscriber with
+// more events ahead keeps going until it sees the cancellation, so only
+// the first figure counts exactly want events.)
 func coreCatchUp(b *testing.B, events domain.EventStore, cps subscriptions.CheckpointStore, name string, batch, want int, handler subscriptions.Handler) (toLast, total time.Duration) {
+	return catchUp(b, events, cps, name, want, handler,
+		subscriptions.WithBatchSize(batch), subscriptions.WithPollInterval(time.Hour), subscriptions.WithLogger(quietLogger()))
+}
+
+// catchUp is coreCatchUp with the subscriber's options given: the one home
+// of "run until the want-th handler call, then stop" for the benchmarks.
+func catchUp(b *testing.B, events domain.EventStore, cps subscriptions.CheckpointStore, name string, want int, handler subscriptions.Handler, opts ...subscriptions.SubscriberOption) (toLast, total time.Duration) {
 	b.Helper()
 	var seen atomic.Int64
 	done := make(chan struct{})
@@ -57,8 +64,7 @@ func coreCatchUp(b *testing.B, events domain.EventStore, cps subscriptions.Check
 		}
 		return nil
 	}
-	sub, err := subscriptions.NewSubscriber(name, events, cps, h,
-		subscriptions.WithBatchSize(batch), subscriptions.WithPollInterval(time.Hour), subscriptions.WithLogger(quietLogger()))
+	sub, err := subscriptions.NewSubscriber(name, events, cps, h, opts...)
 	require.NoError(b, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -166,7 +166,7 @@ func BenchmarkTelemetryCost(b *testing.B) {
 				b.ResetTimer()
 				for i := 0; i < b.N; i++ {
 					cps, name := newCheckpoints(i)
-					telemetryCatchUpWith(b, store, cps, name, n, handler, opts...)
+					catchUp(b, store, cps, name, n, handler, opts...)
 				}
 				b.StopTimer()
 				cpu, switches := processUsage()
@@ -179,34 +179,4 @@ func BenchmarkTelemetryCost(b *testing.B) {
 			})
 		}
 	}
-}
-
-// telemetryCatchUpWith runs a subscriber named name on store and cps
-// until handler has been called want times, then stops it.
-func telemetryCatchUpWith(b *testing.B, store domain.EventStore, cps subscriptions.CheckpointStore, name string, want int, handler subscriptions.Handler, opts ...subscriptions.SubscriberOption) {
-	b.Helper()
-	var seen atomic.Int64
-	done := make(chan struct{})
-	h := func(ctx context.Context, ev domain.EventEnvelope[any]) error {
-		if err := handler(ctx, ev); err != nil {
-			return err
-		}
-		if seen.Add(1) == int64(want) {
-			close(done)
-		}
-		return nil
-	}
-	sub, err := subscriptions.NewSubscriber(name, store, cps, h, opts...)
-	require.NoError(b, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	result := make(chan error, 1)
-	go func() { result <- sub.Run(ctx) }()
-	select {
-	case <-done:
-	case err := <-result:
-		b.Fatalf("Run returned early: %v", err)
-	}
-	cancel()
-	require.NoError(b, <-result)
 }
