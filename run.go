@@ -531,8 +531,10 @@ func (r *runner) failed(ctx context.Context, start int64, ev domain.EventEnvelop
 	if s.parking == nil {
 		s.logger.Error("subscriber: processing the event failed; it will be retried after the poll interval",
 			append(s.eventAttrs(ev), "attempt", n, "error", err)...)
-		s.tel.fail(StateHalted, &ev, n, err)
+		// Counted before Status shows attempt n: a reader of both never
+		// sees the attempt without its count.
 		s.tel.count(ctx, OutcomeFailed, 1)
+		s.tel.fail(StateHalted, &ev, n, err)
 		return outcomeFailed
 	}
 	attempts := 1 + s.maxRetries
@@ -543,8 +545,8 @@ func (r *runner) failed(ctx context.Context, start int64, ev domain.EventEnvelop
 	}
 	for {
 		s.logger.Warn("subscriber: processing the event failed; retrying", append(s.eventAttrs(ev), "attempt", n, "of", attempts, "error", err)...)
+		s.tel.count(ctx, OutcomeRetried, 1) // before Status shows attempt n, as above
 		s.tel.fail(StateRetrying, &ev, n, err)
-		s.tel.count(ctx, OutcomeRetried, 1)
 		if !ctxsleep.Sleep(ctx, s.backoff(n)) {
 			return outcomeStopped
 		}
