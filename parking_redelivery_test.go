@@ -32,9 +32,6 @@ func TestParkedEntryDoesNotOutliveRedelivery(t *testing.T) {
 				}
 				t.Run(name, func(t *testing.T) {
 					e := b.New(t)
-					if e.DB != nil {
-						createProjection(t, e.DB, parkProjection)
-					}
 					before, poison, after := parkFeed(t, e, 2, 2)
 					var phase atomic.Int32 // 0: failing, 1: after the reset
 					errAgain := errors.New("park: still refused after the reset")

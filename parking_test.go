@@ -101,11 +101,15 @@ func parkSubscriber(t *testing.T, e *env, name string, h subscriptions.Handler, 
 	return sub
 }
 
-// parkFeed appends nBefore "park.ok" events, one "park.poison" event and
-// nAfter "park.ok" events; it returns the IDs and the poison event as
-// stored (with its position).
+// parkFeed creates the parkProjection table (on a database backend, for
+// parkHandler to write to) and appends nBefore "park.ok" events, one
+// "park.poison" event and nAfter "park.ok" events; it returns the IDs and
+// the poison event as stored (with its position).
 func parkFeed(t *testing.T, e *env, nBefore, nAfter int) (before []string, poison domain.EventEnvelope[any], after []string) {
 	t.Helper()
+	if e.DB != nil {
+		createProjection(t, e.DB, parkProjection)
+	}
 	before = appendN(t, e.Events, "park.ok", 0, nBefore)
 	id := appendN(t, e.Events, "park.poison", nBefore, 1)[0]
 	after = appendN(t, e.Events, "park.ok", nBefore+1, nAfter)
@@ -223,7 +227,6 @@ func TestParkingCommitsAtomicallyWithCheckpoint(t *testing.T) {
 	for _, b := range gormEnvs() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
-			createProjection(t, e.DB, parkProjection)
 			before, poison, after := parkFeed(t, e, 2, 2)
 			errPoison := errors.New("park: poison refused")
 
@@ -314,7 +317,6 @@ func TestParkingLotOnForeignDatabase(t *testing.T) {
 				t.Skip(tc.bug)
 			}
 			e := backends[tc.backend].New(t)
-			createProjection(t, e.DB, parkProjection)
 			lotDB := tc.lotDB(t, e)
 			lot, err := subscriptions.NewGormParkingLot(lotDB)
 			require.NoError(t, err)

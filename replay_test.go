@@ -29,9 +29,6 @@ func TestReplayParked(t *testing.T) {
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
-			if e.DB != nil {
-				createProjection(t, e.DB, parkProjection)
-			}
 			before, poison, after := parkFeed(t, e, 1, 1)
 			var failing atomic.Bool
 			failing.Store(true)

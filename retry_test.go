@@ -48,9 +48,6 @@ func parkRequireBackoffGaps(t *testing.T, attempts []time.Time, initial, maximum
 // up. It returns the poison event's attempt times and its parked entry.
 func parkPoisonRun(t *testing.T, e *env, name string, batchSize, maxRetries int, initial, maximum time.Duration) (domain.EventEnvelope[any], []time.Time, subscriptions.ParkedEvent) {
 	t.Helper()
-	if e.DB != nil {
-		createProjection(t, e.DB, parkProjection)
-	}
 	before, poison, after := parkFeed(t, e, 3, 3)
 	probe := newParkProbe()
 	h := parkHandler(e, probe, func(ev domain.EventEnvelope[any], _ int) error {
@@ -174,9 +171,6 @@ func TestRetryTransientFailureIsNotParked(t *testing.T) {
 			for _, tc := range cases {
 				t.Run(tc.name, func(t *testing.T) {
 					e := b.New(t)
-					if e.DB != nil {
-						createProjection(t, e.DB, parkProjection)
-					}
 					before, poison, after := parkFeed(t, e, 2, 2)
 					probe := newParkProbe()
 					h := parkHandler(e, probe, func(ev domain.EventEnvelope[any], n int) error {
@@ -218,9 +212,6 @@ func TestRetryWithoutParkingLotHalts(t *testing.T) {
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
-			if e.DB != nil {
-				createProjection(t, e.DB, parkProjection)
-			}
 			before, poison, after := parkFeed(t, e, 1, 2)
 			probe := newParkProbe()
 			h := parkHandler(e, probe, func(ev domain.EventEnvelope[any], _ int) error {
@@ -277,9 +268,6 @@ func TestRetryShutdownDuringBackoff(t *testing.T) {
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
-			if e.DB != nil {
-				createProjection(t, e.DB, parkProjection)
-			}
 			_, poison, after := parkFeed(t, e, 0, 2)
 			var failing atomic.Bool
 			failing.Store(true)
@@ -408,7 +396,6 @@ func TestRetryTransactionStaysShort(t *testing.T) {
 	app := fmt.Sprintf("park_txlen_%d", time.Now().UnixNano())
 	db := dbtest.OpenPostgresDSN(t, pg.DSN+"&application_name="+app)
 	e := gormEnv(t, "postgres", db, pg)
-	createProjection(t, e.DB, parkProjection)
 	// The poison event heads the feed, so every setting can stay default
 	// (see TestRetryMiddleOfBatchAttemptCount for a poison event mid-batch).
 	before, poison, after := parkFeed(t, e, 0, 2)
@@ -510,9 +497,6 @@ func retryWaitRetrying(t *testing.T, e *env, sub *subscriptions.Subscriber, id s
 // handler.
 func retryPoisonFeed(t *testing.T, e *env, nBefore, nAfter int) (before []string, poison domain.EventEnvelope[any], after []string, probe *parkProbe, h subscriptions.Handler) {
 	t.Helper()
-	if e.DB != nil {
-		createProjection(t, e.DB, parkProjection)
-	}
 	before, poison, after = parkFeed(t, e, nBefore, nAfter)
 	probe = newParkProbe()
 	h = parkHandler(e, probe, func(ev domain.EventEnvelope[any], _ int) error {
@@ -632,9 +616,6 @@ func TestRetryCrashingEventIsParked(t *testing.T) {
 		for _, b := range envBackends() {
 			t.Run(fmt.Sprintf("batch%d/%s", batch, b.Name), func(t *testing.T) {
 				e := b.New(t)
-				if e.DB != nil {
-					createProjection(t, e.DB, parkProjection)
-				}
 				before, poison, after := parkFeed(t, e, 2, 2)
 				probe := newParkProbe()
 				h := parkHandler(e, probe, func(ev domain.EventEnvelope[any], _ int) error {
@@ -686,9 +667,6 @@ func TestRetrySuccessClearsCount(t *testing.T) {
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
-			if e.DB != nil {
-				createProjection(t, e.DB, parkProjection)
-			}
 			_, poison, _ := parkFeed(t, e, 1, 1)
 			probe := newParkProbe()
 			failUntil := 3 // attempts 1 and 2 fail
