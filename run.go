@@ -446,9 +446,8 @@ func (r *runner) takePending(first domain.EventEnvelope[any], prefixCycle bool) 
 // entry does not outlive its event's successful handling (see
 // deliveredClearer), and commits the checkpoint at last. A lot that joins
 // the batch's transaction (hctx) removes them in it, and a failure there
-// is a commit failure. A lot that cannot (a MemoryParkingLot, or a
-// GormParkingLot on another database than the checkpoint store) removes
-// them only after the commit succeeded, so that a failed commit never
+// is a commit failure. A lot that cannot (one in memory, or one on another
+// database than the checkpoint store) removes them only after the commit succeeded, so that a failed commit never
 // drops the entry of an event it did not handle; a removal failing then is
 // logged, and the entry stays until a later delivery or replay removes it
 // (see doc.go). batch is ended either way.
