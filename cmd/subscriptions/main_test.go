@@ -54,11 +54,8 @@ func binaries(t *testing.T) (cli, example string) {
 		if buildErr != nil {
 			return
 		}
-		for pkg, name := range map[string]string{".": "subscriptions", "../../examples/projection": "projection"} {
-			if buildOut, buildErr = exec.Command("go", "build", "-o", filepath.Join(binDir, name), pkg).CombinedOutput(); buildErr != nil {
-				return
-			}
-		}
+		// One go build for both: it compiles and links them side by side.
+		buildOut, buildErr = exec.Command("go", "build", "-o", binDir+string(filepath.Separator), ".", "../../examples/projection").CombinedOutput()
 	})
 	require.NoError(t, buildErr, "go build: %s", buildOut)
 	return filepath.Join(binDir, "subscriptions"), filepath.Join(binDir, "projection")
@@ -154,6 +151,7 @@ func runCLI(t *testing.T, bin, stdin string, env []string, args ...string) resul
 // database that examples/projection filled and still runs on: SQLite and
 // Postgres.
 func TestEndToEnd(t *testing.T) {
+	t.Parallel()
 	cli, example := binaries(t)
 	for _, c := range []struct {
 		name string
@@ -176,6 +174,7 @@ func TestEndToEnd(t *testing.T) {
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			dsn := c.dsn(t)
 			run := func(stdin string, args ...string) result {
 				return runCLI(t, cli, stdin, nil, append([]string{"-dsn", dsn}, args...)...)
@@ -302,6 +301,7 @@ func TestEndToEnd(t *testing.T) {
 // migrate -verify fails naming what is missing and changes nothing;
 // migrate creates the schema, after which -verify passes.
 func TestMigrateCommand(t *testing.T) {
+	t.Parallel()
 	cli, _ := binaries(t)
 	path := filepath.Join(t.TempDir(), "empty.db")
 	require.NoError(t, os.WriteFile(path, nil, 0o600))
@@ -339,6 +339,7 @@ func TestMigrateCommand(t *testing.T) {
 // without the module's tables, and a server that refuses: each a clear
 // message, a non-zero exit, and never the password.
 func TestErrorsWithoutADatabase(t *testing.T) {
+	t.Parallel()
 	cli, _ := binaries(t)
 	const password = "Pa55-w0rd-never-shown"
 	empty := filepath.Join(t.TempDir(), "empty.db")
@@ -380,6 +381,7 @@ func TestErrorsWithoutADatabase(t *testing.T) {
 // TestHelpIsDocumented: docs/operations.md shows the help this command
 // prints, word for word.
 func TestHelpIsDocumented(t *testing.T) {
+	t.Parallel()
 	doc, err := os.ReadFile("../../docs/operations.md")
 	require.NoError(t, err)
 	require.Contains(t, string(doc), "```\n"+usage+"```\n", "copy the output of `go run ./cmd/subscriptions help` into docs/operations.md")
@@ -389,12 +391,31 @@ func TestHelpIsDocumented(t *testing.T) {
 // static binary, as operators ship it) and checks that it still opens a
 // SQLite file, through the pure-Go driver (sqlite_purego.go).
 func TestStaticBinaryReadsSQLite(t *testing.T) {
-	_, example := binaries(t)
+	t.Parallel()
 	static := filepath.Join(t.TempDir(), "subscriptions-static")
 	build := exec.Command("go", "build", "-o", static, ".")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "CGO_ENABLED=0 go build: %s", out)
+	// The static build runs while binaries builds the example (it is
+	// waited for below, or at cleanup if binaries fails the test).
+	type built struct {
+		out []byte
+		err error
+	}
+	done := make(chan built, 1)
+	go func() {
+		out, err := build.CombinedOutput()
+		done <- built{out, err}
+	}()
+	var b built
+	waited := false
+	t.Cleanup(func() {
+		if !waited {
+			<-done
+		}
+	})
+	_, example := binaries(t)
+	b, waited = <-done, true
+	require.NoError(t, b.err, "CGO_ENABLED=0 go build: %s", b.out)
 
 	line := liveExample(t, example)
 	m := regexp.MustCompile(`^database: SQLite file (\S+) `).FindStringSubmatch(line)

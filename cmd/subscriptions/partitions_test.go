@@ -88,6 +88,7 @@ func partitionedState(t *testing.T, db *gorm.DB) (lags []int64, head int64) {
 // its name, reset moves every partition and refuses a position beyond the
 // head: on a SQLite file and on Postgres.
 func TestPartitionedSubscriber(t *testing.T) {
+	t.Parallel()
 	cli, _ := binaries(t)
 	for _, c := range []struct {
 		name string
@@ -103,6 +104,7 @@ func TestPartitionedSubscriber(t *testing.T) {
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			db, dsn := c.open(t)
 			lags, head := partitionedState(t, db)
 			var total int64
