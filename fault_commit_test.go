@@ -114,8 +114,8 @@ func faultCommitCases() []faultCommitCase {
 					return err
 				}
 				// A slow handler: the transaction is idle meanwhile, and the
-				// server ends the session.
-				time.Sleep(1500 * time.Millisecond)
+				// server ends the session (its own timer, at 500 ms).
+				time.Sleep(1000 * time.Millisecond)
 				return nil
 			},
 			parkedError: "idle-in-transaction",
@@ -179,12 +179,15 @@ func faultCommitCases() []faultCommitCase {
 // Without a parking lot the events before it commit and the checkpoint
 // halts just before it.
 func TestFaultCommitFailureIsParked(t *testing.T) {
+	t.Parallel()
 	for _, b := range gormEnvs() {
 		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel() // every case opens a backend of its own
 			for i, tc := range faultCommitCases() {
 				t.Run(tc.name, func(t *testing.T) {
+					faultCommitSkip(t, tc, b.Name == "postgres") // before opening a database for nothing
+					t.Parallel()                                 // each case has its own backend
 					base := b.New(t)
-					faultCommitSkip(t, tc, base)
 					e := base
 					if tc.env != nil {
 						e = tc.env(t, base)
@@ -201,11 +204,11 @@ func TestFaultCommitFailureIsParked(t *testing.T) {
 	}
 }
 
-func faultCommitSkip(t *testing.T, tc faultCommitCase, e *env) {
-	if tc.postgresOnly && !e.Postgres() {
+func faultCommitSkip(t *testing.T, tc faultCommitCase, postgres bool) {
+	if tc.postgresOnly && !postgres {
 		t.Skip("a Postgres fault")
 	}
-	if tc.sqliteOnly && e.Postgres() {
+	if tc.sqliteOnly && postgres {
 		t.Skip("a SQLite fault")
 	}
 }
@@ -297,8 +300,8 @@ func TestFaultSwallowedFailureParksTheCulprit(t *testing.T) {
 					continue
 				}
 				t.Run(tc.name, func(t *testing.T) {
+					faultCommitSkip(t, tc, b.Name == "postgres")
 					e := b.New(t)
-					faultCommitSkip(t, tc, e)
 					table := fmt.Sprintf("fault_culprit_%d", i)
 					tc.setup(t, e, table)
 					name := "fault-culprit-" + table
