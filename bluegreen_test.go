@@ -20,10 +20,14 @@ const bgAccounts = 100
 
 // bgEvents is the history rebuilt: 50,000 events in the long form
 // (SUBSCRIPTIONS_LONG=1, about a minute per backend on a loaded 2-core
-// machine under -race), 3,000 in go test ./... (three batches per
-// version: every path, the readers and the appends through the rebuild and
-// the switch included, runs in both forms).
-func bgEvents() int { return faultScale(3_000, 50_000) }
+// machine under -race), 1,500 in go test ./... (with bgBatch, three
+// batches per version: every path, the readers and the appends through the
+// rebuild and the switch included, runs in both forms).
+func bgEvents() int { return faultScale(1_500, 50_000) }
+
+// bgBatch is the versions' batch size: 1,000 in the long form, 500 in the
+// short one, so that the short history is still three batches.
+func bgBatch() int { return faultScale(500, 1_000) }
 
 // bgRow is one account of a balances projection.
 type bgRow struct {
@@ -79,7 +83,7 @@ func bgRead(t *testing.T, db *gorm.DB, relation string) map[string]bgRow {
 	return out
 }
 
-// TestBlueGreenRebuild rebuilds a projection of bgEvents events (3,000;
+// TestBlueGreenRebuild rebuilds a projection of bgEvents events (1,500;
 // 50,000 with SUBSCRIPTIONS_LONG=1) as a new version while the old one
 // keeps serving: readers query the live view continuously and never see a
 // partial or empty result; events keep being appended through the rebuild
@@ -121,7 +125,7 @@ func TestBlueGreenRebuild(t *testing.T) {
 
 			// Version 1 is live.
 			v1 := coreNewSub(t, "bg/v1", e.Events, e.Checkpoints, bgHandler("bg_v1"),
-				subscriptions.WithBatchSize(1000), subscriptions.WithParkingLot(e.Parking))
+				subscriptions.WithBatchSize(bgBatch()), subscriptions.WithParkingLot(e.Parking))
 			runV1 := start(t, v1)
 			wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 			defer cancel()
@@ -184,7 +188,7 @@ func TestBlueGreenRebuild(t *testing.T) {
 
 			// Version 2 replays everything into its own table.
 			v2 := coreNewSub(t, "bg/v2", e.Events, e.Checkpoints, bgHandler("bg_v2"),
-				subscriptions.WithBatchSize(1000), subscriptions.WithParkingLot(e.Parking))
+				subscriptions.WithBatchSize(bgBatch()), subscriptions.WithParkingLot(e.Parking))
 			runV2 := start(t, v2)
 			head, err := v2.WaitCaughtUp(wctx)
 			require.NoError(t, err)
