@@ -31,14 +31,14 @@ type sizes struct {
 func (b *bench) sizes() sizes {
 	if b.cfg.Quick {
 		return sizes{
-			memEvents: 50_000, memWindow: 5_000, memReps: 1,
+			memEvents: 20_000, memWindow: 5_000, memReps: 1,
 			dbEvents:       1_000,
 			latencyAppends: 30, latencyWarmup: 5, latencySpacing: 2 * time.Millisecond, unrelatedHold: 2 * time.Second,
 			replicaEvents: 500, replicaSlices: 1,
 			idleSubscribers: 10, idleInterval: 100 * time.Millisecond, idleDuration: 500 * time.Millisecond,
 			appendDuration: 100 * time.Millisecond, appendRounds: 2, appendWriters: []int{1, 4, 16},
 			appendProcs: 2, appendProcWriters: 2, appendProcRounds: 1,
-			partitionEvents: 400, partitionSlow: 200, batchEvents: 2_000,
+			partitionEvents: 400, partitionSlow: 200, batchEvents: 1_000,
 		}
 	}
 	return sizes{
