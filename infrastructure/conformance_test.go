@@ -11,6 +11,7 @@ import (
 // TestStoreSuite runs the exported domain.EventStore conformance suite
 // against MemoryStore and GormEventStore on every database.
 func TestStoreSuite(t *testing.T) {
+	t.Parallel() // every backend opens a store of its own
 	for _, b := range storeBackends() {
 		subscriptionstest.RunEventStoreSuite(t, subscriptionstest.EventStoreHarness{
 			Name:               b.name,

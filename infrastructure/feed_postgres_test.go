@@ -188,6 +188,7 @@ func TestPostgresFeedNeverPassesAnUncommittedPosition(t *testing.T) {
 // does: every event is read exactly once, in strictly increasing
 // positions, none missing.
 func TestFeedFollowerReadsEveryEventOnce(t *testing.T) {
+	t.Parallel() // every backend opens a store of its own
 	const (
 		writers          = 8
 		appendsPerWriter = 10

@@ -187,6 +187,7 @@ func FuzzGormRoundTrip(f *testing.F) {
 // TestFuzzCorpusOnEveryBackend replays the fuzz seed corpus on every
 // store: what SQLite accepts, Postgres must accept and return alike.
 func TestFuzzCorpusOnEveryBackend(t *testing.T) {
+	t.Parallel() // every backend opens a store of its own
 	inputs := readFuzzCorpus(t, filepath.Join("testdata", "fuzz", "FuzzGormRoundTrip"))
 	// The seeds' intended outcomes, so that a mis-encoded seed cannot
 	// quietly test something else. Seeds not listed may go either way.
