@@ -153,6 +153,19 @@ func gormHandle(constructor string, db *gorm.DB) (*sql.DB, *dialect.Dialect, err
 // The batch's transaction lives until Commit or Rollback; the caller owns
 // it and must end it.
 func (g *GormCheckpointStore) Acquire(ctx context.Context, subscriber string) (Batch, bool, error) {
+	return g.acquire(ctx, subscriber, false)
+}
+
+// acquireLockAndCheck is Acquire whose lock statement on Postgres also
+// tells a row another replica holds from a missing one, so that a skipped
+// lock costs no second read: for partitions, whose attempts at partitions
+// held elsewhere are many with several processes. It is not Acquire's
+// statement, so that unpartitioned subscribers keep theirs.
+func (g *GormCheckpointStore) acquireLockAndCheck(ctx context.Context, subscriber string) (Batch, bool, error) {
+	return g.acquire(ctx, subscriber, true)
+}
+
+func (g *GormCheckpointStore) acquire(ctx context.Context, subscriber string, check bool) (Batch, bool, error) {
 	if err := validateName(subscriber); err != nil {
 		return nil, false, fmt.Errorf("subscriptions: acquire: %w", err)
 	}
@@ -166,7 +179,7 @@ func (g *GormCheckpointStore) Acquire(ctx context.Context, subscriber string) (B
 		g.reg.active[subscriber] = b
 		g.reg.mu.Unlock()
 	}
-	acquired, err := g.begin(ctx, b)
+	acquired, err := g.begin(ctx, b, check)
 	if err != nil || !acquired {
 		b.release()
 		return nil, false, err
@@ -174,11 +187,11 @@ func (g *GormCheckpointStore) Acquire(ctx context.Context, subscriber string) (B
 	return b, true, nil
 }
 
-func (g *GormCheckpointStore) begin(ctx context.Context, b *gormBatch) (bool, error) {
+func (g *GormCheckpointStore) begin(ctx context.Context, b *gormBatch, check bool) (bool, error) {
 	if !g.dialect.RowLocks {
 		return g.beginSQLite(ctx, b)
 	}
-	acquired, exists, err := g.lockPostgres(ctx, b)
+	acquired, exists, err := g.lockPostgres(ctx, b, check)
 	if err != nil || acquired || exists {
 		return acquired, err
 	}
@@ -189,17 +202,41 @@ func (g *GormCheckpointStore) begin(ctx context.Context, b *gormBatch) (bool, er
 		b.subscriber, time.Now().UTC()).Error; err != nil {
 		return false, fmt.Errorf("subscriptions: acquire checkpoint of %q: create row: %w", b.subscriber, err)
 	}
-	acquired, _, err = g.lockPostgres(ctx, b)
+	acquired, _, err = g.lockPostgres(ctx, b, check)
 	return acquired, err
 }
 
+// lockAndCheckQuery locks the subscriber's row, skipping it when another
+// transaction holds it, and tells in the same statement whether the row
+// exists (position NULL and present: held elsewhere).
+const lockAndCheckQuery = `SELECT (SELECT position FROM subscriber_checkpoints WHERE subscriber = ? FOR UPDATE SKIP LOCKED) AS position,
+	EXISTS (SELECT 1 FROM subscriber_checkpoints WHERE subscriber = ?) AS present`
+
 // lockPostgres begins the batch transaction and locks the subscriber's row,
 // skipping it when another transaction holds it. exists reports whether
-// the row exists at all, when it could not be locked.
-func (g *GormCheckpointStore) lockPostgres(ctx context.Context, b *gormBatch) (acquired, exists bool, err error) {
+// the row exists at all, when it could not be locked; check asks for it
+// in the lock's statement (lockAndCheckQuery) instead of a read after it.
+func (g *GormCheckpointStore) lockPostgres(ctx context.Context, b *gormBatch, check bool) (acquired, exists bool, err error) {
 	tx := g.db.WithContext(ctx).Begin(g.txOptions())
 	if tx.Error != nil {
 		return false, false, fmt.Errorf("subscriptions: acquire checkpoint of %q: begin: %w", b.subscriber, tx.Error)
+	}
+	if check {
+		var row struct {
+			Position *int64
+			Present  bool
+		}
+		if err := tx.Raw(lockAndCheckQuery, b.subscriber, b.subscriber).Scan(&row).Error; err != nil {
+			tx.Rollback()
+			return false, false, fmt.Errorf("subscriptions: acquire checkpoint of %q: lock row: %w", b.subscriber, err)
+		}
+		if row.Position == nil {
+			tx.Rollback()
+			return false, row.Present, nil
+		}
+		b.tx = tx
+		b.position = *row.Position
+		return true, true, nil
 	}
 	var positions []int64
 	if err := tx.Raw("SELECT position FROM subscriber_checkpoints WHERE subscriber = ? FOR UPDATE SKIP LOCKED", b.subscriber).Scan(&positions).Error; err != nil {

@@ -194,7 +194,11 @@ func (a indexedAcquirer) acquireAfter(ctx context.Context, subscriber string, af
 	if err := ctx.Err(); err != nil {
 		return nil, nil, &feedReadError{err: err}
 	}
-	batch, acquired, err := a.checkpoints.Acquire(context.WithoutCancel(ctx), subscriber)
+	acquire := a.checkpoints.Acquire
+	if g, ok := a.checkpoints.(*GormCheckpointStore); ok {
+		acquire = g.acquireLockAndCheck // a skipped lock costs no second read
+	}
+	batch, acquired, err := acquire(context.WithoutCancel(ctx), subscriber)
 	if err != nil {
 		return nil, nil, err
 	}

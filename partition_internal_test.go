@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
 
 	"github.com/eventfeed/subscriptions/internal/dbtest"
 )
@@ -41,4 +42,36 @@ func TestPartitionOfMatchesSQL(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestAcquireLockAndCheck: the partitions' acquire tells a row another
+// transaction holds (not acquired, and not created again) from a missing
+// one (created and acquired), in its lock statement, and the batch holds
+// the position.
+func TestAcquireLockAndCheck(t *testing.T) {
+	pg := dbtest.NewPostgres(t)
+	ctx := t.Context()
+	store, err := NewGormCheckpointStore(pg.DB)
+	require.NoError(t, err)
+
+	// Missing: created at 0 and acquired.
+	first, ok, err := store.acquireLockAndCheck(ctx, "parts/partition-0-of-2")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.EqualValues(t, 0, first.Position())
+
+	// Held by another process's transaction (another store on its own
+	// pool, as a replica would be): skipped.
+	other, err := NewGormCheckpointStore(pg.Open(t))
+	require.NoError(t, err)
+	_, ok, err = other.acquireLockAndCheck(ctx, "parts/partition-0-of-2")
+	require.NoError(t, err)
+	require.False(t, ok)
+
+	require.NoError(t, first.Commit(ctx, 7))
+	again, ok, err := other.acquireLockAndCheck(ctx, "parts/partition-0-of-2")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.EqualValues(t, 7, again.Position())
+	require.NoError(t, again.Rollback())
 }

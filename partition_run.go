@@ -204,7 +204,16 @@ func (s *Subscriber) runPartitioned(ctx context.Context) error {
 	drain, stopDrain := s.drainContext(ctx)
 	defer stopDrain()
 	names := s.partitionNames()
-	index := s.newPartitionIndex(ctx, names)
+	// Every checkpoint in one read: it starts the feed index and each
+	// partition's first batch, instead of a read per partition.
+	positions, err := s.storePositions(ctx, names)
+	if err != nil {
+		positions = nil
+		if ctx.Err() == nil {
+			s.logger.Warn("subscriber: reading the partition checkpoints failed; each partition reads its own instead", "subscriber", s.name, "error", err)
+		}
+	}
+	index := s.newPartitionIndex(positions)
 	ps := &partitionSet{parts: make([]*partitionState, s.partitions), kick: make(chan struct{}, k), abort: abort, index: index}
 	for p := range ps.parts {
 		child := s.partitionChild(names[p], p, index)
@@ -212,14 +221,21 @@ func (s *Subscriber) runPartitioned(ctx context.Context) error {
 		r.timer.Stop()
 		defer r.timer.Stop()
 		ps.parts[p] = &partitionState{r: r, seen: -1}
+		if positions != nil {
+			r.known, ps.parts[p].seen = positions[p], positions[p]
+		}
 	}
 	// Every partition is looked at once; the probe then starts at the head
 	// read before that, so nothing committed since is missed. Replicas
-	// start at different partitions, so that they seldom collide.
+	// start at different partitions, so that they seldom collide. A
+	// position read above may be stale by the first batch (another
+	// replica's batch, a reset): the batch's lock returns the checkpoint's
+	// real position, and a batch that finds it moved reads again from
+	// there (runner.cycle), as after any stale position.
 	ps.mu.Lock()
 	offset := rand.IntN(s.partitions)
 	for i := range ps.parts {
-		ps.mark((offset+i)%s.partitions, true)
+		ps.mark((offset+i)%s.partitions, positions == nil)
 	}
 	ps.mu.Unlock()
 
@@ -301,21 +317,17 @@ func (s *Subscriber) partitionChild(name string, p int, index *partitionIndex) *
 
 // newPartitionIndex returns the partitions' shared index of the feed on
 // Postgres (nil elsewhere: SQLite and memory filter in Go), its window
-// started at the lowest partition checkpoint when that can be read now.
-func (s *Subscriber) newPartitionIndex(ctx context.Context, names []string) *partitionIndex {
+// started at the lowest partition checkpoint of positions (nil: unknown,
+// the first batch starts it).
+func (s *Subscriber) newPartitionIndex(positions []int64) *partitionIndex {
 	pg := newPartitionFeed(s.events, 0, s.partitions).pg
 	if pg == nil {
 		return nil
 	}
 	index := newPartitionIndex(pg.DB(), s.partitions)
-	positions, err := s.storePositions(ctx, names)
-	if err != nil {
-		if ctx.Err() == nil {
-			s.logger.Warn("subscriber: reading the partition checkpoints failed; the first batch starts the feed index instead", "subscriber", s.name, "error", err)
-		}
-		return index
+	if positions != nil {
+		index.start(slices.Min(positions))
 	}
-	index.start(slices.Min(positions))
 	return index
 }
 
@@ -452,7 +464,10 @@ func (ps *partitionSet) requeueDue(now time.Time) {
 	for p, st := range ps.parts {
 		if !st.retryAt.IsZero() && !st.claimed && !now.Before(st.retryAt) {
 			st.retryAt = time.Time{}
-			ps.mark(p, true)
+			// No re-read of the checkpoint: the batch's lock returns its
+			// position (runner.cycle reads again from a moved one), and a
+			// failure that left it unknown reads it anyway (known < 0).
+			ps.mark(p, false)
 		}
 	}
 }
@@ -511,7 +526,11 @@ func (s *Subscriber) sweep(ctx context.Context, ps *partitionSet, names []string
 	defer ps.mu.Unlock()
 	for p, st := range ps.parts {
 		if !st.claimed && st.retryAt.IsZero() && st.seen != positions[p] {
-			ps.mark(p, true)
+			// The position just read is the one the partition's next
+			// batch would read: hand it over (no worker holds r while the
+			// partition is unclaimed; take orders it before the batch).
+			st.r.known, st.seen = positions[p], positions[p]
+			ps.mark(p, false)
 		}
 	}
 }

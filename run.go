@@ -248,7 +248,10 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 		if !prefixCycle {
 			r.pending = nil // as takePending would: the holder handles the event
 		}
-		r.known = -1
+		// r.known stays: the next lock returns the real position, and a
+		// batch that finds it moved reads again from there (below), which
+		// costs less than a read of the checkpoint before every attempt
+		// at a partition another replica holds.
 		return outcomeSkipped
 	case errors.As(err, &readErr):
 		return r.transient(ctx, "reading the feed failed", readErr.err)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -40,6 +41,17 @@ type partitionResult struct {
 	duplicates int64   // committed writes beyond one per event
 	statements float64 // per event, every pool together
 	kinds      string  // statements per event by kind (the main ones)
+	clientCPU  float64 // this process's CPU (getrusage) per event, µs
+	serverCPU  float64 // the pools' backends' CPU (/proc) per event, µs; 0 unknown
+}
+
+// cpu is the CPU note of a result: client and server µs per event.
+func (r partitionResult) cpu() string {
+	server := "server unknown"
+	if r.serverCPU > 0 {
+		server = fmt.Sprintf("server %.0f", r.serverCPU)
+	}
+	return fmt.Sprintf("CPU per event: client %.0f µs, %s µs", r.clientCPU, server)
 }
 
 // runPartitions: scenario 9. A handler that upserts through TxFromContext
@@ -87,7 +99,20 @@ func runPartitions(ctx context.Context, b *bench) ([]Row, error) {
 	bname := "n x the unpartitioned rate (same handler, this run)"
 	note := fmt.Sprintf("handler: one upsert through TxFromContext, then a 2 ms sleep; batch 100; events of %d aggregates of 20; unpartitioned rate %.0f ev/s over %d events (%.2f statements/event: %s)",
 		n/20, base.rate, slow, base.statements, base.kinds)
+	// The machine's ceiling: plain workers without the library, the
+	// single one over the short feed as the unpartitioned baseline is.
+	plainOne, err := runPlainPartitions(ctx, b, short, io(1, 1, 1, slow), "plain-1")
+	if err != nil {
+		return nil, fmt.Errorf("plain single worker: %w", err)
+	}
+	plain := map[int]partitionResult{}
+	for _, k := range []int{4, 16} {
+		if plain[k], err = runPlainPartitions(ctx, b, full, io(k, 1, k, n), fmt.Sprintf("plain-%d", k)); err != nil {
+			return nil, fmt.Errorf("plain %d workers: %w", k, err)
+		}
+	}
 	var rows []Row
+	lib := map[string]float64{} // library rates by case label, for the ceiling rows
 	ioMany := func(p, pools, workers int) partitionCase {
 		c := io(p, pools, workers, n)
 		c.perAggregate = 2
@@ -111,9 +136,26 @@ func runPartitions(ctx context.Context, b *bench) ([]Row, error) {
 		if len(rows) == 0 {
 			r = r.note(note)
 		}
+		r = r.note(res.cpu() + fmt.Sprintf(" (unpartitioned: client %.0f, server %.0f)", base.clientCPU, base.serverCPU))
 		dup := res.duplicates
 		r.Duplicates = &dup
 		rows = append(rows, r)
+		if c.perAggregate == 20 {
+			lib[c.label()] = res.rate
+		}
+	}
+	plainName := "plain Go code without the library: n goroutines, each owning its partition's events (read before the start), the same upsert and 2 ms sleep, transactions of 100 events with a checkpoint UPDATE"
+	for _, k := range []int{4, 16} {
+		pl := plain[k]
+		rows = append(rows, newRow(fmt.Sprintf("machine ceiling: plain %d workers vs %d x plain single", k, k), pl.rate, float64(k)*plainOne.rate, "ev/s",
+			fmt.Sprintf("%d x the plain single worker's rate (%.0f ev/s over %d events, this run)", k, plainOne.rate, slow)).
+			note(fmt.Sprintf("%s; %d events of %d aggregates; %.2f statements/event; %s (plain single: %s)", plainName, n, n/20, pl.statements, pl.cpu(), plainOne.cpu())))
+		for _, pools := range []int{1, 4} {
+			label := io(k, pools, k/pools, n).label()
+			if v, ok := lib[label]; ok {
+				rows = append(rows, newRow(fmt.Sprintf("I/O-bound, %s, vs plain %d workers", label, k), v, pl.rate, "ev/s", "the plain n-worker rate of this run (row above)"))
+			}
+		}
 	}
 
 	cpu := func(p, pools, workers int) partitionCase {
@@ -129,7 +171,7 @@ func runPartitions(ctx context.Context, b *bench) ([]Row, error) {
 			return nil, fmt.Errorf("%s: %w", c.label(), err)
 		}
 		r := newRow("CPU-bound, "+c.label(), res.rate, cbase.rate, "ev/s", "one unpartitioned subscriber, same handler").
-			note(fmt.Sprintf("handler: the upsert alone; %d events; 2 cores are shared with Postgres; %.2f statements/event (unpartitioned %.2f), by kind: %s", c.events, res.statements, cbase.statements, res.kinds))
+			note(fmt.Sprintf("handler: the upsert alone; %d events; 2 cores are shared with Postgres; %.2f statements/event (unpartitioned %.2f), by kind: %s; %s (unpartitioned: client %.0f, server %.0f)", c.events, res.statements, cbase.statements, res.kinds, res.cpu(), cbase.clientCPU, cbase.serverCPU))
 		dup := res.duplicates
 		r.Duplicates = &dup
 		rows = append(rows, r)
@@ -158,18 +200,11 @@ func runPartitionCase(ctx context.Context, b *bench, sc *partitionSchema, c part
 		if tx == nil {
 			return errors.New("no batch transaction")
 		}
-		if err := tx.Exec(`INSERT INTO partition_projection (event_id, calls) VALUES (?, 1)
-			ON CONFLICT (event_id) DO UPDATE SET calls = partition_projection.calls + 1`, ev.ID).Error; err != nil {
-			return err
-		}
-		if c.wait > 0 {
-			time.Sleep(time.Duration(c.wait * float64(time.Millisecond)))
-		}
-		return nil
+		return c.handle(tx, ev)
 	}
 	var subs []*subscriptions.Subscriber
 	for range c.pools {
-		db, err := b.openPG(dsn, c.workers+2, kinds)
+		db, err := b.openPGAs(dsn, "parts-"+name, c.workers+2, kinds)
 		if err != nil {
 			return res, err
 		}
@@ -200,6 +235,7 @@ func runPartitionCase(ctx context.Context, b *bench, sc *partitionSchema, c part
 		return k, err
 	}
 	kinds.take()
+	cpu0, server0 := processCPU(), b.backendCPU(ctx, "parts-"+name)
 	elapsed, err := runSubscribersUntil(ctx, subs, 2*time.Millisecond, func() (bool, error) {
 		k, err := counted()
 		return k >= int64(c.events), err
@@ -207,6 +243,7 @@ func runPartitionCase(ctx context.Context, b *bench, sc *partitionSchema, c part
 	if err != nil {
 		return res, err
 	}
+	res.measureCPU(ctx, b, "parts-"+name, c.events, cpu0, server0)
 	var total int64
 	counts := kinds.take()
 	for _, v := range counts {
@@ -226,7 +263,124 @@ func runPartitionCase(ctx context.Context, b *bench, sc *partitionSchema, c part
 	res.rate = float64(c.events) / elapsed.Seconds()
 	res.duplicates = agg.Calls - agg.Rows
 	res.statements = float64(total) / float64(c.events)
-	b.logf("  %s (%d per aggregate): %.0f ev/s, %.2f statements/event: %s", c.label(), c.perAggregate, res.rate, res.statements, res.kinds)
+	b.logf("  %s (%d per aggregate): %.0f ev/s, %.2f statements/event: %s; %s", c.label(), c.perAggregate, res.rate, res.statements, res.kinds, res.cpu())
+	return res, nil
+}
+
+// handle is the case's handler on tx: the upsert, then the I/O wait.
+// The library's handler and the plain workers share it.
+func (c partitionCase) handle(tx *gorm.DB, ev domain.EventEnvelope[any]) error {
+	if err := tx.Exec(`INSERT INTO partition_projection (event_id, calls) VALUES (?, 1)
+		ON CONFLICT (event_id) DO UPDATE SET calls = partition_projection.calls + 1`, ev.ID).Error; err != nil {
+		return err
+	}
+	if c.wait > 0 {
+		time.Sleep(time.Duration(c.wait * float64(time.Millisecond)))
+	}
+	return nil
+}
+
+// measureCPU sets the result's CPU per event since cpu0 (this process)
+// and server0 (the backends of the pools named app).
+func (r *partitionResult) measureCPU(ctx context.Context, b *bench, app string, events int, cpu0 time.Duration, server0 map[int]time.Duration) {
+	r.clientCPU = float64((processCPU() - cpu0).Microseconds()) / float64(events)
+	if d, ok := cpuDelta(server0, b.backendCPU(ctx, app)); ok {
+		r.serverCPU = float64(d.Microseconds()) / float64(events)
+	}
+}
+
+// runPlainPartitions is the machine's ceiling for a case: plain Go code
+// without the library, c.partitions goroutines (1: the plain single
+// worker), each owning the events of its partition (PartitionOf), read
+// before the clock starts, handling them in transactions of 100 events
+// (the case's handler, then a checkpoint UPDATE of its own row), all on
+// one pool of c.partitions+2 connections.
+func runPlainPartitions(ctx context.Context, b *bench, sc *partitionSchema, c partitionCase, name string) (partitionResult, error) {
+	var res partitionResult
+	n := max(c.partitions, 1)
+	if err := execAll(sc.setup, "TRUNCATE partition_projection", "TRUNCATE partition_plain_checkpoint"); err != nil {
+		return res, err
+	}
+	kinds := &kindCounter{}
+	app := "plain-" + name
+	db, err := b.openPGAs(sc.dsn, app, n+2, kinds)
+	if err != nil {
+		return res, err
+	}
+	store, err := infrastructure.NewGormEventStore(db)
+	if err != nil {
+		return res, err
+	}
+	owned := make([][]domain.EventEnvelope[any], n)
+	for pos := int64(0); pos < int64(c.events); {
+		events, err := store.ReadAfter(ctx, pos, 1000)
+		if err != nil {
+			return res, err
+		}
+		if len(events) == 0 {
+			return res, fmt.Errorf("the feed ended at %d before %d", pos, c.events)
+		}
+		for _, ev := range events {
+			if ev.Position <= int64(c.events) {
+				p := subscriptions.PartitionOf(ev.AggregateID, n)
+				owned[p] = append(owned[p], ev)
+			}
+		}
+		pos = events[len(events)-1].Position
+	}
+	for p := range n {
+		if err := db.Exec(`INSERT INTO partition_plain_checkpoint (name, position, updated_at) VALUES (?, 0, ?)`,
+			fmt.Sprintf("%s-%d", name, p), time.Now().UTC()).Error; err != nil {
+			return res, err
+		}
+	}
+	kinds.take()
+	cpu0, server0 := processCPU(), b.backendCPU(ctx, app)
+	start := time.Now()
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for p, events := range owned {
+		wg.Go(func() {
+			tdb := db.WithContext(context.WithoutCancel(ctx))
+			for batch := range slices.Chunk(events, 100) {
+				last := batch[len(batch)-1].Position
+				errs[p] = tdb.Transaction(func(tx *gorm.DB) error {
+					for _, ev := range batch {
+						if err := c.handle(tx, ev); err != nil {
+							return err
+						}
+					}
+					return tx.Exec("UPDATE partition_plain_checkpoint SET position = ?, updated_at = ? WHERE name = ?",
+						last, time.Now().UTC(), fmt.Sprintf("%s-%d", name, p)).Error
+				})
+				if errs[p] != nil {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if err := errors.Join(errs...); err != nil {
+		return res, err
+	}
+	res.measureCPU(ctx, b, app, c.events, cpu0, server0)
+	var rows int64
+	if err := sc.setup.Raw("SELECT COUNT(*) FROM partition_projection").Scan(&rows).Error; err != nil {
+		return res, err
+	}
+	if rows != int64(c.events) {
+		return res, fmt.Errorf("plain: the projection holds %d rows, want %d", rows, c.events)
+	}
+	var total int64
+	counts := kinds.take()
+	for _, v := range counts {
+		total += v
+	}
+	res.kinds = kindsPerEvent(counts, c.events)
+	res.rate = float64(c.events) / elapsed.Seconds()
+	res.statements = float64(total) / float64(c.events)
+	b.logf("  plain, %d worker(s): %.0f ev/s, %.2f statements/event; %s", n, res.rate, res.statements, res.cpu())
 	return res, nil
 }
 
@@ -253,7 +407,8 @@ func newPartitionSchemaOf(ctx context.Context, b *bench, name string, events, pe
 	if err := fillStore(ctx, store, events, perAggregate); err != nil {
 		return nil, err
 	}
-	if err := execAll(setup, `CREATE TABLE partition_projection (event_id text NOT NULL PRIMARY KEY, calls integer NOT NULL)`, "ANALYZE"); err != nil {
+	if err := execAll(setup, `CREATE TABLE partition_projection (event_id text NOT NULL PRIMARY KEY, calls integer NOT NULL)`,
+		`CREATE TABLE partition_plain_checkpoint (name text NOT NULL PRIMARY KEY, position bigint NOT NULL, updated_at timestamp)`, "ANALYZE"); err != nil {
 		return nil, err
 	}
 	if _, err := subscriptions.NewGormCheckpointStore(setup); err != nil {
