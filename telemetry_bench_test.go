@@ -188,3 +188,35 @@ func BenchmarkTelemetryCost(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkStatusPostgres is one collection of the observable lag gauges
+// on Postgres: a Status call (checkpoint, feed head, oldest unhandled
+// event; no parking lot) for a subscriber 5,000 events behind, as during
+// a catch-up. An SDK's periodic reader runs it once per collection
+// interval; compare its time and CPU per op with the CPU per event of a
+// catch-up times the events handled in one interval.
+func BenchmarkStatusPostgres(b *testing.B) {
+	pg := dbtest.NewPostgres(b)
+	events, err := infrastructure.NewGormEventStore(pg.DB)
+	require.NoError(b, err)
+	coreAppendBulk(b, events, 5_000)
+	cps, err := subscriptions.NewGormCheckpointStore(pg.DB)
+	require.NoError(b, err)
+	sub, err := subscriptions.NewSubscriber("status-bench", events, cps, coreNoop, subscriptions.WithLogger(quietLogger()))
+	require.NoError(b, err)
+	ctx := context.Background()
+	st, err := sub.Status(ctx)
+	require.NoError(b, err)
+	require.Positive(b, st.Lag)
+	b.ReportAllocs()
+	cpu0, _ := processUsage()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := sub.Status(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	cpu, _ := processUsage()
+	b.ReportMetric(float64((cpu-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+}
