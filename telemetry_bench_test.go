@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/exemplar"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/eventfeed/subscriptions"
@@ -117,24 +118,31 @@ var telemetryCostEvents = map[string]int{"memory": 20_000, "postgres": 5_000}
 // its threads' voluntary context switches (a thread woken for a goroutine
 // and parked again: what an SDK's span processor costs when spans end one
 // at a time between round trips) and the heap allocations; compare each
-// sdk line with its noop line.
+// sdk line with its noop line. The sdk-noexemplars lines are the same SDK
+// with the exemplar filter off: the cost of the exemplar the default
+// (trace-based) filter stores for each handler-duration record made in a
+// sampled span's context.
 func BenchmarkTelemetryCost(b *testing.B) {
 	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	plainMeters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()),
+		sdkmetric.WithExemplarFilter(exemplar.AlwaysOffFilter))
 	traces := sdktrace.NewTracerProvider(sdktrace.WithBatcher(discardSpans{}))
 	b.Cleanup(func() {
 		require.NoError(b, meters.Shutdown(context.Background()))
+		require.NoError(b, plainMeters.Shutdown(context.Background()))
 		require.NoError(b, traces.Shutdown(context.Background()))
 	})
-	sdk := []subscriptions.SubscriberOption{subscriptions.WithMeterProvider(meters), subscriptions.WithTracerProvider(traces)}
+	sdk := map[string][]subscriptions.SubscriberOption{
+		"sdk":             {subscriptions.WithMeterProvider(meters), subscriptions.WithTracerProvider(traces)},
+		"sdk-noexemplars": {subscriptions.WithMeterProvider(plainMeters), subscriptions.WithTracerProvider(traces)},
+	}
 	for _, backend := range []string{"memory", "postgres"} {
-		for _, provider := range []string{"noop", "sdk"} {
+		for _, provider := range []string{"noop", "sdk", "sdk-noexemplars"} {
 			b.Run(backend+"/"+provider, func(b *testing.B) {
 				n := telemetryCostEvents[backend]
 				opts := []subscriptions.SubscriberOption{subscriptions.WithBatchSize(100), subscriptions.WithPollInterval(time.Hour),
 					subscriptions.WithLogger(quietLogger())}
-				if provider == "sdk" {
-					opts = append(opts, sdk...)
-				}
+				opts = append(opts, sdk[provider]...)
 				var store domain.EventStore
 				var newCheckpoints func(i int) (subscriptions.CheckpointStore, string)
 				handler := coreNoop
@@ -179,4 +187,36 @@ func BenchmarkTelemetryCost(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkStatusPostgres is one collection of the observable lag gauges
+// on Postgres: a Status call (checkpoint, feed head, oldest unhandled
+// event; no parking lot) for a subscriber 5,000 events behind, as during
+// a catch-up. An SDK's periodic reader runs it once per collection
+// interval; compare its time and CPU per op with the CPU per event of a
+// catch-up times the events handled in one interval.
+func BenchmarkStatusPostgres(b *testing.B) {
+	pg := dbtest.NewPostgres(b)
+	events, err := infrastructure.NewGormEventStore(pg.DB)
+	require.NoError(b, err)
+	coreAppendBulk(b, events, 5_000)
+	cps, err := subscriptions.NewGormCheckpointStore(pg.DB)
+	require.NoError(b, err)
+	sub, err := subscriptions.NewSubscriber("status-bench", events, cps, coreNoop, subscriptions.WithLogger(quietLogger()))
+	require.NoError(b, err)
+	ctx := context.Background()
+	st, err := sub.Status(ctx)
+	require.NoError(b, err)
+	require.Positive(b, st.Lag)
+	b.ReportAllocs()
+	cpu0, _ := processUsage()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := sub.Status(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	cpu, _ := processUsage()
+	b.ReportMetric(float64((cpu-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
 }

@@ -189,7 +189,10 @@ type dbContestant struct {
 	lot   *subscriptions.GormParkingLot
 	table string
 	// opts are extra subscriber options of a library variant.
-	opts    []subscriptions.SubscriberOption
+	opts []subscriptions.SubscriberOption
+	// hand, when set, instruments the baseline's loop by hand (scenario
+	// 8's baseline+spans).
+	hand    *handTelemetry
 	handled atomic.Int64  // events upserted in this race
 	elapsed time.Duration // from the start to the last commit
 }
@@ -456,14 +459,18 @@ func baselineCatchup(ctx context.Context, c *dbContestant, batch int, head int64
 		// one, database/sql watches it per transaction and go-sqlite3 runs
 		// every statement on a goroutine of its own, which would handicap
 		// the baseline.
-		err = c.db.WithContext(context.WithoutCancel(ctx)).Transaction(func(tx *gorm.DB) error {
-			for _, ev := range events {
-				if err := c.upsert(tx, ev); err != nil {
-					return err
+		if c.hand != nil {
+			err = c.handBatch(ctx, events, last, name)
+		} else {
+			err = c.db.WithContext(context.WithoutCancel(ctx)).Transaction(func(tx *gorm.DB) error {
+				for _, ev := range events {
+					if err := c.upsert(tx, ev); err != nil {
+						return err
+					}
 				}
-			}
-			return tx.Exec("UPDATE bench_checkpoint SET position = ?, updated_at = ? WHERE name = ?", last, time.Now().UTC(), name).Error
-		})
+				return tx.Exec("UPDATE bench_checkpoint SET position = ?, updated_at = ? WHERE name = ?", last, time.Now().UTC(), name).Error
+			})
+		}
 		if err != nil {
 			return err
 		}
@@ -471,6 +478,22 @@ func baselineCatchup(ctx context.Context, c *dbContestant, batch int, head int64
 	}
 	c.elapsed = time.Since(start)
 	return nil
+}
+
+// handBatch is the baseline's batch transaction instrumented by hand
+// (c.hand): the same statements under a batch span and a span per upsert.
+func (c *dbContestant) handBatch(ctx context.Context, events []domain.EventEnvelope[any], last int64, name string) error {
+	bctx, end := c.hand.batch(context.WithoutCancel(ctx), events)
+	err := c.db.WithContext(bctx).Transaction(func(tx *gorm.DB) error {
+		for _, ev := range events {
+			if err := c.hand.handle(bctx, ev, func() error { return c.upsert(tx, ev) }); err != nil {
+				return err
+			}
+		}
+		return tx.Exec("UPDATE bench_checkpoint SET position = ?, updated_at = ? WHERE name = ?", last, time.Now().UTC(), name).Error
+	})
+	end(err)
+	return err
 }
 
 // libraryCatchup runs a subscriber (its checkpoint reset to 0) until its
