@@ -221,41 +221,34 @@ func (g *GormCheckpointStore) lockPostgres(ctx context.Context, b *gormBatch, ch
 	if tx.Error != nil {
 		return false, false, fmt.Errorf("subscriptions: acquire checkpoint of %q: begin: %w", b.subscriber, tx.Error)
 	}
+	query, args := "SELECT position FROM subscriber_checkpoints WHERE subscriber = ? FOR UPDATE SKIP LOCKED", []any{b.subscriber}
 	if check {
-		var row struct {
-			Position *int64
-			Present  bool
-		}
-		if err := tx.Raw(lockAndCheckQuery, b.subscriber, b.subscriber).Scan(&row).Error; err != nil {
-			tx.Rollback()
-			return false, false, fmt.Errorf("subscriptions: acquire checkpoint of %q: lock row: %w", b.subscriber, err)
-		}
-		if row.Position == nil {
-			tx.Rollback()
-			return false, row.Present, nil
-		}
+		query, args = lockAndCheckQuery, []any{b.subscriber, b.subscriber}
+	}
+	var row struct {
+		Position *int64 // nil: no row locked
+		Present  bool   // with check: the row exists
+	}
+	if err := tx.Raw(query, args...).Scan(&row).Error; err != nil {
+		tx.Rollback()
+		return false, false, fmt.Errorf("subscriptions: acquire checkpoint of %q: lock row: %w", b.subscriber, err)
+	}
+	if row.Position != nil {
 		b.tx = tx
 		b.position = *row.Position
 		return true, true, nil
 	}
-	var positions []int64
-	if err := tx.Raw("SELECT position FROM subscriber_checkpoints WHERE subscriber = ? FOR UPDATE SKIP LOCKED", b.subscriber).Scan(&positions).Error; err != nil {
-		tx.Rollback()
-		return false, false, fmt.Errorf("subscriptions: acquire checkpoint of %q: lock row: %w", b.subscriber, err)
-	}
-	if len(positions) == 0 {
-		tx.Rollback()
-		// Skipped because another replica holds it, or missing? A plain read
-		// tells, without waiting for anyone's lock.
+	tx.Rollback()
+	if !check {
+		// Skipped because another replica holds it, or missing? A plain
+		// read tells, without waiting for anyone's lock.
 		var n int64
 		if err := g.db.WithContext(ctx).Raw("SELECT count(*) FROM subscriber_checkpoints WHERE subscriber = ?", b.subscriber).Scan(&n).Error; err != nil {
 			return false, false, fmt.Errorf("subscriptions: acquire checkpoint of %q: read row: %w", b.subscriber, err)
 		}
-		return false, n > 0, nil
+		row.Present = n > 0
 	}
-	b.tx = tx
-	b.position = positions[0]
-	return true, true, nil
+	return false, row.Present, nil
 }
 
 // beginSQLite begins the batch transaction on a connection pinned from the

@@ -450,8 +450,8 @@ func (r *runner) takePending(first domain.EventEnvelope[any], prefixCycle bool) 
 // deliveredClearer), and commits the checkpoint at last. A lot that joins
 // the batch's transaction (hctx) removes them in it, and a failure there
 // is a commit failure. A lot that cannot (one in memory, or one on another
-// database than the checkpoint store) removes them only after the commit succeeded, so that a failed commit never
-// drops the entry of an event it did not handle; a removal failing then is
+// database than the checkpoint store) removes them only after the commit
+// succeeded, so that a failed commit never drops the entry of an event it did not handle; a removal failing then is
 // logged, and the entry stays until a later delivery or replay removes it
 // (see doc.go). batch is ended either way.
 func (r *runner) commit(bctx, hctx context.Context, batch Batch, start, last int64) error {
