@@ -244,25 +244,9 @@ func runPartitionCase(ctx context.Context, b *bench, sc *partitionSchema, c part
 		return res, err
 	}
 	res.measureCPU(ctx, b, "parts-"+name, c.events, cpu0, server0)
-	var total int64
-	counts := kinds.take()
-	for _, v := range counts {
-		total += v
-	}
-	res.kinds = kindsPerEvent(counts, c.events)
-	var agg struct {
-		Rows  int64
-		Calls int64
-	}
-	if err := setup.Raw("SELECT COUNT(*) AS rows, COALESCE(SUM(calls), 0) AS calls FROM partition_projection").Scan(&agg).Error; err != nil {
+	if err := res.finish(setup, kinds, c.events, elapsed); err != nil {
 		return res, err
 	}
-	if agg.Rows != int64(c.events) {
-		return res, fmt.Errorf("the projection holds %d rows, want %d", agg.Rows, c.events)
-	}
-	res.rate = float64(c.events) / elapsed.Seconds()
-	res.duplicates = agg.Calls - agg.Rows
-	res.statements = float64(total) / float64(c.events)
 	b.logf("  %s (%d per aggregate): %.0f ev/s, %.2f statements/event: %s; %s", c.label(), c.perAggregate, res.rate, res.statements, res.kinds, res.cpu())
 	return res, nil
 }
@@ -277,6 +261,33 @@ func (c partitionCase) handle(tx *gorm.DB, ev domain.EventEnvelope[any]) error {
 	if c.wait > 0 {
 		time.Sleep(time.Duration(c.wait * float64(time.Millisecond)))
 	}
+	return nil
+}
+
+// finish checks that the projection holds one row per event (setup is
+// the scenario's own connection) and sets the rate over elapsed, the
+// writes beyond one per event, and the statements per event counted by
+// kinds since its last take.
+func (r *partitionResult) finish(setup *gorm.DB, kinds *kindCounter, events int, elapsed time.Duration) error {
+	var agg struct {
+		Rows  int64
+		Calls int64
+	}
+	if err := setup.Raw("SELECT COUNT(*) AS rows, COALESCE(SUM(calls), 0) AS calls FROM partition_projection").Scan(&agg).Error; err != nil {
+		return err
+	}
+	if agg.Rows != int64(events) {
+		return fmt.Errorf("the projection holds %d rows, want %d", agg.Rows, events)
+	}
+	var total int64
+	counts := kinds.take()
+	for _, v := range counts {
+		total += v
+	}
+	r.kinds = kindsPerEvent(counts, events)
+	r.rate = float64(events) / elapsed.Seconds()
+	r.duplicates = agg.Calls - agg.Rows
+	r.statements = float64(total) / float64(events)
 	return nil
 }
 
@@ -365,21 +376,9 @@ func runPlainPartitions(ctx context.Context, b *bench, sc *partitionSchema, c pa
 		return res, err
 	}
 	res.measureCPU(ctx, b, app, c.events, cpu0, server0)
-	var rows int64
-	if err := sc.setup.Raw("SELECT COUNT(*) FROM partition_projection").Scan(&rows).Error; err != nil {
+	if err := res.finish(sc.setup, kinds, c.events, elapsed); err != nil {
 		return res, err
 	}
-	if rows != int64(c.events) {
-		return res, fmt.Errorf("plain: the projection holds %d rows, want %d", rows, c.events)
-	}
-	var total int64
-	counts := kinds.take()
-	for _, v := range counts {
-		total += v
-	}
-	res.kinds = kindsPerEvent(counts, c.events)
-	res.rate = float64(c.events) / elapsed.Seconds()
-	res.statements = float64(total) / float64(c.events)
 	b.logf("  plain, %d worker(s): %.0f ev/s, %.2f statements/event; %s", n, res.rate, res.statements, res.cpu())
 	return res, nil
 }
