@@ -12,7 +12,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/eventfeed/subscriptions/domain"
-	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/internal/eventrow"
 	"github.com/eventfeed/subscriptions/internal/pgxconn"
 )
 
@@ -35,7 +35,8 @@ var _ acquirerSource = (*GormCheckpointStore)(nil)
 // acquirerFor offers the pipelined acquirer when events is read through
 // this store's own pool (see pipelines); nil otherwise.
 func (g *GormCheckpointStore) acquirerFor(events domain.EventStore, fallback acquirer) acquirer {
-	if !g.pipelines(events) {
+	db, ok := eventrow.StoreDB(events)
+	if !ok || !g.pipelines(db) {
 		return nil
 	}
 	return &pipelinedAcquirer{store: g, fallback: fallback}
@@ -52,19 +53,20 @@ func (p *pipelinedAcquirer) acquireAfter(ctx context.Context, subscriber string,
 	return batch, events, err
 }
 
-// pipelines reports whether events shares the store's database, so that
-// the feed can be read inside the batch's own connection.
-func (g *GormCheckpointStore) pipelines(events domain.EventStore) bool {
-	store, ok := events.(*infrastructure.GormEventStore)
-	if !ok || !g.dialect.Pipelines {
+// pipelines reports whether the events' database (events, nil for a store
+// that is not a GormEventStore) is the store's own pool, so that the feed
+// can be read inside the batch's own connection.
+func (g *GormCheckpointStore) pipelines(events *gorm.DB) bool {
+	if events == nil || !g.dialect.Pipelines {
 		return false
 	}
-	pool, err := store.DB().DB()
+	pool, err := events.DB()
 	return err == nil && pool == g.pool
 }
 
-const pipelinedFeedQuery = `SELECT id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at
-	FROM events WHERE position > $1 ORDER BY position LIMIT $2`
+// pipelinedFeedQuery is the ordinary feed read (GormEventStore.ReadAfter)
+// with pgx's placeholders.
+const pipelinedFeedQuery = eventrow.Select + "WHERE position > $1 ORDER BY position LIMIT $2"
 
 // acquireAndRead sends BEGIN, the checkpoint lock and the feed read as one
 // pgx batch on a connection pinned for the batch's lifetime: one round
@@ -80,7 +82,7 @@ func (g *GormCheckpointStore) acquireAndRead(ctx context.Context, subscriber str
 	}
 	var (
 		positions []int64
-		rows      []infrastructure.GormEventModel
+		rows      []eventrow.Row
 	)
 	err = conn.Raw(func(dc any) error {
 		pc, ok := pgxconn.Unwrap(dc)
@@ -105,13 +107,11 @@ func (g *GormCheckpointStore) acquireAndRead(ctx context.Context, subscriber str
 		}
 		return nil, nil, err
 	}
-	events := make([]domain.EventEnvelope[any], len(rows))
-	for i := range rows {
-		if events[i], err = rows[i].Envelope(); err != nil {
-			pinned := &pinnedTx{conn: conn}
-			_ = pinned.Rollback()
-			return nil, nil, fmt.Errorf("subscriptions: read feed after position %d: %w", after, err)
-		}
+	events, err := eventrow.Envelopes(rows)
+	if err != nil {
+		pinned := &pinnedTx{conn: conn}
+		_ = pinned.Rollback()
+		return nil, nil, fmt.Errorf("subscriptions: read feed after position %d: %w", after, err)
 	}
 	tx := g.db.WithContext(ctx).Session(&gorm.Session{NewDB: true})
 	tx.Statement.ConnPool = &pinnedTx{conn: conn}
@@ -119,7 +119,7 @@ func (g *GormCheckpointStore) acquireAndRead(ctx context.Context, subscriber str
 	return b, events, nil
 }
 
-func sendAcquireBatch(ctx context.Context, pc *pgx.Conn, subscriber string, after int64, limit int) ([]int64, []infrastructure.GormEventModel, error) {
+func sendAcquireBatch(ctx context.Context, pc *pgx.Conn, subscriber string, after int64, limit int) ([]int64, []eventrow.Row, error) {
 	batch := &pgx.Batch{}
 	batch.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	batch.Queue("SELECT position FROM subscriber_checkpoints WHERE subscriber = $1 FOR UPDATE SKIP LOCKED", subscriber)
@@ -133,10 +133,10 @@ func sendAcquireBatch(ctx context.Context, pc *pgx.Conn, subscriber string, afte
 	if err != nil {
 		return nil, nil, fmt.Errorf("lock row: %w", err)
 	}
-	rows, err := pgx.CollectRows(must(br.Query()), func(row pgx.CollectableRow) (infrastructure.GormEventModel, error) {
-		var m infrastructure.GormEventModel
-		err := row.Scan(&m.ID, &m.AggregateID, &m.EventType, &m.SequenceNo, &m.TransactionID, &m.Position, &m.Payload, &m.Metadata, &m.CreatedAt)
-		return m, err
+	rows, err := pgx.CollectRows(must(br.Query()), func(row pgx.CollectableRow) (eventrow.Row, error) {
+		var r eventrow.Row
+		err := row.Scan(r.Targets()...)
+		return r, err
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("read feed after position %d: %w", after, err)

@@ -14,7 +14,7 @@ func AcquireAndReadForTest(ctx context.Context, g *GormCheckpointStore, subscrib
 
 // PipelinesForTest reports whether g pipelines acquisition for events.
 func PipelinesForTest(g *GormCheckpointStore, events domain.EventStore) bool {
-	return g.pipelines(events)
+	return g.acquirerFor(events, readThenAcquire{}) != nil
 }
 
 // IsNoPipeline reports the "take the ordinary path" answer.

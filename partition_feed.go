@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 
+	"gorm.io/gorm"
+
 	"github.com/eventfeed/subscriptions/domain"
-	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/dialect"
+	"github.com/eventfeed/subscriptions/internal/eventrow"
 )
 
 // partitionFeed is the view of an event store that one partition reads:
@@ -26,8 +28,8 @@ import (
 type partitionFeed struct {
 	domain.EventStore
 	partition, partitions int
-	// pg is set when the store is a GormEventStore on Postgres.
-	pg *infrastructure.GormEventStore
+	// pg is the database of a GormEventStore on Postgres, nil otherwise.
+	pg *gorm.DB
 	// index, set by a partitioned Run on Postgres, names the partition's
 	// positions, so that ReadAfter reads them alone (partitionIndex).
 	index *partitionIndex
@@ -35,19 +37,19 @@ type partitionFeed struct {
 
 func newPartitionFeed(events domain.EventStore, partition, partitions int) *partitionFeed {
 	f := &partitionFeed{EventStore: events, partition: partition, partitions: partitions}
-	if store, ok := undecorated(events).(*infrastructure.GormEventStore); ok && dialect.Of(store.DB()) == dialect.Postgres {
-		f.pg = store
+	if db, ok := eventrow.StoreDB(undecorated(events)); ok && dialect.Of(db) == dialect.Postgres {
+		f.pg = db
 	}
 	return f
 }
 
-const partitionFeedQuery = `SELECT id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at
-	FROM events WHERE position > ? AND mod(` + partitionHashSQL + `, ?) = ? ORDER BY position LIMIT ?`
+// partitionFeedClause reads the partition's events by the hash filter
+// (after eventrow.Select).
+const partitionFeedClause = `WHERE position > ? AND mod(` + partitionHashSQL + `, ?) = ? ORDER BY position LIMIT ?`
 
-// partitionPositionsQuery reads the events at the positions of a bigint[]
-// literal (positionsArray).
-const partitionPositionsQuery = `SELECT id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at
-	FROM events WHERE position = ANY(?::bigint[]) ORDER BY position`
+// partitionPositionsClause reads the events at the positions of a
+// bigint[] literal (positionsArray), after eventrow.Select.
+const partitionPositionsClause = `WHERE position = ANY(?::bigint[]) ORDER BY position`
 
 // partitionReadChunk bounds one read of the unfiltered feed on stores that
 // filter in Go.
@@ -70,7 +72,7 @@ func (f *partitionFeed) ReadAfter(ctx context.Context, afterPosition int64, limi
 		if limit <= 0 {
 			sqlLimit = 1<<63 - 1
 		}
-		return f.readRows(ctx, afterPosition, partitionFeedQuery, afterPosition, f.partitions, f.partition, sqlLimit)
+		return f.readRows(ctx, afterPosition, partitionFeedClause, afterPosition, f.partitions, f.partition, sqlLimit)
 	}
 	out := []domain.EventEnvelope[any]{}
 	cursor := afterPosition
@@ -109,35 +111,28 @@ func (f *partitionFeed) readIndexed(ctx context.Context, afterPosition int64, li
 	if len(positions) == 0 {
 		return []domain.EventEnvelope[any]{}, true, nil
 	}
-	events, err = f.readRows(ctx, afterPosition, partitionPositionsQuery, positionsArray(positions))
+	events, err = f.readRows(ctx, afterPosition, partitionPositionsClause, positionsArray(positions))
 	if err != nil {
 		return nil, false, err
 	}
 	return events, len(events) == len(positions), nil
 }
 
-// readRows runs a read of the partition's events and decodes them.
-func (f *partitionFeed) readRows(ctx context.Context, afterPosition int64, query string, args ...any) ([]domain.EventEnvelope[any], error) {
-	var rows []infrastructure.GormEventModel
-	if err := f.pg.DB().WithContext(ctx).Raw(query, args...).Scan(&rows).Error; err != nil {
+// readRows runs a read of the partition's events (clause after
+// eventrow.Select) and decodes them.
+func (f *partitionFeed) readRows(ctx context.Context, afterPosition int64, clause string, args ...any) ([]domain.EventEnvelope[any], error) {
+	events, err := eventrow.Read(ctx, f.pg, clause, args...)
+	if err != nil {
 		return nil, fmt.Errorf("read partition %d of %d after position %d: %w", f.partition, f.partitions, afterPosition, err)
 	}
-	out := make([]domain.EventEnvelope[any], 0, len(rows))
-	for i := range rows {
-		ev, err := rows[i].Envelope()
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, ev)
-	}
-	return out, nil
+	return events, nil
 }
 
 // countAfter counts the partition's events in (after, head].
 func (f *partitionFeed) countAfter(ctx context.Context, after, head int64) (int64, error) {
 	if f.pg != nil {
 		var n int64
-		err := f.pg.DB().WithContext(ctx).Raw(`SELECT count(*) FROM events WHERE position > ? AND position <= ? AND mod(`+partitionHashSQL+`, ?) = ?`,
+		err := f.pg.WithContext(ctx).Raw(`SELECT count(*) FROM events WHERE position > ? AND position <= ? AND mod(`+partitionHashSQL+`, ?) = ?`,
 			after, head, f.partitions, f.partition).Scan(&n).Error
 		if err != nil {
 			return 0, fmt.Errorf("count events after position %d: %w", after, err)
@@ -212,8 +207,8 @@ func (a indexedAcquirer) acquireAfter(ctx context.Context, subscriber string, af
 		}
 		return a.fallback.acquireAfter(ctx, subscriber, after, limit, expectWork)
 	}
-	var rows []infrastructure.GormEventModel
-	if err := gb.tx.WithContext(context.WithoutCancel(ctx)).Raw(partitionPositionsQuery, positionsArray(positions)).Scan(&rows).Error; err != nil {
+	var rows []eventrow.Row
+	if err := gb.tx.WithContext(context.WithoutCancel(ctx)).Raw(eventrow.Select+partitionPositionsClause, positionsArray(positions)).Scan(&rows).Error; err != nil {
 		_ = batch.Rollback() // the read's failure is the one to report
 		return nil, nil, &feedReadError{err: fmt.Errorf("read partition %d of %d after position %d: %w", f.partition, f.partitions, after, err)}
 	}
@@ -224,12 +219,10 @@ func (a indexedAcquirer) acquireAfter(ctx context.Context, subscriber string, af
 		}
 		return a.fallback.acquireAfter(ctx, subscriber, after, limit, expectWork)
 	}
-	events := make([]domain.EventEnvelope[any], len(rows))
-	for i := range rows {
-		if events[i], err = rows[i].Envelope(); err != nil {
-			_ = batch.Rollback() // the decoding failure is the one to report
-			return nil, nil, &feedReadError{err: err}
-		}
+	events, err := eventrow.Envelopes(rows)
+	if err != nil {
+		_ = batch.Rollback() // the decoding failure is the one to report
+		return nil, nil, &feedReadError{err: err}
 	}
 	return batch, events, nil
 }

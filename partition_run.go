@@ -324,7 +324,7 @@ func (s *Subscriber) newPartitionIndex(positions []int64) *partitionIndex {
 	if pg == nil {
 		return nil
 	}
-	index := newPartitionIndex(pg.DB(), s.partitions)
+	index := newPartitionIndex(pg, s.partitions)
 	if positions != nil {
 		index.start(slices.Min(positions))
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/internal/dialect"
+	"github.com/eventfeed/subscriptions/internal/eventrow"
 	"github.com/eventfeed/subscriptions/internal/sqlerr"
 	"github.com/eventfeed/subscriptions/internal/sqliteconf"
 	"github.com/eventfeed/subscriptions/internal/sqlschema"
@@ -406,51 +407,12 @@ func duplicateIDError(tx *gorm.DB, aggregateID string, prepared []preparedEvent,
 	return fmt.Errorf("%w: aggregate %q: an event ID is already stored", domain.ErrInvalidEvent, aggregateID)
 }
 
-const selectEvents = "SELECT id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at FROM events "
-
-func (s *GormEventStore) query(ctx context.Context, what string, sql string, args ...any) ([]domain.EventEnvelope[any], error) {
-	var rows []GormEventModel
-	if err := s.db.WithContext(ctx).Raw(selectEvents+sql, args...).Scan(&rows).Error; err != nil {
+func (s *GormEventStore) query(ctx context.Context, what string, clause string, args ...any) ([]domain.EventEnvelope[any], error) {
+	events, err := eventrow.Read(ctx, s.db, clause, args...)
+	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	out := make([]domain.EventEnvelope[any], len(rows))
-	for i := range rows {
-		env, err := rows[i].Envelope()
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", what, err)
-		}
-		out[i] = env
-	}
-	return out, nil
-}
-
-// Envelope converts a stored row into the envelope readers see: payload
-// and metadata decoded from JSON (objects as map[string]any, numbers as
-// float64), Created in UTC, Metadata never nil.
-func (r *GormEventModel) Envelope() (domain.EventEnvelope[any], error) {
-	payload, err := decodeJSON(r.Payload)
-	if err != nil {
-		return domain.EventEnvelope[any]{}, fmt.Errorf("event %s (type %q, position %d): decode payload: %w", r.ID, r.EventType, r.Position, err)
-	}
-	meta, err := decodeJSON(r.Metadata)
-	if err != nil {
-		return domain.EventEnvelope[any]{}, fmt.Errorf("event %s (type %q, position %d): decode metadata: %w", r.ID, r.EventType, r.Position, err)
-	}
-	metadata, _ := meta.(map[string]any)
-	if metadata == nil {
-		metadata = map[string]any{}
-	}
-	return domain.EventEnvelope[any]{
-		ID:            r.ID,
-		AggregateID:   r.AggregateID,
-		EventType:     r.EventType,
-		Payload:       payload,
-		Created:       r.CreatedAt.UTC(),
-		SequenceNo:    r.SequenceNo,
-		TransactionID: r.TransactionID,
-		Metadata:      metadata,
-		Position:      r.Position,
-	}, nil
+	return events, nil
 }
 
 // GetEvents returns every event of the aggregate in sequence order.
@@ -544,9 +506,17 @@ func (s *GormEventStore) HeadPosition(ctx context.Context) (int64, error) {
 	return head, nil
 }
 
-// DB returns the handle the store was built on. The subscriptions package
-// uses it to tell whether a checkpoint store shares the store's database.
-func (s *GormEventStore) DB() *gorm.DB { return s.db }
+func init() {
+	// The subscriptions package asks through eventrow, not an exported
+	// accessor, which database a store reads (see eventrow.StoreDB).
+	eventrow.RegisterStoreDB(func(store domain.EventStore) (*gorm.DB, bool) {
+		s, ok := store.(*GormEventStore)
+		if !ok || s == nil {
+			return nil, false
+		}
+		return s.db, true
+	})
+}
 
 // Close is a no-op: the *gorm.DB belongs to the caller, who closes it.
 func (s *GormEventStore) Close() error { return nil }

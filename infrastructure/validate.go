@@ -405,16 +405,3 @@ func truncateForError(s string) string {
 	}
 	return s
 }
-
-// decodeJSON decodes a stored JSON column into the value a reader sees:
-// map[string]any for objects, []any, string, float64, bool or nil.
-func decodeJSON(raw []byte) (any, error) {
-	if len(raw) == 0 {
-		return nil, nil
-	}
-	var v any
-	if err := json.Unmarshal(raw, &v); err != nil {
-		return nil, err
-	}
-	return v, nil
-}
