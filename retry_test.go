@@ -436,7 +436,7 @@ func TestRetryTransactionStaysShort(t *testing.T) {
 	// (state active, begun with its transaction) is left out: it cannot be
 	// held open across a sleep, only slowed by the machine.
 	var (
-		mu       sync.Mutex
+		mu   sync.Mutex
 		seen = map[[2]int64]serverTx{}
 	)
 	stopSampling := make(chan struct{})

@@ -217,8 +217,8 @@ func (r *runner) wait(ctx context.Context, d time.Duration, allowWake bool) (wok
 }
 
 // cycle runs one batch: read the events past the checkpoint and acquire
-// the checkpoint (one acquirer call), run the handler for each event,
-// commit.
+// the checkpoint (acquire: one acquirer call), run the handler for each
+// event and commit (runBatch).
 //
 // The events are read after the position this runner last committed or
 // saw, and the acquired position is then checked against it (doc.go states
@@ -227,17 +227,40 @@ func (r *runner) wait(ctx context.Context, d time.Duration, allowWake bool) (wok
 // Once a batch is acquired it runs on a context that ignores ctx's
 // cancellation, so that shutdown drains it instead of abandoning it.
 func (r *runner) cycle(ctx context.Context, check bool) outcome {
+	b, out, ok := r.acquire(ctx, check)
+	if !ok {
+		return out
+	}
+	return r.runBatch(ctx, b)
+}
+
+// cycleBatch is what acquire hands runBatch: the batch holding the
+// checkpoint at start and the events after it, limit at most.
+type cycleBatch struct {
+	batch  Batch
+	events []domain.EventEnvelope[any]
+	start  int64
+	limit  int
+}
+
+// acquire reads the checkpoint when check says so (or this runner does not
+// know it), then reads the events after it and acquires the checkpoint,
+// and counts the attempt the batch makes at its first event
+// (countAttempt). ok is false when the cycle ends there with out: nothing
+// past the checkpoint, another replica holds it, it moved, a failure was
+// logged, or the first event's failure is pending (takePending), which
+// goes straight to failure handling.
+func (r *runner) acquire(ctx context.Context, check bool) (b cycleBatch, out outcome, ok bool) {
 	s := r.s
 	if check || r.known < 0 {
 		position, err := s.checkpoints.Position(ctx, s.name)
 		if err != nil {
-			return r.transient(ctx, "reading the checkpoint failed", err)
+			return b, r.transient(ctx, "reading the checkpoint failed", err), false
 		}
 		r.known = position
 	}
 	limit, prefixCycle := r.nextLimit()
 	start := r.known
-	bctx := context.WithoutCancel(ctx)
 
 	// On a wake (or while catching up) the position is known and work is
 	// expected: the acquirer may then take its faster path (see acquirer).
@@ -252,30 +275,49 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 		// batch that finds it moved reads again from there (below), which
 		// costs less than a read of the checkpoint before every attempt
 		// at a partition another replica holds.
-		return outcomeSkipped
+		return b, outcomeSkipped, false
 	case errors.As(err, &readErr):
-		return r.transient(ctx, "reading the feed failed", readErr.err)
+		return b, r.transient(ctx, "reading the feed failed", readErr.err), false
 	case err != nil:
 		s.logger.Error("subscriber: acquiring the checkpoint failed; will retry", "subscriber", s.name, "error", err)
 		s.tel.fail("", nil, 0, err)
-		return outcomeFailed
+		return b, outcomeFailed, false
 	case len(events) == 0:
 		if batch != nil {
 			r.rollback(batch)
 		}
-		return outcomeIdle
+		return b, outcomeIdle, false
 	}
 	if p := r.takePending(events[0], prefixCycle); p != nil {
 		if batch != nil {
 			r.rollback(batch)
 		}
 		r.known = -1
-		return r.failed(ctx, start, events[0], 1, p.err, trace.SpanContext{})
+		return b, r.failed(ctx, start, events[0], 1, p.err, trace.SpanContext{}), false
 	}
 	if batch == nil {
 		r.known = -1
-		return outcomeSkipped // another replica holds the checkpoint
+		return b, outcomeSkipped, false // another replica holds the checkpoint
 	}
+	if batch.Position() != start {
+		// Another replica advanced the checkpoint, or it was reset: read
+		// again from where it really is.
+		r.rollback(batch)
+		r.known = batch.Position()
+		return b, outcomeMore, false
+	}
+	if out, ok := r.countAttempt(context.WithoutCancel(ctx), batch, start, events); !ok {
+		return b, out, false
+	}
+	return cycleBatch{batch: batch, events: events, start: start, limit: limit}, 0, true
+}
+
+// runBatch runs the handlers of b's events (through the BatchHandler
+// first, when there is one: handleBatch) and commits the batch; a handler's
+// failure ends it in handlerFailed. It ends b.batch.
+func (r *runner) runBatch(ctx context.Context, b cycleBatch) outcome {
+	s := r.s
+	batch, events := b.batch, b.events
 	finished := false
 	defer func() {
 		// Only reached unfinished when a handler panics: release the
@@ -284,19 +326,6 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 			_ = batch.Rollback()
 		}
 	}()
-	if batch.Position() != start {
-		// Another replica advanced the checkpoint, or it was reset: read
-		// again from where it really is.
-		finished = true
-		r.rollback(batch)
-		r.known = batch.Position()
-		return outcomeMore
-	}
-	if out, ok := r.countAttempt(bctx, batch, start, events); !ok {
-		finished = true
-		return out
-	}
-
 	s.tel.batchStarted()
 	tctx, span := s.tel.startBatch(r.drain, events, 0, trace.SpanContext{})
 	var batchErr error
@@ -315,50 +344,8 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 			wokenAt = time.Time{}
 		}
 		if err := handlerResult(hctx, batch, span.handle(hctx, r.callHandler, ev, 1, wokenAt)); err != nil {
-			stopped := r.stopped
-			batchErr = err
-			finished = true
-			if stopped || resetAborted(batch) {
-				r.rollback(batch)
-			}
-			if stopped {
-				return outcomeStopped
-			}
-			if resetAborted(batch) {
-				r.known = -1
-				s.logger.Info("subscriber: checkpoint was reset during the batch; batch discarded", "subscriber", s.name, "error", err)
-				return outcomeMore
-			}
-			if i > 0 && failedEarlier(err) {
-				// The transaction had failed before this handler ran: an
-				// earlier handler may have swallowed its failed statement.
-				// Run the events one per transaction to find the culprit.
-				s.logger.Warn("subscriber: the batch transaction had failed before this event's handler; running its events one per transaction to find the failing one",
-					append(s.eventAttrs(ev), "from", events[0].Position, "error", err)...)
-				r.rollback(batch)
-				r.isolateUntil = ev.Position
-				return outcomeMore
-			}
-			if i > 0 {
-				// Commit the events before the failing one in a batch of their
-				// own, right away; the failing event comes first in the next,
-				// and the prefix batch records the failure (countAttempt).
-				// Until then a marker tells the replicas that take over.
-				r.recordFailure(ctx, batch, start, ev, 0, err)
-				r.prefix = i
-				r.pending = &pendingFailure{eventID: ev.ID, position: ev.Position, err: err}
-				return outcomeMore
-			}
-			n := r.attemptN
-			if !r.wrote.single(ev.Position) {
-				n = 1 // the first attempt, in a batch of several events
-			}
-			r.recordFailure(ctx, batch, start, ev, n, err)
-			r.known = -1
-			// The batch is over: end its span and duration before the
-			// retry schedule (backoff sleeps, retry batches of their own).
-			span.end(tctx, batchErr)
-			return r.failed(ctx, start, ev, n, err, span.spanContext())
+			finished, batchErr = true, err
+			return r.handlerFailed(ctx, tctx, span, b, i, ev, err)
 		}
 	}
 	finished = true
@@ -367,17 +354,70 @@ func (r *runner) cycle(ctx context.Context, check bool) outcome {
 		return outcomeStopped
 	}
 	last := events[len(events)-1].Position
-	if err := r.commit(bctx, hctx, batch, start, last); err != nil {
+	if err := r.commit(context.WithoutCancel(ctx), hctx, batch, b.start, last); err != nil {
 		batchErr = err
-		return r.commitFailed(ctx, tctx, span, start, events, err)
+		return r.commitFailed(ctx, tctx, span, b.start, events, err)
 	}
 	s.tel.committed(last)
 	s.tel.count(tctx, OutcomeHandled, len(events))
 	r.known = last
-	if len(events) == limit {
+	if len(events) == b.limit {
 		return outcomeMore
 	}
 	return outcomeIdle
+}
+
+// handlerFailed ends the batch b whose handler failed (err) at ev, the
+// i-th event the handlers ran; span is the batch's, tctx its context.
+// Apart from a shutdown or a reset, which discard the batch, the events
+// before ev commit without it (a prefix batch, or one transaction per
+// event when the failure may be an earlier handler's), and ev as the first
+// of a batch takes the failure path (failed).
+func (r *runner) handlerFailed(ctx, tctx context.Context, span *batchSpan, b cycleBatch, i int, ev domain.EventEnvelope[any], err error) outcome {
+	s := r.s
+	batch := b.batch
+	stopped := r.stopped
+	if stopped || resetAborted(batch) {
+		r.rollback(batch)
+	}
+	if stopped {
+		return outcomeStopped
+	}
+	if resetAborted(batch) {
+		r.known = -1
+		s.logger.Info("subscriber: checkpoint was reset during the batch; batch discarded", "subscriber", s.name, "error", err)
+		return outcomeMore
+	}
+	if i > 0 && failedEarlier(err) {
+		// The transaction had failed before this handler ran: an earlier
+		// handler may have swallowed its failed statement. Run the events
+		// one per transaction to find the culprit.
+		s.logger.Warn("subscriber: the batch transaction had failed before this event's handler; running its events one per transaction to find the failing one",
+			append(s.eventAttrs(ev), "from", b.events[0].Position, "error", err)...)
+		r.rollback(batch)
+		r.isolateUntil = ev.Position
+		return outcomeMore
+	}
+	if i > 0 {
+		// Commit the events before the failing one in a batch of their
+		// own, right away; the failing event comes first in the next, and
+		// the prefix batch records the failure (countAttempt). Until then
+		// a marker tells the replicas that take over.
+		r.recordFailure(ctx, batch, b.start, ev, 0, err)
+		r.prefix = i
+		r.pending = &pendingFailure{eventID: ev.ID, position: ev.Position, err: err}
+		return outcomeMore
+	}
+	n := r.attemptN
+	if !r.wrote.single(ev.Position) {
+		n = 1 // the first attempt, in a batch of several events
+	}
+	r.recordFailure(ctx, batch, b.start, ev, n, err)
+	r.known = -1
+	// The batch is over: end its span and duration before the retry
+	// schedule (backoff sleeps, retry batches of their own).
+	span.end(tctx, err)
+	return r.failed(ctx, b.start, ev, n, err, span.spanContext())
 }
 
 // nextLimit is the next batch's size: the events before a failing one

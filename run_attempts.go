@@ -27,15 +27,15 @@ import (
 // outcome.
 func (r *runner) countAttempt(bctx context.Context, batch Batch, start int64, events []domain.EventEnvelope[any]) (out outcome, ok bool) {
 	s := r.s
-	first := events[0]
-	rec := attemptRecord{position: start, eventID: first.ID, through: events[len(events)-1].Position, attempts: 1}
+	first, last := events[0], events[len(events)-1]
+	rec := attemptRecord{position: start, eventID: first.ID, through: last.Position, attempts: 1}
 	r.attemptN, r.clearOnCommit = 1, false
-	if p := r.pending; p != nil && events[len(events)-1].Position < p.position {
+	if p := r.pending; p != nil && last.Position < p.position {
 		// The events before one that failed in this runner's last batch:
 		// they commit now, and the failed event's first attempt is
 		// recorded for the position they commit, before any replica can
 		// attempt it there.
-		pending := attemptRecord{position: events[len(events)-1].Position, eventID: p.eventID, through: p.position, attempts: 1, lastError: p.err.Error()}
+		pending := attemptRecord{position: last.Position, eventID: p.eventID, through: p.position, attempts: 1, lastError: p.err.Error()}
 		if err := s.attempts.putAttempt(bctx, batch, s.name, pending); err != nil {
 			return r.attemptNotCounted(batch, first, err), false
 		}
@@ -68,52 +68,66 @@ func (r *runner) countAttempt(bctx context.Context, batch Batch, start int64, ev
 	}
 	own := r.wrote
 	r.wrote = rec
-	if !found {
+	switch {
+	case !found:
 		r.clean = r.pending == nil && start >= r.isolateUntil
 		return 0, true
+	case prev.attempts == 0:
+		return r.afterMarker(bctx, batch, events, rec, prev)
+	case !prev.single(first.Position):
+		return r.afterIncomplete(bctx, batch, events, rec, prev, own)
 	}
-	if prev.attempts == 0 {
-		// A marker: the event prev.eventID (at prev.through) failed, in a
-		// replica's batch from here, after the events before it had been
-		// handled. As that replica does, commit those events alone, and
-		// record the failure for the position they commit: the event's
-		// next attempt, by any replica, is its second.
-		var before int
-		for before < len(events) && events[before].Position < prev.through {
-			before++
-		}
-		if before > 0 && before < len(events) && events[before].ID == prev.eventID {
-			r.rollback(batch)
-			r.prefix = before
-			r.pending = &pendingFailure{eventID: prev.eventID, position: prev.through, err: errors.New(prev.lastError)}
-			return outcomeMore, false
-		}
-		// The batch does not reach the event (a smaller batch size):
-		// counted afresh.
-		if err := s.attempts.putAttempt(bctx, batch, s.name, rec); err != nil {
-			return r.attemptNotCounted(batch, first, err), false
-		}
-		return 0, true
+	return r.nextAttempt(bctx, batch, events, rec, prev)
+}
+
+// afterMarker is countAttempt finding a marker (prev): the event
+// prev.eventID (at prev.through) failed, in a replica's batch from here,
+// after the events before it had been handled. As that replica does,
+// commit those events alone, and record the failure for the position they
+// commit: the event's next attempt, by any replica, is its second.
+func (r *runner) afterMarker(bctx context.Context, batch Batch, events []domain.EventEnvelope[any], rec, prev attemptRecord) (outcome, bool) {
+	var before int
+	for before < len(events) && events[before].Position < prev.through {
+		before++
 	}
-	if !prev.single(first.Position) {
-		// This runner's own batch, which it saw fail (it is still here),
-		// is no crash: count afresh.
-		crashed := own.position != prev.position || own.eventID != prev.eventID || own.through != prev.through
-		if crashed && len(events) > 1 {
-			r.rollback(batch)
-			r.isolateUntil = max(r.isolateUntil, prev.through)
-			s.logger.Warn("subscriber: an attempt at these events did not complete (process crashed or lost its lock?); running them one per transaction",
-				"subscriber", s.name, "from", first.Position, "to", prev.through)
-			return outcomeMore, false
-		}
-		if crashed {
-			r.isolateUntil = max(r.isolateUntil, prev.through)
-		}
-		if err := s.attempts.putAttempt(bctx, batch, s.name, rec); err != nil {
-			return r.attemptNotCounted(batch, first, err), false
-		}
-		return 0, true
+	if before > 0 && before < len(events) && events[before].ID == prev.eventID {
+		r.rollback(batch)
+		r.prefix = before
+		r.pending = &pendingFailure{eventID: prev.eventID, position: prev.through, err: errors.New(prev.lastError)}
+		return outcomeMore, false
 	}
+	// The batch does not reach the event (a smaller batch size): counted
+	// afresh.
+	return r.putAttempt(bctx, batch, events[0], rec)
+}
+
+// afterIncomplete is countAttempt finding the record of an attempt at
+// several events (prev) that did not complete. This runner's own batch,
+// which it saw fail (own: it is still here), is no crash: counted afresh.
+// After a crash, which event is to blame is unknown: the events run one
+// per transaction.
+func (r *runner) afterIncomplete(bctx context.Context, batch Batch, events []domain.EventEnvelope[any], rec, prev, own attemptRecord) (outcome, bool) {
+	first := events[0]
+	crashed := own.position != prev.position || own.eventID != prev.eventID || own.through != prev.through
+	if crashed && len(events) > 1 {
+		r.rollback(batch)
+		r.isolateUntil = max(r.isolateUntil, prev.through)
+		r.s.logger.Warn("subscriber: an attempt at these events did not complete (process crashed or lost its lock?); running them one per transaction",
+			"subscriber", r.s.name, "from", first.Position, "to", prev.through)
+		return outcomeMore, false
+	}
+	if crashed {
+		r.isolateUntil = max(r.isolateUntil, prev.through)
+	}
+	return r.putAttempt(bctx, batch, first, rec)
+}
+
+// nextAttempt is countAttempt finding the record of prev.attempts
+// attempts at the first event alone: this is the next, alone, or, with a
+// parking lot and the attempts used up, the event is parked here without
+// running its handler again.
+func (r *runner) nextAttempt(bctx context.Context, batch Batch, events []domain.EventEnvelope[any], rec, prev attemptRecord) (outcome, bool) {
+	s, first := r.s, events[0]
 	if len(events) > 1 {
 		// The first event is being retried: alone.
 		r.rollback(batch)
@@ -134,10 +148,19 @@ func (r *runner) countAttempt(bctx context.Context, batch Batch, start int64, ev
 		return out, false
 	}
 	rec.through, rec.attempts, rec.lastError = first.Position, n, prev.lastError
-	if err := s.attempts.putAttempt(bctx, batch, s.name, rec); err != nil {
-		return r.attemptNotCounted(batch, first, err), false
+	if out, ok := r.putAttempt(bctx, batch, first, rec); !ok {
+		return out, false
 	}
 	r.wrote, r.attemptN, r.clearOnCommit = rec, n, true
+	return 0, true
+}
+
+// putAttempt writes rec, the count of the attempt batch makes at ev; ok
+// is false when it could not be written and the batch was ended.
+func (r *runner) putAttempt(bctx context.Context, batch Batch, ev domain.EventEnvelope[any], rec attemptRecord) (outcome, bool) {
+	if err := r.s.attempts.putAttempt(bctx, batch, r.s.name, rec); err != nil {
+		return r.attemptNotCounted(batch, ev, err), false
+	}
 	return 0, true
 }
 
