@@ -190,11 +190,24 @@ func (b *bench) openSQLite(name string) (*gorm.DB, error) {
 }
 
 // closePools closes the pools the last scenario opened.
-func (b *bench) closePools() {
-	for i := len(b.pools) - 1; i >= 0; i-- {
+func (b *bench) closePools() { b.closePoolsFrom(0) }
+
+// closePoolsFrom closes the pools opened since len(b.pools) was mark, the
+// latest first.
+func (b *bench) closePoolsFrom(mark int) {
+	for i := len(b.pools) - 1; i >= mark; i-- {
 		_ = b.pools[i]()
 	}
-	b.pools = nil
+	b.pools = b.pools[:mark]
+}
+
+// casePools is for a scenario of many cases, each opening pools of its
+// own: the returned func closes the pools opened since the call, so that
+// the cases' idle connections do not add up to the server's
+// max_connections (13 partition cases kept ~100 open).
+func (b *bench) casePools() (closeCase func()) {
+	mark := len(b.pools)
+	return func() { b.closePoolsFrom(mark) }
 }
 
 // cleanup closes every pool, ends any session of this run still open,

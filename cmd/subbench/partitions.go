@@ -182,6 +182,7 @@ func runPartitions(ctx context.Context, b *bench) ([]Row, error) {
 // runPartitionCase catches a fresh subscriber name up over positions
 // 1..c.events and checks every event was committed exactly once.
 func runPartitionCase(ctx context.Context, b *bench, sc *partitionSchema, c partitionCase, name string) (partitionResult, error) {
+	defer b.casePools()()
 	var res partitionResult
 	dsn, setup := sc.dsn, sc.setup
 	if err := setup.Exec("TRUNCATE partition_projection").Error; err != nil {
@@ -307,6 +308,7 @@ func (r *partitionResult) measureCPU(ctx context.Context, b *bench, app string, 
 // (the case's handler, then a checkpoint UPDATE of its own row), all on
 // one pool of c.partitions+2 connections.
 func runPlainPartitions(ctx context.Context, b *bench, sc *partitionSchema, c partitionCase, name string) (partitionResult, error) {
+	defer b.casePools()()
 	var res partitionResult
 	n := max(c.partitions, 1)
 	if err := execAll(sc.setup, "TRUNCATE partition_projection", "TRUNCATE partition_plain_checkpoint"); err != nil {
