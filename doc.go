@@ -8,11 +8,16 @@
 // in one global, cross-aggregate order, and its ReadAfter method reads the
 // feed past a position. A Subscriber treats that feed as a durable queue
 // and remembers exactly one number per name: its checkpoint, the position
-// it has processed up to. Each cycle reads a batch of events past the
-// checkpoint, acquires the checkpoint from a CheckpointStore, runs the
-// Handler for each event in feed order and advances the checkpoint. Crash
-// recovery and normal startup are therefore the same code path: a new
-// process reads the checkpoint and carries on.
+// it has processed up to. Each cycle acquires the checkpoint from a
+// CheckpointStore and reads a batch of events past it, runs the Handler
+// for each event in feed order and advances the checkpoint. Which of the
+// two comes first is the stores' choice (reading first keeps an idle poll
+// free of transactions; the Postgres stores also read inside the lock, in
+// one round trip); either way the batch runs only when the checkpoint it
+// holds is the position its events were read after, and reads again from
+// the real position otherwise. Crash recovery and normal startup are
+// therefore the same code path: a new process reads the checkpoint and
+// carries on.
 //
 // # Delivery guarantees
 //

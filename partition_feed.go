@@ -37,8 +37,12 @@ type partitionFeed struct {
 
 func newPartitionFeed(events domain.EventStore, partition, partitions int) *partitionFeed {
 	f := &partitionFeed{EventStore: events, partition: partition, partitions: partitions}
-	if db, ok := eventrow.StoreDB(undecorated(events)); ok && dialect.Of(db) == dialect.Postgres {
-		f.pg = db
+	// The filter in SQL needs the engine to compute PartitionOf's hash
+	// (and bigint arrays, for the index): Postgres.
+	if db, ok := eventrow.StoreDB(undecorated(events)); ok {
+		if d := dialect.Of(db); d != nil && d.PartitionHash() != "" {
+			f.pg = db
+		}
 	}
 	return f
 }

@@ -56,7 +56,8 @@ var (
 // checkpoint, reads a batch of events past it via EventStore.ReadAfter,
 // invokes the handler for each event, and advances the checkpoint. Because
 // the checkpoint is the only state, crash recovery and normal startup are
-// the same code path.
+// the same code path (the package documentation's model says what holds
+// whichever of the read and the acquisition comes first).
 //
 // A handler error abandons the whole batch — the checkpoint stays put, any
 // handler writes made through the batch transaction roll back, and the
