@@ -1,6 +1,10 @@
 package infrastructure
 
-import "time"
+import (
+	"time"
+
+	"github.com/eventfeed/subscriptions/internal/eventrow"
+)
 
 // PostgresNotifyChannel is the default channel on which GormEventStore
 // NOTIFYs after every committed append on Postgres (WithNotifyChannel
@@ -25,3 +29,7 @@ type GormEventModel struct {
 
 // TableName returns "events".
 func (GormEventModel) TableName() string { return "events" }
+
+// The feed's reads scan into eventrow.Row, which must keep this model's
+// fields: the conversion stops compiling when the two drift.
+var _ = eventrow.Row(GormEventModel{})
