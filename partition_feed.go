@@ -211,22 +211,17 @@ func (a indexedAcquirer) acquireAfter(ctx context.Context, subscriber string, af
 		}
 		return a.fallback.acquireAfter(ctx, subscriber, after, limit, expectWork)
 	}
-	var rows []eventrow.Row
-	if err := gb.tx.WithContext(context.WithoutCancel(ctx)).Raw(eventrow.Select+partitionPositionsClause, positionsArray(positions)).Scan(&rows).Error; err != nil {
+	events, err := eventrow.Read(context.WithoutCancel(ctx), gb.tx, partitionPositionsClause, positionsArray(positions))
+	if err != nil {
 		_ = batch.Rollback() // the read's failure is the one to report
 		return nil, nil, &feedReadError{err: fmt.Errorf("read partition %d of %d after position %d: %w", f.partition, f.partitions, after, err)}
 	}
-	if len(rows) != len(positions) {
+	if len(events) != len(positions) {
 		// An event the index named is gone: read with the hash filter.
 		if err := batch.Rollback(); err != nil {
 			return nil, nil, err
 		}
 		return a.fallback.acquireAfter(ctx, subscriber, after, limit, expectWork)
-	}
-	events, err := eventrow.Envelopes(rows)
-	if err != nil {
-		_ = batch.Rollback() // the decoding failure is the one to report
-		return nil, nil, &feedReadError{err: err}
 	}
 	return batch, events, nil
 }
