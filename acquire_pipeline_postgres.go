@@ -111,11 +111,12 @@ func (g *GormCheckpointStore) acquireAndRead(ctx context.Context, subscriber str
 	if err != nil {
 		pinned := &pinnedTx{conn: conn}
 		_ = pinned.Rollback()
+		_ = conn.Close()
 		return nil, nil, fmt.Errorf("subscriptions: read feed after position %d: %w", after, err)
 	}
 	tx := g.db.WithContext(ctx).Session(&gorm.Session{NewDB: true})
 	tx.Statement.ConnPool = &pinnedTx{conn: conn}
-	b := &gormBatch{store: g, subscriber: subscriber, tx: tx, position: positions[0], done: make(chan struct{})}
+	b := &gormBatch{store: g, subscriber: subscriber, tx: tx, conn: conn, position: positions[0], done: make(chan struct{})}
 	return b, events, nil
 }
 
@@ -151,9 +152,10 @@ func must(rows pgx.Rows, _ error) pgx.Rows { return rows }
 // pinnedTx is the GORM connection pool of a pipelined batch: a connection
 // pinned from the pool whose session holds the transaction the pipeline
 // began. It implements gorm.TxCommitter, so the batch commits, rolls back
-// and takes savepoints exactly like a database/sql transaction; Commit and
-// Rollback return the connection to the pool. It belongs to the batch's
-// goroutine.
+// and takes savepoints exactly like a database/sql transaction; the
+// connection stays pinned after Commit and Rollback, for the batch to
+// begin again on it (renew) or return it to the pool (closeConn). It
+// belongs to the batch's goroutine.
 type pinnedTx struct {
 	conn *sql.Conn
 	// ended is set by Commit or Rollback. The closed conn stays: its
@@ -185,9 +187,10 @@ func (p *pinnedTx) QueryRowContext(ctx context.Context, query string, args ...an
 func (p *pinnedTx) Commit() error   { return p.end("COMMIT") }
 func (p *pinnedTx) Rollback() error { return p.end("ROLLBACK") }
 
-// end runs COMMIT or ROLLBACK and releases the connection. A COMMIT that
-// Postgres turned into a rollback (the transaction had failed) is an
-// error, as database/sql reports it.
+// end runs COMMIT or ROLLBACK. A COMMIT that Postgres turned into a
+// rollback (the transaction had failed) is an error, as database/sql
+// reports it; a connection whose state is unknown after a failure is
+// marked bad, so that database/sql discards it when it is closed.
 func (p *pinnedTx) end(stmt string) error {
 	if p.ended {
 		return sql.ErrTxDone
@@ -210,8 +213,8 @@ func (p *pinnedTx) end(stmt string) error {
 		}
 		return nil
 	})
-	if closeErr := conn.Close(); endErr == nil && err == nil {
-		return closeErr
+	if endErr == nil {
+		return err
 	}
 	return endErr
 }

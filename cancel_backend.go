@@ -9,6 +9,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/eventfeed/subscriptions/internal/dialect"
+	"github.com/eventfeed/subscriptions/internal/pgxconn"
 )
 
 // cancelRetryInterval is how often cancelBackendOnDone repeats its cancel
@@ -23,12 +24,17 @@ const cancelRetryInterval = 20 * time.Millisecond
 // a backend waiting for a row lock notices the closed socket only after it
 // got the lock, so the lock would outlive the call that was abandoned.
 //
-// The caller must own the connection of pid (a dedicated *sql.Conn) until
-// stop returns; stop ends the goroutine and waits for it, so that no cancel
-// request is sent once the connection goes back to the pool. The requests
-// go through db, on another connection, without ctx (it has ended); a
-// request that fails is retried at the next tick, and stop ends the
-// retries and any request still waiting.
+// conn is the caller's dedicated connection (gorm's Connection) whose
+// server process is pid; the caller must own it until stop returns; stop
+// ends the goroutine and waits for it, so that no cancel request is sent
+// once the connection goes back to the pool. On a pgx pool the requests
+// are Postgres' out-of-band cancel requests for conn (pgconn.CancelRequest:
+// a short network connection of their own, not a session, so the pool's
+// budget holds: nothing waits for a second pool connection while it holds
+// one); on another driver they are d.CancelBackend statements through db,
+// on another connection of the pool. Either goes without ctx (it has
+// ended); a request that fails is retried at the next tick, and stop ends
+// the retries and any request still waiting.
 //
 // stop reports whether a cancel request was sent. If so, the caller must
 // discard the connection of pid rather than return it to the pool
@@ -36,7 +42,17 @@ const cancelRetryInterval = 20 * time.Millisecond
 // and a request's signal may be handled after the guarded statement has
 // ended, so either could cancel whatever statement the connection's next
 // user runs (seen as a 57014 on an unrelated Position call).
-func cancelBackendOnDone(ctx context.Context, db *gorm.DB, d *dialect.Dialect, pid int64) (stop func() (sent bool)) {
+func cancelBackendOnDone(ctx context.Context, conn, db *gorm.DB, d *dialect.Dialect, pid int64) (stop func() (sent bool)) {
+	request := func(ctx context.Context) { _ = db.WithContext(ctx).Exec(d.CancelBackend(), pid).Error }
+	if c, ok := conn.Statement.ConnPool.(*sql.Conn); ok {
+		_ = c.Raw(func(dc any) error {
+			if pc, ok := pgxconn.Unwrap(dc); ok {
+				pg := pc.PgConn() // CancelRequest is safe while the connection is in use
+				request = func(ctx context.Context) { _ = pg.CancelRequest(ctx) }
+			}
+			return nil
+		})
+	}
 	stopped := make(chan struct{})
 	done := make(chan struct{})
 	var requested bool // written by the goroutine, read by stop after done
@@ -57,7 +73,7 @@ func cancelBackendOnDone(ctx context.Context, db *gorm.DB, d *dialect.Dialect, p
 			// The error is not actionable here: the guarded statement
 			// returns on its own once the row is free, and the next tick
 			// tries again.
-			_ = db.WithContext(reqCtx).Exec(d.CancelBackend(), pid).Error
+			request(reqCtx)
 			select {
 			case <-ticker.C:
 			case <-stopped:

@@ -32,7 +32,7 @@ func TestCancelBackendDiscardsACancelledConnection(t *testing.T) {
 			if err := conn.Raw(d.BackendPID()).Scan(&pid).Error; err != nil {
 				return err
 			}
-			stop := cancelBackendOnDone(ctx, pg.DB, d, pid)
+			stop := cancelBackendOnDone(ctx, conn, pg.DB, d, pid)
 			stmtErr = conn.Exec("SELECT pg_sleep(?)", sleep).Error
 			if sent = stop(); sent {
 				discardConn(conn)

@@ -216,10 +216,25 @@ const lockAndCheckQuery = `SELECT (SELECT position FROM subscriber_checkpoints W
 // skipping it when another transaction holds it. exists reports whether
 // the row exists at all, when it could not be locked; check asks for it
 // in the lock's statement (lockAndCheckQuery) instead of a read after it.
+//
+// The transaction is pinned to a connection for the batch's life, which
+// the batch's attempt records are written on too (renew): a batch never
+// needs a second connection.
 func (g *GormCheckpointStore) lockPostgres(ctx context.Context, b *gormBatch, check bool) (acquired, exists bool, err error) {
-	tx := g.db.WithContext(ctx).Begin(g.txOptions())
-	if tx.Error != nil {
-		return false, false, fmt.Errorf("subscriptions: acquire checkpoint of %q: begin: %w", b.subscriber, tx.Error)
+	conn, err := g.pool.Conn(ctx)
+	if err != nil {
+		return false, false, fmt.Errorf("subscriptions: acquire checkpoint of %q: connection: %w", b.subscriber, err)
+	}
+	stx, err := conn.BeginTx(ctx, g.txOptions())
+	if err != nil {
+		_ = conn.Close()
+		return false, false, fmt.Errorf("subscriptions: acquire checkpoint of %q: begin: %w", b.subscriber, err)
+	}
+	tx := g.db.Session(&gorm.Session{NewDB: true, Context: ctx})
+	tx.Statement.ConnPool = stx
+	end := func() {
+		_ = stx.Rollback()
+		_ = conn.Close()
 	}
 	query, args := "SELECT position FROM subscriber_checkpoints WHERE subscriber = ? FOR UPDATE SKIP LOCKED", []any{b.subscriber}
 	if check {
@@ -230,15 +245,15 @@ func (g *GormCheckpointStore) lockPostgres(ctx context.Context, b *gormBatch, ch
 		Present  bool   // with check: the row exists
 	}
 	if err := tx.Raw(query, args...).Scan(&row).Error; err != nil {
-		tx.Rollback()
+		end()
 		return false, false, fmt.Errorf("subscriptions: acquire checkpoint of %q: lock row: %w", b.subscriber, err)
 	}
 	if row.Position != nil {
-		b.tx = tx
+		b.tx, b.conn = tx, conn
 		b.position = *row.Position
 		return true, true, nil
 	}
-	tx.Rollback()
+	end()
 	if !check {
 		// Skipped because another replica holds it, or missing? A plain
 		// read tells, without waiting for anyone's lock.

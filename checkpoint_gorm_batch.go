@@ -20,9 +20,14 @@ type gormBatch struct {
 	subscriber string
 	tx         *gorm.DB
 	position   int64
-	// conn (SQLite) is the pooled connection the batch's transaction is
-	// pinned to, closed when the batch ends (see closeConn).
+	// conn is the pooled connection the batch's transaction is pinned to,
+	// closed when the batch ends (see closeConn): the batch's attempt
+	// records are written on it too (renew), never on a second one.
 	conn *sql.Conn
+	// claim (Postgres) is the holder of the attempt claim the batch
+	// committed (see checkpoint_gorm_attempts.go), released when the batch
+	// rolls back; "" when it wrote none.
+	claim string
 
 	moved atomic.Bool // SQLite: a Reset moved the checkpoint under this batch
 	// htx is the handlers' view of tx and guard its connection, made by
@@ -88,7 +93,7 @@ func (b *gormBatch) closeConn(endFailed bool) {
 	if b.conn == nil {
 		return
 	}
-	if endFailed {
+	if endFailed && !b.store.dialect.RowLocks {
 		cleanSQLiteConn(b.conn)
 	}
 	_ = b.conn.Close() // sql.ErrConnDone when a Reset closed it
@@ -232,6 +237,9 @@ func (b *gormBatch) Rollback() error {
 		}
 		endFailed = true
 		return fmt.Errorf("subscriptions: roll back batch of %q: %w", b.subscriber, err)
+	}
+	if b.claim != "" && b.store.dialect.Claims && b.conn != nil {
+		return b.store.releaseClaim(b.conn, b.subscriber, b.claim)
 	}
 	return nil
 }

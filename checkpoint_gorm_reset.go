@@ -111,7 +111,7 @@ func (g *GormCheckpointStore) fencedOnServer(ctx context.Context, run func(tx *g
 		if err := conn.Raw(g.dialect.BackendPID()).Scan(&pid).Error; err != nil {
 			return fmt.Errorf("read backend pid: %w", err)
 		}
-		stop := cancelBackendOnDone(ctx, g.db, g.dialect, pid)
+		stop := cancelBackendOnDone(ctx, conn, g.db, g.dialect, pid)
 		defer func() {
 			if stop() {
 				discardConn(conn)

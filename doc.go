@@ -181,6 +181,33 @@
 // and which a migration tool can apply instead; WithSchemaVerifyOnly
 // starts a store without DDL.
 //
+// # Connections
+//
+// Every path of this package holds at most one connection of the
+// database's pool at a time and never waits for another while it holds
+// one, so a pool of any size, down to one connection, makes progress
+// however many subscribers, replicas, partitions, appends and operator
+// calls share it: the pool bounds how many of them run at once, and the
+// rest wait their turn instead of deadlocking. At most, at once:
+//
+//   - a subscriber: one, its batch (its attempt record is written on the
+//     batch's own connection, see docs/design.md, "Attempt counts");
+//   - a partitioned subscriber: one per worker (WithConcurrency) and one
+//     for the coordinator's reads;
+//   - an append: one (the concurrent appends of one GormEventStore share
+//     it);
+//   - Lag, Status, Healthy, ListParked, ReplayParked, ResetCheckpoint,
+//     ResetCheckpointWith, DeleteState and the admin calls: one each (a
+//     reset abandoned on Postgres is cancelled on the server with an
+//     out-of-band cancel request, not a pool connection);
+//   - a PostgresListener: one of its own, outside the pool.
+//
+// A pool with as many connections as those run at once never makes one
+// wait. The one way to break the rule is the application's: a handler
+// that uses the application's *gorm.DB (or *sql.DB) instead of the batch
+// transaction (TxFromContext) takes a second connection while its batch
+// holds one, and waits forever on a pool that has none to spare.
+//
 // # Concurrency
 //
 // Subscribers, checkpoint stores, parking lots, notifiers and listeners are

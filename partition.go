@@ -6,8 +6,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"regexp"
+	"slices"
 	"time"
 
+	"github.com/eventfeed/subscriptions/internal/ctxsleep"
 	"github.com/eventfeed/subscriptions/internal/dialect"
 )
 
@@ -16,12 +19,15 @@ import (
 // more than the parallelism buys on any database this module supports.
 const MaxPartitions = 1024
 
-// ErrPartitionsChanged is returned by Run of a partitioned subscriber whose
-// name already has checkpoints for a different number of partitions.
-// Running with another n would hand the aggregates to other partitions,
-// whose checkpoints are elsewhere in the feed: events would be skipped or
-// handled twice. Keep the old n, or rebuild under a new name (see
-// docs/partitions.md).
+// ErrPartitionsChanged is returned by Run, ResetCheckpoint,
+// ResetCheckpointWith, DeleteState, WaitCaughtUp, Lag, PartitionLags,
+// Status and Healthy of a subscriber whose name has checkpoints recorded
+// for another number of partitions (WithPartitions, or none), before
+// anything is changed. Running with another n would hand the aggregates to
+// other partitions, whose checkpoints are elsewhere in the feed: events
+// would be skipped or handled twice; resetting or deleting would move rows
+// the name's runs do not use. Keep the old n, or rebuild under a new name
+// (see docs/partitions.md).
 var ErrPartitionsChanged = errors.New("the subscriber's checkpoints were written for another number of partitions")
 
 // WithPartitions splits the feed into n partitions by a stable hash of the
@@ -75,6 +81,21 @@ func partitionName(name string, p, n int) string {
 // partition count (its position holds n), so that a Run with another n is
 // refused.
 func partitionMarker(name string) string { return name + "/partitions" }
+
+// internalName matches the names of a partitioned subscriber's own
+// checkpoint rows (partitionName, partitionMarker).
+var internalName = regexp.MustCompile(`/(partitions|partition-[0-9]+-of-[0-9]+)$`)
+
+// reservedName refuses a subscriber name that ends like a partitioned
+// subscriber's own checkpoint rows: a subscriber of that name would share
+// another's checkpoint (starting from its position, and making the
+// partitioned subscriber refuse to run).
+func reservedName(name string) error {
+	if m := internalName.FindString(name); m != "" {
+		return fmt.Errorf("%q ends in %q, which is reserved: names ending in /partitions or /partition-P-of-N name the checkpoints of partitioned subscribers", name, m)
+	}
+	return nil
+}
 
 // partitionNames lists the checkpoint names of every partition.
 func (s *Subscriber) partitionNames() []string {
@@ -178,11 +199,71 @@ func (s *Subscriber) initPartitions(ctx context.Context) error {
 			}
 		}
 	}
-	if existing != 0 && existing != n {
-		return fmt.Errorf("subscriptions: subscriber %q has checkpoints for %d partitions, WithPartitions(%d) given: %w; run it with WithPartitions(%d), or rebuild the projection under a new name",
-			s.name, existing, n, ErrPartitionsChanged, existing)
+	return s.partitionCountIs(existing)
+}
+
+// partitionCountIs returns the error of every call on a name whose
+// recorded partition count (recorded: 0 for none) is not this
+// Subscriber's: Run, the resets, DeleteState, WaitCaughtUp, Lag and
+// Status all refuse, before anything is changed or any of the
+// application's statements runs, since they would read or move
+// checkpoints the name's runs do not use.
+func (s *Subscriber) partitionCountIs(recorded int64) error {
+	switch {
+	case recorded == 0 || recorded == int64(s.partitions):
+		return nil
+	case s.partitions == 0:
+		return fmt.Errorf("subscriptions: subscriber %q has checkpoints for %d partitions, WithPartitions not given: %w; construct it with WithPartitions(%d)",
+			s.name, recorded, ErrPartitionsChanged, recorded)
 	}
-	return nil
+	return fmt.Errorf("subscriptions: subscriber %q has checkpoints for %d partitions, WithPartitions(%d) given: %w; run it with WithPartitions(%d), or rebuild the projection under a new name",
+		s.name, recorded, s.partitions, ErrPartitionsChanged, recorded)
+}
+
+// checkPartitionCount reads the name's recorded partition count and
+// refuses a Subscriber built with another one (partitionCountIs).
+func (s *Subscriber) checkPartitionCount(ctx context.Context) error {
+	recorded, err := s.checkpoints.Position(ctx, partitionMarker(s.name))
+	if err != nil {
+		return err // the store names the checkpoint
+	}
+	return s.partitionCountIs(recorded)
+}
+
+// awaitPartitionCount is checkPartitionCount for the start of an
+// unpartitioned Run: a name that was run partitioned is refused; a
+// database error is logged and retried after the poll interval, since
+// running from the name's stale checkpoint would handle events twice. It
+// returns nil when ctx ends.
+func (s *Subscriber) awaitPartitionCount(ctx context.Context) error {
+	for {
+		err := s.checkPartitionCount(ctx)
+		switch {
+		case err == nil || ctx.Err() != nil:
+			return nil
+		case errors.Is(err, ErrPartitionsChanged):
+			return err
+		}
+		s.logger.Error("subscriber: reading the partition count failed; will retry", "subscriber", s.name, "error", err)
+		if !ctxsleep.Sleep(ctx, s.pollInterval) {
+			return nil
+		}
+	}
+}
+
+// checkpointPositions reads the checkpoints of names and the name's
+// partition count in one read where the store allows, and refuses a
+// Subscriber built with another count (partitionCountIs).
+func (s *Subscriber) checkpointPositions(ctx context.Context, names []string) ([]int64, error) {
+	positions, err := s.storePositions(ctx, append(slices.Clone(names), partitionMarker(s.name)))
+	if err != nil {
+		return nil, err
+	}
+	last := len(positions) - 1
+	if err := s.partitionCountIs(positions[last]); err != nil {
+		return nil, err
+	}
+	return positions[:last], nil
 }
 
 // PartitionLags returns, per partition, how many events of the partition
@@ -193,7 +274,7 @@ func (s *Subscriber) PartitionLags(ctx context.Context) ([]int64, error) {
 	if s.partitions == 0 {
 		return nil, nil
 	}
-	positions, err := s.storePositions(ctx, s.partitionNames())
+	positions, err := s.checkpointPositions(ctx, s.partitionNames())
 	if err != nil {
 		return nil, err // the store names the subscriber
 	}
@@ -281,6 +362,9 @@ func (s *Subscriber) deletePartitions(ctx context.Context, purge func(ctx contex
 // waits until no partition has an event at or below the head read at the
 // start past its checkpoint.
 func (s *Subscriber) waitPartitionsCaughtUp(ctx context.Context) (int64, error) {
+	if err := s.checkPartitionCount(ctx); err != nil {
+		return 0, err
+	}
 	head, err := s.events.HeadPosition(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("subscriptions: wait for %q to catch up: %w", s.name, err)
@@ -325,39 +409,98 @@ func (s *Subscriber) waitPartitionsCaughtUp(ctx context.Context) (int64, error) 
 	}
 }
 
-// partitionStatus fills Status's database figures for a partitioned
-// subscriber: Lag is the events not yet handled over every partition (as
-// Lag), LagSeconds the age of the oldest of them, and Position the lowest
-// checkpoint of a partition with events behind it (the head when every
-// partition is caught up): every event at or below it is handled.
-func (s *Subscriber) partitionStatus(ctx context.Context, st *Status, now time.Time) error {
-	positions, err := s.storePositions(ctx, s.partitionNames())
+// partitionStatus is status for a partitioned subscriber (see
+// Status.Partitions). The checkpoints are read before the head: every
+// checkpoint committed by then is at most the head read after it, so a
+// batch committing meanwhile never looks like a checkpoint ahead of the
+// feed (one ahead is then a real one: a truncated feed, or a reset past
+// the head).
+func (s *Subscriber) partitionStatus(ctx context.Context) (Status, []time.Time, error) {
+	positions, err := s.checkpointPositions(ctx, s.partitionNames())
 	if err != nil {
-		return err // the store names the subscriber
+		return Status{}, nil, err // the store names the subscriber
 	}
-	st.Position = st.Head
+	head, err := s.events.HeadPosition(ctx)
+	if err != nil {
+		return Status{}, nil, fmt.Errorf("subscriptions: status of %q: %w", s.name, err)
+	}
+	now := time.Now()
+	st := Status{Subscriber: s.name, Position: head, Head: head, Parked: -1, CheckedAt: now.UTC(), Partitions: make([]PartitionStatus, len(positions))}
+	var ahead error
 	for p, position := range positions {
-		if position > st.Head {
-			st.Position = position
-			return nil // the caller reports ErrCheckpointAhead
+		ps := &st.Partitions[p]
+		ps.Partition, ps.Position = p, position
+		if position > head {
+			if ahead == nil {
+				st.Position = position
+				ahead = fmt.Errorf("subscriptions: status of %q: partition %d of %d: checkpoint %d, feed head %d: %w", s.name, p, s.partitions, position, head, ErrCheckpointAhead)
+			}
+			continue
 		}
 		feed := newPartitionFeed(s.events, p, s.partitions)
-		n, err := feed.countAfter(ctx, position, st.Head)
+		n, err := feed.countAfter(ctx, position, head)
 		if err != nil {
-			return fmt.Errorf("subscriptions: status of %q: partition %d of %d: %w", s.name, p, s.partitions, err)
+			return Status{}, nil, fmt.Errorf("subscriptions: status of %q: partition %d of %d: %w", s.name, p, s.partitions, err)
 		}
 		if n == 0 {
 			continue
 		}
+		ps.Lag = n
 		st.Lag += n
-		st.Position = min(st.Position, position)
-		oldest, err := feed.ReadAfter(ctx, position, 1)
-		if err != nil {
-			return fmt.Errorf("subscriptions: status of %q: partition %d of %d: oldest unhandled event: %w", s.name, p, s.partitions, err)
+		if ahead == nil {
+			st.Position = min(st.Position, position)
 		}
-		if len(oldest) > 0 && !oldest[0].Created.IsZero() {
-			st.LagSeconds = max(st.LagSeconds, now.Sub(oldest[0].Created).Seconds())
+		if ps.LagSeconds, err = s.lagAge(ctx, feed, position, now); err != nil {
+			return Status{}, nil, fmt.Errorf("subscriptions: status of %q: partition %d of %d: %w", s.name, p, s.partitions, err)
+		}
+		st.LagSeconds = max(st.LagSeconds, ps.LagSeconds)
+	}
+	if err := s.parkedStatus(ctx, &st); err != nil {
+		return Status{}, nil, err
+	}
+	progress := s.partitionLive(&st)
+	return st, progress, ahead
+}
+
+// statePriority orders the partitions' states for the subscriber's own:
+// the most pressing wins.
+var statePriority = map[State]int{StateIdle: 0, StateRunning: 1, StateRetrying: 2, StateHalted: 3}
+
+// partitionLive fills the live state of st and its partitions from the
+// partitions' telemetries (see telemetry.partitions) and returns each
+// partition's progress time. A subscriber that is not running here is
+// stopped, and so is each of its partitions.
+func (s *Subscriber) partitionLive(st *Status) []time.Time {
+	whole := s.tel.seen(st.Position, st.Head) // Run's own: started, stopped
+	whole.fill(st)
+	cells := s.tel.partitionCells()
+	progress := make([]time.Time, len(st.Partitions))
+	var oldest time.Time
+	for p := range st.Partitions {
+		ps := &st.Partitions[p]
+		progress[p] = whole.progressAt
+		if whole.state == StateStopped || len(cells) != len(st.Partitions) {
+			ps.State, ps.ProgressAt = StateStopped, whole.progressAt.UTC()
+			continue
+		}
+		live := cells[p].seen(ps.Position, ps.Position+ps.Lag)
+		progress[p] = live.progressAt
+		ps.State, ps.Failing, ps.Attempts, ps.ProgressAt = live.state, live.failing, live.attempt, live.progressAt.UTC()
+		if p == 0 || statePriority[live.state] > statePriority[st.State] {
+			st.State, st.Failing, st.Attempts = live.state, live.failing, live.attempt
+		}
+		if live.lastErrorAt.After(st.LastErrorAt) {
+			st.LastError, st.LastErrorAt, st.LastErrorEvent = live.lastError, live.lastErrorAt, live.errorEvent
+		}
+		if live.lastCommit.After(st.LastCommitAt) {
+			st.LastCommitAt = live.lastCommit
+		}
+		if ps.Lag > 0 && (oldest.IsZero() || live.progressAt.Before(oldest)) {
+			oldest = live.progressAt
 		}
 	}
-	return nil
+	if !oldest.IsZero() {
+		st.ProgressAt = oldest.UTC()
+	}
+	return progress
 }

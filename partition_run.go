@@ -215,10 +215,10 @@ func (s *Subscriber) runPartitioned(ctx context.Context) error {
 	}
 	index := s.newPartitionIndex(positions)
 	ps := &partitionSet{parts: make([]*partitionState, s.partitions), kick: make(chan struct{}, k), abort: abort, index: index}
+	tels := s.tel.partitions(s.partitions)
 	for p := range ps.parts {
-		child := s.partitionChild(names[p], p, index)
-		r := &runner{s: child, timer: time.NewTimer(time.Hour), known: -1, ownedAt: -1, drain: drain}
-		r.timer.Stop()
+		child := s.partitionChild(names[p], p, index, tels[p])
+		r := newRunner(child, nil, drain)
 		defer r.timer.Stop()
 		ps.parts[p] = &partitionState{r: r, seen: -1}
 		if positions != nil {
@@ -264,7 +264,7 @@ func (s *Subscriber) runPartitioned(ctx context.Context) error {
 // parking under this subscriber's name. Every field of Subscriber is
 // listed (TestPartitionChildCopiesEveryField counts them): a copy of the
 // struct would copy its running flag.
-func (s *Subscriber) partitionChild(name string, p int, index *partitionIndex) *Subscriber {
+func (s *Subscriber) partitionChild(name string, p int, index *partitionIndex, tel *telemetry) *Subscriber {
 	feed := newPartitionFeed(s.events, p, s.partitions)
 	feed.index = index
 	c := &Subscriber{
@@ -288,9 +288,10 @@ func (s *Subscriber) partitionChild(name string, p int, index *partitionIndex) *
 		noTelemetry:     s.noTelemetry,
 		// Each partition has a checkpoint row, and so a record, of its own.
 		attempts: s.attempts,
-		// The partitions share the subscriber's instruments and live state
-		// (safe for concurrent use): metrics carry the subscriber's name.
-		tel: s.tel,
+		// The partitions share the subscriber's instruments (metrics carry
+		// the subscriber's name); each keeps its live state (see
+		// telemetry.partitions).
+		tel: tel,
 		// Not copied: wake (the coordinator's), running (Run's own),
 		// partitions and concurrency (a partition is unpartitioned),
 		// acquirer (set below: the partition's read is filtered, so the
@@ -364,6 +365,10 @@ func (s *Subscriber) partitionCycle(ctx context.Context, ps *partitionSet, r *ru
 	}()
 	out = r.cycle(ctx, check || r.known < 0)
 	switch out {
+	case outcomeIdle:
+		r.s.tel.caughtUp() // as Run does for an unpartitioned subscriber
+	case outcomeSkipped:
+		r.s.tel.setState(StateIdle)
 	case outcomeStopped:
 		return out, true
 	case outcomeFatal:

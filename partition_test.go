@@ -12,9 +12,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
@@ -444,12 +442,8 @@ func TestPartitionsSuite(t *testing.T) {
 // no transaction.
 func TestPartitionsIdleCostDoesNotGrowWithN(t *testing.T) {
 	pg := dbtest.NewPostgres(t)
-	sqlDB, err := pg.Open(t).DB()
-	require.NoError(t, err)
 	counter := &coreCounter{}
-	db, err := gorm.Open(postgres.New(postgres.Config{Conn: &coreCountingPool{db: sqlDB, c: counter}}),
-		&gorm.Config{Logger: logger.Discard})
-	require.NoError(t, err)
+	db := coreCountingDB(t, pg, counter)
 	events, err := infrastructure.NewGormEventStore(db)
 	require.NoError(t, err)
 	cps, err := subscriptions.NewGormCheckpointStore(db)

@@ -36,6 +36,9 @@ func (s *Subscriber) ResetCheckpointWith(ctx context.Context, position int64, ap
 	if err := validatePosition(s.name, position); err != nil {
 		return err
 	}
+	if err := s.checkPartitionCount(ctx); err != nil {
+		return err // before apply runs
+	}
 	resetWith := func(ctx context.Context, name string, position int64, apply func(ctx context.Context) error) error {
 		r, ok := s.checkpoints.(CheckpointResetter)
 		if !ok {
@@ -76,6 +79,9 @@ const caughtUpPoll = 20 * time.Millisecond
 func (s *Subscriber) WaitCaughtUp(ctx context.Context) (int64, error) {
 	if s.partitions > 0 {
 		return s.waitPartitionsCaughtUp(ctx)
+	}
+	if err := s.checkPartitionCount(ctx); err != nil {
+		return 0, err
 	}
 	head, err := s.events.HeadPosition(ctx)
 	if err != nil {
@@ -123,6 +129,9 @@ func (s *Subscriber) DeleteState(ctx context.Context) error {
 		return fmt.Errorf("subscriptions: delete the state of %q: %w", s.name, ErrRunning)
 	}
 	defer s.running.Store(false)
+	if err := s.checkPartitionCount(ctx); err != nil {
+		return err
+	}
 	r, ok := s.checkpoints.(CheckpointResetter)
 	if !ok {
 		return fmt.Errorf("subscriptions: delete the state of %q: checkpoint store %T does not implement CheckpointResetter: %w", s.name, s.checkpoints, errors.ErrUnsupported)

@@ -2,6 +2,8 @@ package subscriptions
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -50,9 +52,10 @@ var wakeRechecks = []time.Duration{5 * time.Millisecond, 25 * time.Millisecond, 
 //
 // Transient errors (database hiccups, handler failures) are logged and
 // retried after the poll interval; they never stop the subscriber. Apart
-// from ErrRunning, the only error Run returns is fatal misconfiguration: an
-// event store without a global ordered feed (an error wrapping
-// domain.ErrGlobalOrderingNotSupported).
+// from ErrRunning, the only errors Run returns are fatal misconfiguration:
+// an event store without a global ordered feed (an error wrapping
+// domain.ErrGlobalOrderingNotSupported), or a name whose checkpoints were
+// written for another partition count (ErrPartitionsChanged).
 //
 // A panicking handler rolls back its batch, releasing the checkpoint, and
 // the panic propagates out of Run.
@@ -63,6 +66,9 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	defer s.running.Store(false)
 	if s.partitions > 0 {
 		return s.runPartitioned(ctx)
+	}
+	if err := s.awaitPartitionCount(ctx); err != nil {
+		return err
 	}
 	if _, err := s.events.HeadPosition(ctx); err != nil {
 		if errors.Is(err, domain.ErrGlobalOrderingNotSupported) {
@@ -80,8 +86,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 
 	drain, stopDrain := s.drainContext(ctx)
 	defer stopDrain()
-	r := &runner{s: s, wake: s.wake, timer: time.NewTimer(time.Hour), known: -1, ownedAt: -1, drain: drain}
-	r.timer.Stop()
+	r := newRunner(s, s.wake, drain)
 	defer r.timer.Stop()
 
 	check := true // read the checkpoint again before the next batch
@@ -181,6 +186,25 @@ type runner struct {
 	clean         bool
 	clearOnCommit bool
 	wrote         attemptRecord
+	// holder names this runner in the attempt records it writes.
+	holder string
+}
+
+// newRunner returns the runner of one Run of s (or of one partition of
+// it), with its timer stopped and a holder name of its own.
+func newRunner(s *Subscriber, wake <-chan struct{}, drain context.Context) *runner {
+	r := &runner{s: s, wake: wake, timer: time.NewTimer(time.Hour), known: -1, ownedAt: -1, drain: drain, holder: newHolder()}
+	r.timer.Stop()
+	return r
+}
+
+// newHolder names a runner in the attempt records it claims (see
+// attemptCounter): random, so that no other runner, in this process or
+// another, or after a restart, has the same.
+func newHolder() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
 }
 
 type pendingFailure struct {

@@ -28,13 +28,14 @@ import (
 func (r *runner) countAttempt(bctx context.Context, batch Batch, start int64, events []domain.EventEnvelope[any]) (out outcome, ok bool) {
 	s := r.s
 	first, last := events[0], events[len(events)-1]
-	rec := attemptRecord{position: start, eventID: first.ID, through: last.Position, attempts: 1}
+	rec := attemptRecord{position: start, eventID: first.ID, through: last.Position, attempts: 1, holder: r.holder}
 	r.attemptN, r.clearOnCommit = 1, false
 	if p := r.pending; p != nil && last.Position < p.position {
 		// The events before one that failed in this runner's last batch:
 		// they commit now, and the failed event's first attempt is
 		// recorded for the position they commit, before any replica can
 		// attempt it there.
+		// An attempt to come, which claims nothing yet.
 		pending := attemptRecord{position: last.Position, eventID: p.eventID, through: p.position, attempts: 1, lastError: p.err.Error()}
 		if err := s.attempts.putAttempt(bctx, batch, s.name, pending); err != nil {
 			return r.attemptNotCounted(batch, first, err), false
@@ -172,6 +173,13 @@ func (r *runner) attemptNotCounted(batch Batch, ev domain.EventEnvelope[any], er
 		r.known = -1
 		return outcomeMore
 	}
+	if errors.Is(err, errAttemptClaimed) {
+		// Another replica is about to take the checkpoint back for its
+		// attempt: as if it held the checkpoint.
+		r.rollback(batch)
+		r.known = -1
+		return outcomeSkipped
+	}
 	r.known = -1
 	return r.abandon(batch, ev, "subscriber: counting the attempt failed; will retry", err)
 }
@@ -184,7 +192,7 @@ func (r *runner) attemptNotCounted(batch Batch, ev domain.EventEnvelope[any], er
 // count stands, only the cause is lost.
 func (r *runner) recordFailure(ctx context.Context, batch Batch, start int64, ev domain.EventEnvelope[any], n int, err error) {
 	s := r.s
-	rec := attemptRecord{position: start, eventID: ev.ID, through: ev.Position, attempts: n, lastError: err.Error()}
+	rec := attemptRecord{position: start, eventID: ev.ID, through: ev.Position, attempts: n, lastError: err.Error(), holder: r.holder}
 	r.wrote, r.clean = rec, false
 	if ferr := s.attempts.failAttempt(context.WithoutCancel(ctx), batch, s.name, rec); ferr != nil {
 		s.logger.Warn("subscriber: recording the failed attempt failed", append(s.eventAttrs(ev), "attempt", n, "error", ferr)...)

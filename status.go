@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/eventfeed/subscriptions/domain"
 )
 
 // State is what a subscriber's Run is doing, as seen by the process that
@@ -79,6 +81,29 @@ type Status struct {
 	ProgressAt time.Time `json:"progress_at"`
 	// CheckedAt is when the snapshot was taken.
 	CheckedAt time.Time `json:"checked_at"`
+	// Partitions are a partitioned subscriber's partitions, by partition
+	// (nil for an unpartitioned one). The figures above then sum them up:
+	// Lag is their sum, LagSeconds the largest, Position the lowest
+	// checkpoint with events behind it (the head when none has any), State
+	// the most pressing (halted, retrying, running, idle) with its failing
+	// event, ProgressAt the oldest of those with lag.
+	Partitions []PartitionStatus `json:"partitions,omitempty"`
+}
+
+// PartitionStatus is one partition of a partitioned subscriber in Status:
+// its checkpoint, the events of the partition past it and the age of the
+// oldest, and this process's state of the partition.
+type PartitionStatus struct {
+	Partition  int       `json:"partition"`
+	State      State     `json:"state"`
+	Position   int64     `json:"position"`
+	Lag        int64     `json:"lag"`
+	LagSeconds float64   `json:"lag_seconds"`
+	Failing    *EventRef `json:"failing,omitempty"`
+	Attempts   int       `json:"attempts,omitempty"`
+	// ProgressAt is when this partition's checkpoint was last seen to move
+	// or to be caught up (see Status.ProgressAt).
+	ProgressAt time.Time `json:"progress_at"`
 }
 
 // Status reports the subscriber's state. It reads the checkpoint, the feed
@@ -94,50 +119,69 @@ func (s *Subscriber) Status(ctx context.Context) (Status, error) {
 	return st, err
 }
 
-// status is Status, with the time the checkpoint was last seen to move or
-// catch up as a monotonic reading (Status.ProgressAt is UTC and has none),
-// for Healthy's stuck check.
-func (s *Subscriber) status(ctx context.Context) (Status, time.Time, error) {
+// status is Status, with the times the checkpoints were last seen to move
+// or catch up as monotonic readings (Status.ProgressAt is UTC and has
+// none), for Healthy's stuck check: one for an unpartitioned subscriber,
+// one per partition (Status.Partitions) for a partitioned one.
+func (s *Subscriber) status(ctx context.Context) (Status, []time.Time, error) {
+	if s.partitions > 0 {
+		return s.partitionStatus(ctx)
+	}
 	position, head, ahead := s.positions(ctx, "status")
 	if ahead != nil && !errors.Is(ahead, ErrCheckpointAhead) {
-		return Status{}, time.Time{}, ahead
+		return Status{}, nil, ahead
 	}
 	now := time.Now()
 	st := Status{Subscriber: s.name, Position: position, Head: head, Parked: -1, CheckedAt: now.UTC()}
-	if s.partitions > 0 {
-		if err := s.partitionStatus(ctx, &st, now); err != nil {
-			return Status{}, time.Time{}, err
-		}
-		// The partitions' checkpoints, not the name's, say whether one is
-		// ahead.
-		position, ahead = st.Position, nil
-		if position > head {
-			ahead = s.checkpointAhead("status", position, head)
-		}
-	} else if head > position {
+	if head > position {
 		st.Lag = head - position
-		oldest, err := s.events.ReadAfter(ctx, position, 1)
+		age, err := s.lagAge(ctx, s.events, position, now)
 		if err != nil {
-			return Status{}, time.Time{}, fmt.Errorf("subscriptions: status of %q: oldest unhandled event: %w", s.name, err)
+			return Status{}, nil, fmt.Errorf("subscriptions: status of %q: %w", s.name, err)
 		}
-		if len(oldest) > 0 && !oldest[0].Created.IsZero() {
-			st.LagSeconds = max(0, now.Sub(oldest[0].Created).Seconds())
-		}
+		st.LagSeconds = age
 	}
-	if s.parking != nil {
-		n, err := countParked(ctx, s.parking, s.name)
-		if err != nil {
-			return Status{}, time.Time{}, err // the lot names the subscriber
-		}
-		st.Parked = n
+	if err := s.parkedStatus(ctx, &st); err != nil {
+		return Status{}, nil, err
 	}
 	live := s.tel.seen(position, head)
-	st.State = live.state
-	st.Failing, st.Attempts = live.failing, live.attempt
-	st.LastError, st.LastErrorAt, st.LastErrorEvent = live.lastError, live.lastErrorAt, live.errorEvent
-	st.LastCommitAt = live.lastCommit
-	st.ProgressAt = live.progressAt.UTC()
-	return st, live.progressAt, ahead
+	live.fill(&st)
+	return st, []time.Time{live.progressAt}, ahead
+}
+
+// lagAge is the age in seconds of the oldest event of feed past position
+// (0 when it has no creation time).
+func (s *Subscriber) lagAge(ctx context.Context, feed domain.EventStore, position int64, now time.Time) (float64, error) {
+	oldest, err := feed.ReadAfter(ctx, position, 1)
+	if err != nil {
+		return 0, fmt.Errorf("oldest unhandled event: %w", err)
+	}
+	if len(oldest) == 0 || oldest[0].Created.IsZero() {
+		return 0, nil
+	}
+	return max(0, now.Sub(oldest[0].Created).Seconds()), nil
+}
+
+// parkedStatus fills st.Parked.
+func (s *Subscriber) parkedStatus(ctx context.Context, st *Status) error {
+	if s.parking == nil {
+		return nil
+	}
+	n, err := countParked(ctx, s.parking, s.name)
+	if err != nil {
+		return err // the lot names the subscriber
+	}
+	st.Parked = n
+	return nil
+}
+
+// fill copies the live state into st.
+func (l liveStatus) fill(st *Status) {
+	st.State = l.state
+	st.Failing, st.Attempts = l.failing, l.attempt
+	st.LastError, st.LastErrorAt, st.LastErrorEvent = l.lastError, l.lastErrorAt, l.errorEvent
+	st.LastCommitAt = l.lastCommit
+	st.ProgressAt = l.progressAt.UTC()
 }
 
 // parkedCounter is implemented by the parking lots of this package: a
@@ -190,7 +234,7 @@ var (
 // appended after a poll rightly wait up to WithPollInterval, however long
 // that is, and are not a stuck subscriber.
 func (s *Subscriber) Healthy(ctx context.Context) error {
-	st, progressAt, err := s.status(ctx)
+	st, progress, err := s.status(ctx)
 	if err != nil {
 		return err // Status names the subscriber
 	}
@@ -205,19 +249,32 @@ func (s *Subscriber) Healthy(ctx context.Context) error {
 		return fmt.Errorf("subscriptions: health of %q: event %q (type %q, position %d), %d attempts, last error %q: %w",
 			s.name, on.ID, on.Type, on.Position, st.Attempts, st.LastError, ErrSubscriberHalted)
 	}
-	if st.Lag > 0 {
+	// Each checkpoint row on its own: a partition that hangs is stuck
+	// however busy the others are.
+	rows := []PartitionStatus{{Partition: -1, State: st.State, Position: st.Position, Lag: st.Lag}}
+	if st.Partitions != nil {
+		rows = st.Partitions
+	}
+	for i, row := range rows {
+		if row.Lag == 0 {
+			continue
+		}
 		allowed := s.stuckThreshold
-		if st.State == StateIdle {
+		if row.State == StateIdle {
 			allowed += s.pollInterval
 		}
-		if still := time.Since(progressAt); still > allowed {
-			return fmt.Errorf("subscriptions: health of %q: %s, lag %d, checkpoint %d unchanged for %v (allowed %v): %w",
-				s.name, st.State, st.Lag, st.Position, still.Round(time.Millisecond), allowed, ErrSubscriberStuck)
+		if still := time.Since(progress[i]); still > allowed {
+			where := ""
+			if row.Partition >= 0 {
+				where = fmt.Sprintf("partition %d of %d: ", row.Partition, s.partitions)
+			}
+			return fmt.Errorf("subscriptions: health of %q: %s%s, lag %d, checkpoint %d unchanged for %v (allowed %v): %w",
+				s.name, where, row.State, row.Lag, row.Position, still.Round(time.Millisecond), allowed, ErrSubscriberStuck)
 		}
-		if s.maxLagTime > 0 && st.LagSeconds > s.maxLagTime.Seconds() {
-			return fmt.Errorf("subscriptions: health of %q: oldest unhandled event is %.3fs old (limit %v): %w",
-				s.name, st.LagSeconds, s.maxLagTime, ErrLagTooOld)
-		}
+	}
+	if st.Lag > 0 && s.maxLagTime > 0 && st.LagSeconds > s.maxLagTime.Seconds() {
+		return fmt.Errorf("subscriptions: health of %q: oldest unhandled event is %.3fs old (limit %v): %w",
+			s.name, st.LagSeconds, s.maxLagTime, ErrLagTooOld)
 	}
 	return nil
 }

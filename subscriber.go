@@ -176,7 +176,7 @@ func NewSubscriber(name string, events domain.EventStore, checkpoints Checkpoint
 	s.tel.off = s.noTelemetry
 	s.clearer, _ = s.parking.(deliveredClearer)
 	if c, ok := s.checkpoints.(attemptCounter); ok {
-		s.attempts = &fallbackAttempts{store: c, logger: s.logger}
+		s.attempts = c
 	} else {
 		s.attempts = &localAttempts{}
 	}
@@ -186,6 +186,9 @@ func NewSubscriber(name string, events domain.EventStore, checkpoints Checkpoint
 
 func (s *Subscriber) validate() error {
 	if err := validateName(s.name); err != nil {
+		return fmt.Errorf("name: %w", err)
+	}
+	if err := reservedName(s.name); err != nil {
 		return fmt.Errorf("name: %w", err)
 	}
 	switch {
@@ -276,10 +279,11 @@ func (s *Subscriber) Lag(ctx context.Context) (int64, error) {
 // Status (op names the caller in errors). A checkpoint ahead of the head
 // returns both positions with an error wrapping ErrCheckpointAhead.
 func (s *Subscriber) positions(ctx context.Context, op string) (position, head int64, err error) {
-	position, err = s.checkpoints.Position(ctx, s.name)
+	positions, err := s.checkpointPositions(ctx, []string{s.name})
 	if err != nil {
 		return 0, 0, err // the store names the subscriber
 	}
+	position = positions[0]
 	head, err = s.events.HeadPosition(ctx)
 	if err != nil {
 		return 0, 0, fmt.Errorf("subscriptions: %s of %q: %w", op, s.name, err)
@@ -310,6 +314,9 @@ func (s *Subscriber) checkpointAhead(op string, position, head int64) error {
 // would otherwise be handled twice.
 func (s *Subscriber) ResetCheckpoint(ctx context.Context, position int64) error {
 	if err := validatePosition(s.name, position); err != nil {
+		return err
+	}
+	if err := s.checkPartitionCount(ctx); err != nil {
 		return err
 	}
 	reset := s.checkpoints.Reset

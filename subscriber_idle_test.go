@@ -3,11 +3,14 @@ package subscriptions_test
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
@@ -50,83 +53,82 @@ func (c *coreCounter) snapshot() (statements []string, begins int) {
 	return append([]string(nil), c.statements...), c.begins
 }
 
-// coreCountingPool is a gorm.ConnPool over a *sql.DB that counts every
-// statement and every BEGIN, including those inside transactions.
-type coreCountingPool struct {
-	db *sql.DB
-	c  *coreCounter
+// coreCountingDB opens a Postgres pool on pg's schema whose driver
+// connections count every statement and every BEGIN into c, whichever way
+// the module reaches them (the *gorm.DB, a pinned *sql.Conn, a
+// transaction). The wrapper hides pgx, so the pipelined paths are not
+// taken: every statement is one the counter sees.
+func coreCountingDB(t testing.TB, pg *dbtest.Postgres, c *coreCounter) *gorm.DB {
+	t.Helper()
+	config, err := pgx.ParseConfig(pg.DSN)
+	require.NoError(t, err)
+	sqlDB := sql.OpenDB(&coreCountingConnector{Connector: stdlib.GetConnector(*config), c: c})
+	t.Cleanup(func() { _ = sqlDB.Close() })
+	db, err := gorm.Open(postgres.New(postgres.Config{Conn: sqlDB}), &gorm.Config{Logger: logger.Discard})
+	require.NoError(t, err)
+	require.Equal(t, "postgres", db.Name())
+	return db
 }
 
-func (p *coreCountingPool) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
-	p.c.statement(query)
-	return p.db.PrepareContext(ctx, query)
+type coreCountingConnector struct {
+	driver.Connector
+	c *coreCounter
 }
 
-func (p *coreCountingPool) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	p.c.statement(query)
-	return p.db.ExecContext(ctx, query, args...)
-}
-
-func (p *coreCountingPool) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	p.c.statement(query)
-	return p.db.QueryContext(ctx, query, args...)
-}
-
-func (p *coreCountingPool) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	p.c.statement(query)
-	return p.db.QueryRowContext(ctx, query, args...)
-}
-
-func (p *coreCountingPool) BeginTx(ctx context.Context, opts *sql.TxOptions) (gorm.ConnPool, error) {
-	p.c.begin()
-	tx, err := p.db.BeginTx(ctx, opts)
+func (k *coreCountingConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := k.Connector.Connect(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return &coreCountingTx{tx: tx, c: p.c}, nil
+	return &coreCountingConn{inner: conn, c: k.c}, nil
 }
 
-func (p *coreCountingPool) GetDBConn() (*sql.DB, error) { return p.db, nil }
-
-type coreCountingTx struct {
-	tx *sql.Tx
-	c  *coreCounter
+// coreCountingConn forwards to pgx's driver connection, counting.
+type coreCountingConn struct {
+	inner driver.Conn
+	c     *coreCounter
 }
 
-func (t *coreCountingTx) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
-	t.c.statement(query)
-	return t.tx.PrepareContext(ctx, query)
+func (k *coreCountingConn) Prepare(query string) (driver.Stmt, error) {
+	k.c.statement(query)
+	return k.inner.Prepare(query)
+}
+func (k *coreCountingConn) Close() error { return k.inner.Close() }
+func (k *coreCountingConn) Begin() (driver.Tx, error) {
+	return k.BeginTx(context.Background(), driver.TxOptions{})
 }
 
-func (t *coreCountingTx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	t.c.statement(query)
-	return t.tx.ExecContext(ctx, query, args...)
+func (k *coreCountingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	k.c.begin()
+	return k.inner.(driver.ConnBeginTx).BeginTx(ctx, opts)
 }
 
-func (t *coreCountingTx) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	t.c.statement(query)
-	return t.tx.QueryContext(ctx, query, args...)
+func (k *coreCountingConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	k.c.statement(query)
+	return k.inner.(driver.ExecerContext).ExecContext(ctx, query, args)
 }
 
-func (t *coreCountingTx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	t.c.statement(query)
-	return t.tx.QueryRowContext(ctx, query, args...)
+func (k *coreCountingConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	k.c.statement(query)
+	return k.inner.(driver.QueryerContext).QueryContext(ctx, query, args)
 }
 
-func (t *coreCountingTx) Commit() error   { return t.tx.Commit() }
-func (t *coreCountingTx) Rollback() error { return t.tx.Rollback() }
+func (k *coreCountingConn) CheckNamedValue(v *driver.NamedValue) error {
+	return k.inner.(driver.NamedValueChecker).CheckNamedValue(v)
+}
+
+func (k *coreCountingConn) ResetSession(ctx context.Context) error {
+	return k.inner.(driver.SessionResetter).ResetSession(ctx)
+}
+
+func (k *coreCountingConn) Ping(ctx context.Context) error { return k.inner.(driver.Pinger).Ping(ctx) }
 
 // TestSubscriberIdlePollIsCheap: on Postgres an idle poll costs at most two
 // statements (the checkpoint and the feed) and opens no transaction.
 func TestSubscriberIdlePollIsCheap(t *testing.T) {
 	pg := dbtest.NewPostgres(t)
-	sqlDB, err := pg.Open(t).DB()
-	require.NoError(t, err)
 	counter := &coreCounter{}
-	db, err := gorm.Open(postgres.New(postgres.Config{Conn: &coreCountingPool{db: sqlDB, c: counter}}),
-		&gorm.Config{Logger: logger.Discard})
-	require.NoError(t, err)
-	require.Equal(t, "postgres", db.Name())
+	db := coreCountingDB(t, pg, counter)
 
 	events, err := infrastructure.NewGormEventStore(db)
 	require.NoError(t, err)

@@ -91,6 +91,17 @@ type telemetry struct {
 	record   []metric.RecordOption    // attrs, built once: Record does not allocate per event
 	outcomes map[string]metric.AddOption
 
+	// liveCell is this telemetry's live state; a partition's telemetry
+	// (partition) has a cell of its own, and shares the instruments.
+	*liveCell
+	// parts are the partitions' telemetries of a partitioned Run, by
+	// partition (nil otherwise); guarded by mu.
+	parts []*telemetry
+}
+
+// liveCell holds the live state of one checkpoint row's runner: the
+// subscriber's, or one partition's.
+type liveCell struct {
 	mu   sync.Mutex
 	live liveStatus
 }
@@ -123,10 +134,10 @@ func newTelemetry(name string, mp metric.MeterProvider, tp trace.TracerProvider)
 		tp = otel.GetTracerProvider()
 	}
 	t := &telemetry{
-		name:   name,
-		tracer: tp.Tracer(InstrumentationName),
-		meter:  mp.Meter(InstrumentationName),
-		live:   liveStatus{state: StateStopped, progressPos: -1, progressAt: time.Now()},
+		name:     name,
+		tracer:   tp.Tracer(InstrumentationName),
+		meter:    mp.Meter(InstrumentationName),
+		liveCell: &liveCell{live: liveStatus{state: StateStopped, progressPos: -1, progressAt: time.Now()}},
 	}
 	sub := attribute.String(string(AttrSubscriber), name)
 	t.attrs = metric.WithAttributeSet(attribute.NewSet(sub))
@@ -217,6 +228,33 @@ func (t *telemetry) observe(s *Subscriber) func() {
 			s.logger.Warn("subscriber: unregistering the lag gauges failed", "subscriber", s.name, "error", err)
 		}
 	}
+}
+
+// partitions gives a partitioned Run n partition telemetries, which share
+// t's instruments (metrics carry the subscriber's name) and keep the live
+// state of one partition each, idle until its runner reports otherwise:
+// Status reports each, and Healthy finds a stuck partition while others
+// commit. They replace those of an earlier Run.
+func (t *telemetry) partitions(n int) []*telemetry {
+	parts := make([]*telemetry, n)
+	for p := range parts {
+		c := *t
+		c.parts = nil
+		c.liveCell = &liveCell{live: liveStatus{state: StateIdle, progressPos: -1, progressAt: time.Now()}}
+		parts[p] = &c
+	}
+	t.mu.Lock()
+	t.parts = parts
+	t.mu.Unlock()
+	return parts
+}
+
+// partitionCells returns the partitions' telemetries of the current or
+// last partitioned Run, nil if none ran.
+func (t *telemetry) partitionCells() []*telemetry {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.parts
 }
 
 // count adds n events with an outcome.

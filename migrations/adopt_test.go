@@ -24,7 +24,7 @@ func TestExistingDatabasesAdoptTheFiles(t *testing.T) {
 	}{
 		{"goose", func(t *testing.T, db *gorm.DB) {
 			if db.Name() != "sqlite" {
-				require.Equal(t, 3, dbtest.ApplyWithGoose(t, db))
+				require.Equal(t, fileCount(t, db.Name()), dbtest.ApplyWithGoose(t, db))
 				return
 			}
 			// SQLite has no ADD COLUMN IF NOT EXISTS: goose stops at
@@ -35,7 +35,7 @@ func TestExistingDatabasesAdoptTheFiles(t *testing.T) {
 			require.ErrorContains(t, err, "duplicate column name: aggregate_id")
 			require.NoError(t, db.Exec("INSERT INTO "+migrations.VersionTable+" (version) VALUES (2) ON CONFLICT DO NOTHING").Error)
 			require.NoError(t, db.Exec("INSERT INTO goose_db_version (version_id, is_applied) VALUES (2, true)").Error)
-			require.Equal(t, 1, dbtest.ApplyWithGoose(t, db), "00003 after the remedy")
+			require.Equal(t, fileCount(t, db.Name())-2, dbtest.ApplyWithGoose(t, db), "the files after 00002, after the remedy")
 		}},
 		{"Migrate", func(t *testing.T, db *gorm.DB) { require.NoError(t, migrations.Migrate(testCtx(t), db)) }},
 	}

@@ -9,6 +9,7 @@ func StatementsForTest(sql string) []string { return statements(sql) }
 func ManifestForTest(dialect string) map[int64][]string {
 	out := map[int64][]string{}
 	for v, objs := range manifest[dialect] {
+		out[v] = []string{} // an entry that creates nothing is an entry
 		for _, o := range objs {
 			out[v] = append(out[v], o.String())
 		}

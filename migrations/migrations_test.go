@@ -131,7 +131,8 @@ func TestManifestMatchesFiles(t *testing.T) {
 				for _, stmt := range migrations.StatementsForTest(bodies[i]) {
 					require.NoError(t, db.Exec(stmt).Error, "%s: %s", names[i], stmt)
 				}
-				require.NotEmpty(t, manifest[v], "%s has no manifest entry", names[i])
+				_, listed := manifest[v]
+				require.True(t, listed, "%s has no manifest entry", names[i])
 				want = append(want, manifest[v]...)
 				require.ElementsMatch(t, want, catalog(t, db), "after %s", names[i])
 			}
@@ -238,6 +239,8 @@ func TestMigrateConcurrently(t *testing.T) {
 	}
 	require.NoError(t, migrations.Verify(testCtx(t), pg.DB))
 	var versions []int64
-	require.NoError(t, pg.DB.Raw("SELECT version FROM "+migrations.VersionTable).Scan(&versions).Error)
-	require.Equal(t, []int64{1, 2, 3}, versions)
+	require.NoError(t, pg.DB.Raw("SELECT version FROM "+migrations.VersionTable+" ORDER BY version").Scan(&versions).Error)
+	want, _, _, err := migrations.FilesForTest("postgres")
+	require.NoError(t, err)
+	require.Equal(t, want, versions)
 }

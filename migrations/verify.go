@@ -86,6 +86,11 @@ var manifest = map[string]map[int64][]object{
 			columns("subscriber_attempts", "subscriber", "position", "event_id", "through", "attempts", "last_error", "updated_at"),
 			unique("subscriber_attempts", "subscriber"),
 		),
+		4: {
+			{kind: "column", table: "subscriber_attempts", name: "holder"},
+			{kind: "column", table: "subscriber_attempts", name: "holder_pid"},
+			{kind: "column", table: "subscriber_attempts", name: "claimed_at"},
+		},
 	},
 	sqlschema.SQLite: {
 		1: concat(
@@ -106,6 +111,7 @@ var manifest = map[string]map[int64][]object{
 			columns("subscriber_attempts", "subscriber", "position", "event_id", "through", "attempts", "last_error", "updated_at"),
 			unique("subscriber_attempts", "subscriber"),
 		),
+		4: nil, // SQLite needs no attempt claim
 	},
 }
 

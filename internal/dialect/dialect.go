@@ -14,6 +14,7 @@ import (
 	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
+	"fmt"
 	"time"
 
 	"gorm.io/gorm"
@@ -45,6 +46,12 @@ type Dialect struct {
 	// JSONB: the JSON columns are jsonb, and a text parameter bound to one
 	// needs a cast.
 	JSONB bool
+	// Claims: subscriber_attempts rows carry an attempt claim (holder,
+	// holder_pid, claimed_at; Postgres' migration 00004), which keeps other
+	// processes' replicas out in the moment a batch takes its checkpoint
+	// again (see LiveClaim). One process serves a SQLite database, whose
+	// batches of a subscriber are serialized in process: no claim.
+	Claims bool
 	// HashedParkedKeys: parked_events is reached through digest columns
 	// (key, subscriber_key; Postgres' index entries are size-limited),
 	// filled in by a trigger; see ParkedKey and ParkedSubscriber.
@@ -57,6 +64,9 @@ type Dialect struct {
 	cancelBackend string
 	showIsolation string
 	partitionHash string
+	claimPID      string
+	claimNow      string
+	relock        []string
 }
 
 // MD5PartitionHash is subscriptions.PartitionOf's hash as an SQL
@@ -75,6 +85,7 @@ var (
 		AdvisoryLocks:    true,
 		Pipelines:        true,
 		JSONB:            true,
+		Claims:           true,
 		HashedParkedKeys: true,
 		// Row locking with SKIP LOCKED, the compare-and-set commit, and
 		// the append's read after its lock are designed for READ
@@ -86,9 +97,22 @@ var (
 		cancelBackend: "SELECT pg_cancel_backend(?)",
 		showIsolation: "SHOW transaction_isolation",
 		partitionHash: MD5PartitionHash,
+		claimPID:      "pg_backend_pid()",
+		claimNow:      "statement_timestamp()",
+		relock: []string{
+			"SET LOCAL lock_timeout = '5s'",
+			"SELECT position FROM subscriber_checkpoints WHERE subscriber = ? FOR UPDATE",
+			"SET LOCAL lock_timeout TO DEFAULT",
+		},
 	}
 	// SQLite is the SQLite dialect.
-	SQLite = &Dialect{Name: sqlschema.SQLite}
+	SQLite = &Dialect{
+		Name: sqlschema.SQLite,
+		relock: []string{
+			"UPDATE subscriber_checkpoints SET position = position WHERE subscriber = ?",
+			"SELECT position FROM subscriber_checkpoints WHERE subscriber = ?",
+		},
+	}
 )
 
 // Of returns the dialect of db (by gorm.DB.Name()), nil for an engine the
@@ -216,3 +240,30 @@ func digest(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:])
 }
+
+// ClaimValues are the SQL expressions an attempt claim records (Claims),
+// in a subscriber_attempts row's holder_pid and claimed_at: the server
+// process of the connection writing it and the server's clock.
+func (d *Dialect) ClaimValues() (pid, now string) { return d.claimPID, d.claimNow }
+
+// LiveClaim is a condition on the subscriber_attempts row row (a table
+// name or alias) that is true while another runner than holder claims
+// the attempt from checkpoint: the claim is younger than lease and the
+// server process that wrote it is still there. Without Claims it is false
+// (with the same arguments).
+func (d *Dialect) LiveClaim(row, holder string, checkpoint int64, lease time.Duration) (string, []any) {
+	if !d.Claims {
+		return "(? IS NULL AND ? IS NULL)", []any{holder, checkpoint} // false, with the same arguments
+	}
+	return fmt.Sprintf(`(%[1]s.holder <> '' AND %[1]s.holder <> ? AND %[1]s.position = ?
+		AND %[1]s.claimed_at > statement_timestamp() - interval '%[2]d milliseconds'
+		AND EXISTS (SELECT 1 FROM pg_stat_get_activity(%[1]s.holder_pid)))`, row, lease.Milliseconds()), []any{holder, checkpoint}
+}
+
+// Relock are the statements that take the checkpoint row of a subscriber
+// (their one argument, in each that has a placeholder) again in a new
+// transaction, waiting for it, and read its position (the one SELECT):
+// FOR UPDATE with a wait bounded to 5 s, the transaction's own lock
+// timeout restored after it (Postgres), or the database's write lock
+// (SQLite).
+func (d *Dialect) Relock() []string { return d.relock }
