@@ -70,7 +70,9 @@ func (r *runner) handleBatch(hctx context.Context, batch Batch, events []domain.
 		ctx, cancel = context.WithTimeoutCause(hctx, s.handlerTimeout, ErrHandlerTimeout)
 		defer cancel()
 	}
-	err = s.batchHandler(ctx, events)
+	// As for a Handler: a statement that ended the batch transaction
+	// fails the call, even if the handler swallowed its error.
+	err = handlerResult(ctx, batch, s.batchHandler(ctx, events))
 	if err == nil && !r.graceExpired() {
 		return nil, 0, false, nil
 	}

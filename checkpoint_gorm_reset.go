@@ -68,7 +68,8 @@ func (g *GormCheckpointStore) fenced(ctx context.Context, subscriber, what strin
 		if apply == nil {
 			return nil
 		}
-		if err := apply(withTx(ctx, tx, g.pool)); err != nil {
+		actx, guard := handlerContext(ctx, tx, g.pool, !g.dialect.RowLocks)
+		if err := errors.Join(apply(actx), guard.finished(ctx)); err != nil {
 			return applyError(err)
 		}
 		return nil

@@ -2,6 +2,7 @@ package subscriptions
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -95,7 +96,8 @@ func (g *GormCheckpointStore) fencedAll(ctx context.Context, names []string, wha
 		if apply == nil {
 			return nil
 		}
-		if err := apply(withTx(ctx, tx, g.pool)); err != nil {
+		actx, guard := handlerContext(ctx, tx, g.pool, !g.dialect.RowLocks)
+		if err := errors.Join(apply(actx), guard.finished(ctx)); err != nil {
 			return fmt.Errorf("application's statements: %w", err)
 		}
 		return nil

@@ -152,6 +152,40 @@ func faultCommitCases() []faultCommitCase {
 			},
 		},
 		{
+			// The same, the failing statement run as a query
+			// (INSERT ... RETURNING through Row().Scan): its error surfaces
+			// past the batch's view of the transaction, yet none of the
+			// handler's later writes may run in autocommit either.
+			name:       "handler swallows a query that rolled back the whole SQLite transaction",
+			sqliteOnly: true,
+			swallowed:  true,
+			setup: func(t *testing.T, e *env, table string) {
+				createProjection(t, e.DB, table)
+				require.NoError(t, e.DB.Exec("CREATE TABLE "+table+"_guard (id integer PRIMARY KEY, v text)").Error)
+				require.NoError(t, e.DB.Exec("CREATE TABLE "+table+"_after (id text)").Error)
+				require.NoError(t, e.DB.Exec("CREATE TRIGGER "+table+"_refuse BEFORE INSERT ON "+table+
+					"_guard WHEN NEW.v = 'bad' BEGIN SELECT RAISE(ROLLBACK, 'the guard refused the row'); END").Error)
+			},
+			handle: func(ctx context.Context, table string, ev domain.EventEnvelope[any], bad bool) error {
+				if err := projectOnly(ctx, table, ev); err != nil || !bad {
+					return err
+				}
+				tx := subscriptions.TxFromContext(ctx)
+				var id int64
+				_ = tx.Raw("INSERT INTO " + table + "_guard (v) VALUES ('bad') RETURNING id").Row().Scan(&id)
+				for i := 0; i < 3; i++ {
+					_ = tx.Exec("INSERT INTO "+table+"_after (id) VALUES (?)", fmt.Sprintf("%s-%d", ev.ID, i)).Error
+				}
+				return nil
+			},
+			parkedError: "rolled back the whole SQLite transaction",
+			after: func(t *testing.T, e *env, table string) {
+				var n int64
+				require.NoError(t, e.DB.Raw("SELECT count(*) FROM "+table+"_after").Scan(&n).Error)
+				require.Zero(t, n, "a write after the rollback ran in autocommit")
+			},
+		},
+		{
 			name:         "handler swallows a failed statement",
 			postgresOnly: true,
 			swallowed:    true,
@@ -196,7 +230,7 @@ func TestFaultCommitFailureIsParked(t *testing.T) {
 						table := fmt.Sprintf("fault_commit_%d_%t", i, lot)
 						tc.setup(t, e, table)
 						name := "fault-commit-" + table
-						faultCommitRun(t, e, tc, table, name, lot)
+						faultCommitRun(t, e, tc, table, name, lot, false)
 					}
 				})
 			}
@@ -213,7 +247,9 @@ func faultCommitSkip(t *testing.T, tc faultCommitCase, postgres bool) {
 	}
 }
 
-func faultCommitRun(t *testing.T, e *env, tc faultCommitCase, table, name string, withLot bool) {
+// faultCommitRun runs the case on e: with a parking lot or without, with
+// tc.handle as the Handler or called for each event by a BatchHandler.
+func faultCommitRun(t *testing.T, e *env, tc faultCommitCase, table, name string, withLot, batch bool) {
 	ctx := context.Background()
 	headBefore, err := e.Events.HeadPosition(ctx)
 	require.NoError(t, err)
@@ -238,6 +274,18 @@ func faultCommitRun(t *testing.T, e *env, tc faultCommitCase, table, name string
 	}
 	if withLot {
 		opts = append(opts, subscriptions.WithParkingLot(e.Parking), subscriptions.WithMaxRetries(1))
+	}
+	if batch {
+		each := handler
+		opts = append(opts, subscriptions.WithBatchHandler(func(ctx context.Context, evs []domain.EventEnvelope[any]) error {
+			for _, ev := range evs {
+				if err := each(ctx, ev); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+		handler = nil
 	}
 	sub, err := subscriptions.NewSubscriber(name, e.Events, e.Checkpoints, handler, opts...)
 	require.NoError(t, err)
@@ -281,6 +329,35 @@ func faultCommitRun(t *testing.T, e *env, tc faultCommitCase, table, name string
 	// the handlers after it fail), then alone.
 	for _, id := range before {
 		require.LessOrEqual(t, callsOf(id), 3, "event %s before the culprit was re-run more than twice", id)
+	}
+}
+
+// TestFaultWholeTransactionRollbackWithBatchHandler: a statement that
+// rolled back the whole SQLite transaction, run as a statement or as a
+// query, in a BatchHandler that swallows its error: none of the handler's
+// later writes commits in autocommit, the events before the culprit
+// commit once, the culprit is parked (or halts the checkpoint) as with a
+// Handler. Both SQLite drivers.
+func TestFaultWholeTransactionRollbackWithBatchHandler(t *testing.T) {
+	t.Parallel()
+	for _, b := range gormEnvs() {
+		t.Run(b.Name, func(t *testing.T) {
+			for i, tc := range faultCommitCases() {
+				if !tc.sqliteOnly {
+					continue
+				}
+				t.Run(tc.name, func(t *testing.T) {
+					faultCommitSkip(t, tc, b.Name == "postgres")
+					t.Parallel()
+					e := b.New(t)
+					for _, lot := range []bool{true, false} {
+						table := fmt.Sprintf("fault_batch_%d_%t", i, lot)
+						tc.setup(t, e, table)
+						faultCommitRun(t, e, tc, table, "fault-batch-"+table, lot, true)
+					}
+				})
+			}
+		})
 	}
 }
 

@@ -101,11 +101,25 @@ func (c *handlerConn) GetDBConn() (*sql.DB, error) {
 	return c.pool, nil
 }
 
-// handlerContext attaches the handler's view of tx to ctx; the returned
-// handlerConn tells afterwards whether a handler tried to end tx.
-func handlerContext(ctx context.Context, tx *gorm.DB, pool *sql.DB) (context.Context, *handlerConn) {
-	h, conn := guardTx(tx, pool, false)
+// handlerContext attaches the handler's view of tx to ctx, for the
+// application's code that runs in a transaction of this package's own (a
+// replay, a reset's statements); the returned handlerConn tells
+// afterwards (finished) whether it tried to end tx or, with watch (SQLite),
+// whether a statement ended it.
+func handlerContext(ctx context.Context, tx *gorm.DB, pool *sql.DB, watch bool) (context.Context, *handlerConn) {
+	h, conn := guardTx(tx, pool, watch)
 	return withTx(ctx, h, pool), conn
+}
+
+// finished returns, once the application's code has returned, the error
+// that keeps its transaction from committing: a Commit or Rollback it
+// attempted (misused), or a statement that ended the transaction
+// (afterHandler); nil when the transaction may go on.
+func (c *handlerConn) finished(ctx context.Context) error {
+	if err := c.misused(); err != nil {
+		return err
+	}
+	return c.afterHandler(ctx)
 }
 
 // watchTx (SQLite): some statement failures make SQLite roll back the
@@ -114,15 +128,19 @@ func handlerContext(ctx context.Context, tx *gorm.DB, pool *sql.DB) (context.Con
 // the connection in autocommit. database/sql does not notice: a handler
 // that swallowed the error, the handlers after it and the checkpoint UPDATE
 // would each commit on their own, so events would be skipped or handled
-// twice. So after every failed statement, after a handler that ran a
-// query or prepared statement (whose errors surface past this type), and
-// once before the checkpoint UPDATE (see gormBatch.Commit), the batch asks
-// SQLite whether its transaction still stands (txStands). When it is gone
-// the *sql.Tx is ended at once, so that every later statement of the batch
-// fails with sql.ErrTxDone instead of running in autocommit, and the
-// handler's event takes the failure path (see handlerResult). A failed
-// statement costs one more; a successful Exec costs nothing.
+// twice. So the batch asks SQLite whether its transaction still stands
+// (txStands) after every failed statement; before the next statement after
+// a query or prepared statement, whose errors surface past this type (in
+// *sql.Rows, *sql.Row or *sql.Stmt), and after the handler (or batch
+// handler) if it ended on one; and once before the checkpoint UPDATE (see
+// gormBatch.Commit). When it is gone the *sql.Tx is ended at once, so that
+// every later statement of the batch fails with sql.ErrTxDone instead of
+// running in autocommit, and the handler's event takes the failure path
+// (see handlerResult). A failed statement costs one question more, and so
+// does a statement that follows a query; an Exec after an Exec costs
+// nothing.
 func (c *handlerConn) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	c.observe(ctx)
 	res, err := c.ConnPool.ExecContext(ctx, query, args...)
 	if err != nil && c.watch {
 		c.checkTx(ctx)
@@ -132,6 +150,7 @@ func (c *handlerConn) ExecContext(ctx context.Context, query string, args ...any
 
 // QueryContext runs the query in the batch transaction (see ExecContext).
 func (c *handlerConn) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	c.observe(ctx)
 	c.markUnobserved()
 	rows, err := c.ConnPool.QueryContext(ctx, query, args...)
 	if err != nil && c.watch {
@@ -143,6 +162,7 @@ func (c *handlerConn) QueryContext(ctx context.Context, query string, args ...an
 // QueryRowContext runs the query in the batch transaction (see
 // ExecContext).
 func (c *handlerConn) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	c.observe(ctx)
 	c.markUnobserved()
 	return c.ConnPool.QueryRowContext(ctx, query, args...)
 }
@@ -150,12 +170,28 @@ func (c *handlerConn) QueryRowContext(ctx context.Context, query string, args ..
 // PrepareContext prepares a statement in the batch transaction (see
 // ExecContext).
 func (c *handlerConn) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
+	c.observe(ctx)
 	c.markUnobserved()
 	stmt, err := c.ConnPool.PrepareContext(ctx, query)
 	if err != nil && c.watch {
 		c.checkTx(ctx)
 	}
 	return stmt, err
+}
+
+// observe asks whether the transaction stands before a statement that
+// follows a query or prepared statement (see watchTx): a statement that
+// ended it there must not be followed by one in autocommit.
+func (c *handlerConn) observe(ctx context.Context) {
+	if !c.watch {
+		return
+	}
+	c.mu.Lock()
+	unobserved := c.unobserved && c.ended == nil
+	c.mu.Unlock()
+	if unobserved {
+		c.checkTx(ctx)
+	}
 }
 
 func (c *handlerConn) markUnobserved() {

@@ -3,6 +3,7 @@ package subscriptions
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -276,9 +277,13 @@ func (g *GormParkingLot) Replay(ctx context.Context, subscriber, eventID string,
 		if len(found) == 0 {
 			return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, subscriber, ErrEventNotParked)
 		}
-		hctx, guard := handlerContext(ctx, tx, g.pool)
-		if err := handler(hctx, event); err != nil {
-			return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, subscriber, err)
+		hctx, guard := handlerContext(ctx, tx, g.pool, !g.dialect.RowLocks)
+		herr := handler(hctx, event)
+		if ended := guard.afterHandler(ctx); ended != nil {
+			herr = errors.Join(herr, ended) // the handler's failure, even if it swallowed it
+		}
+		if herr != nil {
+			return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, subscriber, herr)
 		}
 		if err := guard.misused(); err != nil {
 			return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, subscriber, err)
