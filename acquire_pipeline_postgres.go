@@ -123,7 +123,9 @@ func (g *GormCheckpointStore) acquireAndRead(ctx context.Context, subscriber str
 func sendAcquireBatch(ctx context.Context, pc *pgx.Conn, subscriber string, after int64, limit int) ([]int64, []eventrow.Row, error) {
 	batch := &pgx.Batch{}
 	batch.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
-	batch.Queue("SELECT position FROM subscriber_checkpoints WHERE subscriber = $1 FOR UPDATE SKIP LOCKED", subscriber)
+	// lockQuery, with pgx's placeholders: a paused name locks nothing here
+	// (the ordinary path then finds it paused).
+	batch.Queue("SELECT position FROM subscriber_checkpoints WHERE subscriber = $1 AND NOT EXISTS (SELECT 1 FROM subscriber_pauses WHERE subscriber = $2) FOR UPDATE SKIP LOCKED", subscriber, pauseKey(subscriber))
 	batch.Queue(pipelinedFeedQuery, after, limit)
 	br := pc.SendBatch(ctx, batch)
 	defer br.Close()

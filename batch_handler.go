@@ -13,6 +13,13 @@ import (
 // as for Handler. The slice is the subscriber's: the handler must not keep
 // it past the call. It runs on the subscriber's goroutine (a partition
 // worker's, with WithPartitions), like a Handler.
+//
+// With WithPartitions, batches of several partitions run at once: a batch
+// handler that writes rows shared between partitions (a total per day fed
+// by many aggregates) must lock them in a stable order, writing them in
+// sorted key order (slices.Sorted(maps.Keys(m))), not in map order, or two
+// partitions' batches deadlock; the database then aborts one, which is
+// retried (docs/partitions.md, "Batch handlers").
 type BatchHandler func(ctx context.Context, events []domain.EventEnvelope[any]) error
 
 // WithBatchHandler makes the subscriber hand each batch to h in one call,

@@ -206,11 +206,16 @@ func (g *GormCheckpointStore) begin(ctx context.Context, b *gormBatch, check boo
 	return acquired, err
 }
 
-// lockAndCheckQuery locks the subscriber's row, skipping it when another
-// transaction holds it, and tells in the same statement whether the row
-// exists (position NULL and present: held elsewhere).
+// lockQuery locks the subscriber's row, skipping it when another
+// transaction holds it, and reads whether the name is paused (its
+// arguments: the row's name, the pause key; see pausedClause).
+const lockQuery = `SELECT position, ` + pausedClause + ` AS paused FROM subscriber_checkpoints WHERE subscriber = ? FOR UPDATE SKIP LOCKED`
+
+// lockAndCheckQuery is lockQuery that also tells in the same statement
+// whether the row exists (position NULL and present: held elsewhere); its
+// arguments: the row's name twice, the pause key.
 const lockAndCheckQuery = `SELECT (SELECT position FROM subscriber_checkpoints WHERE subscriber = ? FOR UPDATE SKIP LOCKED) AS position,
-	EXISTS (SELECT 1 FROM subscriber_checkpoints WHERE subscriber = ?) AS present`
+	EXISTS (SELECT 1 FROM subscriber_checkpoints WHERE subscriber = ?) AS present, ` + pausedClause + ` AS paused`
 
 // lockPostgres begins the batch transaction and locks the subscriber's row,
 // skipping it when another transaction holds it. exists reports whether
@@ -236,24 +241,29 @@ func (g *GormCheckpointStore) lockPostgres(ctx context.Context, b *gormBatch, ch
 		_ = stx.Rollback()
 		_ = conn.Close()
 	}
-	query, args := "SELECT position FROM subscriber_checkpoints WHERE subscriber = ? FOR UPDATE SKIP LOCKED", []any{b.subscriber}
+	key := pauseKey(b.subscriber)
+	query, args := lockQuery, []any{key, b.subscriber}
 	if check {
-		query, args = lockAndCheckQuery, []any{b.subscriber, b.subscriber}
+		query, args = lockAndCheckQuery, []any{b.subscriber, b.subscriber, key}
 	}
 	var row struct {
 		Position *int64 // nil: no row locked
 		Present  bool   // with check: the row exists
+		Paused   bool   // the name is paused: the batch is not run
 	}
 	if err := tx.Raw(query, args...).Scan(&row).Error; err != nil {
 		end()
 		return false, false, fmt.Errorf("subscriptions: acquire checkpoint of %q: lock row: %w", b.subscriber, err)
 	}
-	if row.Position != nil {
+	if row.Position != nil && !row.Paused {
 		b.tx, b.conn = tx, conn
 		b.position = *row.Position
 		return true, true, nil
 	}
 	end()
+	if row.Position != nil {
+		return false, true, nil // paused: as if held
+	}
 	if !check {
 		// Skipped because another replica holds it, or missing? A plain
 		// read tells, without waiting for anyone's lock.
@@ -310,14 +320,21 @@ func (g *GormCheckpointStore) beginSQLite(ctx context.Context, b *gormBatch) (bo
 		b.subscriber, time.Now().UTC()).Error; err != nil {
 		return fail("create row", err)
 	}
-	var positions []int64
-	if err := tx.Raw("SELECT position FROM subscriber_checkpoints WHERE subscriber = ?", b.subscriber).Scan(&positions).Error; err != nil {
+	var rows []struct {
+		Position int64
+		Paused   bool
+	}
+	if err := tx.Raw("SELECT position, "+pausedClause+" AS paused FROM subscriber_checkpoints WHERE subscriber = ?", pauseKey(b.subscriber), b.subscriber).Scan(&rows).Error; err != nil {
 		return fail("read row", err)
 	}
-	if len(positions) == 0 {
+	if len(rows) == 0 {
 		return fail("read row", errors.New("row vanished"))
 	}
-	b.position = positions[0]
+	if rows[0].Paused {
+		b.closeConn(stx.Rollback() != nil)
+		return false, nil // as if held
+	}
+	b.position = rows[0].Position
 	return true, nil
 }
 

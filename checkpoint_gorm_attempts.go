@@ -335,5 +335,12 @@ func (b *gormBatch) renew(ctx context.Context, write func(db *gorm.DB) error) (w
 		b.moved.Store(true)
 		return true, errAttemptMoved
 	}
+	var paused bool
+	if err := tx.Raw("SELECT "+pausedClause, pauseKey(b.subscriber)).Scan(&paused).Error; err != nil {
+		return true, fmt.Errorf("take the checkpoint again: %w", err)
+	}
+	if paused {
+		return true, errAttemptClaimed // as if held: nothing runs while paused
+	}
 	return true, nil
 }

@@ -200,13 +200,16 @@ func (b *gormBatch) Commit(ctx context.Context, position int64) error {
 			return fail(staged(stageHandlers, err))
 		}
 	}
-	res := b.tx.WithContext(ctx).Exec("UPDATE subscriber_checkpoints SET position = ?, updated_at = ? WHERE subscriber = ? AND position = ?",
-		position, time.Now().UTC(), b.subscriber, b.position)
+	// The compare-and-set also refuses while the name is paused: a batch
+	// that locked its row before a Pause committed never moves the
+	// checkpoint after Pause returned (see GormCheckpointStore.pause).
+	res := b.tx.WithContext(ctx).Exec("UPDATE subscriber_checkpoints SET position = ?, updated_at = ? WHERE subscriber = ? AND position = ? AND NOT "+pausedClause,
+		position, time.Now().UTC(), b.subscriber, b.position, pauseKey(b.subscriber))
 	if res.Error != nil {
 		return fail(staged(stageLibrary, res.Error))
 	}
 	if res.RowsAffected != 1 {
-		return fail(ErrCheckpointMoved)
+		return fail(ErrCheckpointMoved) // reset, or paused meanwhile
 	}
 	if err := b.tx.Commit().Error; err != nil {
 		endFailed = true

@@ -46,6 +46,9 @@ func (g *GormCheckpointStore) Delete(ctx context.Context, subscriber string, app
 		if err := tx.Exec("DELETE FROM subscriber_checkpoints WHERE subscriber = ?", subscriber).Error; err != nil {
 			return err
 		}
+		if err := clearPausesIn(tx, subscriber); err != nil {
+			return err
+		}
 		return clearAttemptsIn(tx, subscriber)
 	}, apply)
 }

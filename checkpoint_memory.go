@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 )
 
 // MemoryCheckpointStore is an in-memory CheckpointStore for tests and
@@ -20,6 +21,9 @@ type MemoryCheckpointStore struct {
 	fences nameFences
 	// attempts are the attempt counts (checkpoint_attempts.go).
 	attempts attemptTable
+	// paused holds the paused names (see pauser), by pause key, with the
+	// time of the pause.
+	paused map[string]time.Time
 }
 
 type memoryCheckpoint struct {
@@ -55,7 +59,7 @@ func (m *MemoryCheckpointStore) Acquire(ctx context.Context, subscriber string) 
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e := m.entry(subscriber)
-	if e.active != nil || m.fences[subscriber] != nil {
+	if _, paused := m.paused[pauseKey(subscriber)]; e.active != nil || m.fences[subscriber] != nil || paused {
 		return nil, false, nil
 	}
 	b := &memoryBatch{store: m, subscriber: subscriber, entry: e, position: e.position, done: make(chan struct{})}
@@ -121,7 +125,41 @@ func (m *MemoryCheckpointStore) Delete(ctx context.Context, subscriber string, a
 	}
 	return m.fenced(ctx, subscriber, fmt.Sprintf("delete checkpoint of %q", subscriber), apply, func(*memoryCheckpoint) {
 		delete(m.entries, subscriber)
+		delete(m.paused, pauseKey(subscriber))
 	})
+}
+
+var _ pauser = (*MemoryCheckpointStore)(nil)
+
+// pause records key as paused, so that no batch of it starts, then waits
+// for the batches of names in flight to end (see pauser).
+func (m *MemoryCheckpointStore) pause(ctx context.Context, key string, names []string, _ string) ([]int64, error) {
+	m.mu.Lock()
+	if m.paused == nil {
+		m.paused = make(map[string]time.Time)
+	}
+	if _, ok := m.paused[key]; !ok {
+		m.paused[key] = time.Now().UTC()
+	}
+	m.mu.Unlock()
+	if err := m.fencedAll(ctx, names, fmt.Sprintf("pause %q", key), nil, func(*memoryCheckpoint) {}); err != nil {
+		return nil, err
+	}
+	return m.positions(ctx, names)
+}
+
+func (m *MemoryCheckpointStore) resume(_ context.Context, key string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.paused, key)
+	return nil
+}
+
+func (m *MemoryCheckpointStore) pausedSince(_ context.Context, key string) (time.Time, bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	at, ok := m.paused[key]
+	return at, ok, nil
 }
 
 // fenced holds off the subscriber's batches, waits for the one in flight,

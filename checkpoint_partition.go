@@ -19,9 +19,16 @@ var (
 	_ partitionStore = (*MemoryCheckpointStore)(nil)
 )
 
+// positions reads through the transaction in ctx when it is one of this
+// store's pool (a reset's or delete's, whose guard reads the partition
+// count), else on the pool.
 func (g *GormCheckpointStore) positions(ctx context.Context, names []string) ([]int64, error) {
+	db := g.db
+	if tx := txForPool(ctx, g.pool); tx != nil {
+		db = tx
+	}
 	var rows []GormCheckpointModel
-	if err := g.db.WithContext(ctx).Raw("SELECT subscriber, position FROM subscriber_checkpoints WHERE subscriber IN ?", names).Scan(&rows).Error; err != nil {
+	if err := db.WithContext(ctx).Raw("SELECT subscriber, position FROM subscriber_checkpoints WHERE subscriber IN ?", names).Scan(&rows).Error; err != nil {
 		return nil, fmt.Errorf("subscriptions: read %d checkpoints (%q ...): %w", len(names), names[0], err)
 	}
 	byName := make(map[string]int64, len(rows))
@@ -40,7 +47,7 @@ func (g *GormCheckpointStore) positions(ctx context.Context, names []string) ([]
 // in name order (the batches' locks are SKIP LOCKED, so they never wait on
 // the reset), and keep every replica's batches of these names out until
 // the commit. On SQLite each name is fenced first, as Reset does.
-func (g *GormCheckpointStore) resetAll(ctx context.Context, names []string, position int64, apply func(ctx context.Context) error) error {
+func (g *GormCheckpointStore) resetAll(ctx context.Context, names []string, position int64, guard, apply func(ctx context.Context) error) error {
 	if len(names) == 0 {
 		return nil
 	}
@@ -55,12 +62,17 @@ func (g *GormCheckpointStore) resetAll(ctx context.Context, names []string, posi
 			return err
 		}
 		return clearAttemptsIn(tx, name)
-	}, apply)
+	}, guard, apply)
+}
+
+// resetGuarded is ResetWith with guard as the statements.
+func (g *GormCheckpointStore) resetGuarded(ctx context.Context, name string, position int64, guard func(ctx context.Context) error) error {
+	return g.ResetWith(ctx, name, position, guard)
 }
 
 // deleteAll deletes every row, then runs apply, in one transaction,
 // holding off batches as resetAll does.
-func (g *GormCheckpointStore) deleteAll(ctx context.Context, names []string, apply func(ctx context.Context) error) error {
+func (g *GormCheckpointStore) deleteAll(ctx context.Context, names []string, guard, apply func(ctx context.Context) error) error {
 	if len(names) == 0 {
 		return nil
 	}
@@ -69,13 +81,18 @@ func (g *GormCheckpointStore) deleteAll(ctx context.Context, names []string, app
 		if err := tx.Exec("DELETE FROM subscriber_checkpoints WHERE subscriber = ?", name).Error; err != nil {
 			return err
 		}
+		if err := clearPausesIn(tx, name); err != nil {
+			return err
+		}
 		return clearAttemptsIn(tx, name)
-	}, apply)
+	}, guard, apply)
 }
 
-// fencedAll is fenced for several names: write runs for each, in name
-// order, before apply, all in one transaction.
-func (g *GormCheckpointStore) fencedAll(ctx context.Context, names []string, what string, write func(tx *gorm.DB, name string) error, apply func(ctx context.Context) error) error {
+// fencedAll is fenced for several names: guard first, then write for each
+// name, in name order, then apply, all in one transaction. guard runs
+// before the writes, so that it reads the rows as they were (a delete
+// writes the partition count's row too).
+func (g *GormCheckpointStore) fencedAll(ctx context.Context, names []string, what string, write func(tx *gorm.DB, name string) error, guard, apply func(ctx context.Context) error) error {
 	sorted := slices.Clone(names)
 	slices.Sort(sorted)
 	if g.reg != nil {
@@ -88,6 +105,11 @@ func (g *GormCheckpointStore) fencedAll(ctx context.Context, names []string, wha
 		}
 	}
 	err := g.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if guard != nil {
+			if err := guard(withTx(ctx, tx, g.pool)); err != nil {
+				return err
+			}
+		}
 		for _, name := range sorted {
 			if err := write(tx, name); err != nil {
 				return fmt.Errorf("%q: %w", name, err)
@@ -98,7 +120,7 @@ func (g *GormCheckpointStore) fencedAll(ctx context.Context, names []string, wha
 		}
 		actx, guard := handlerContext(ctx, tx, g.pool, !g.dialect.RowLocks)
 		if err := errors.Join(apply(actx), guard.finished(ctx)); err != nil {
-			return fmt.Errorf("application's statements: %w", err)
+			return applyError(err)
 		}
 		return nil
 	}, g.txOptions())
@@ -156,16 +178,19 @@ func (m *MemoryCheckpointStore) positions(_ context.Context, names []string) ([]
 // names has a batch in flight (ErrBatchInFlight), as Reset does. With an
 // apply it waits instead, as ResetWith does: every name is fenced (nested,
 // in name order), apply runs, then every checkpoint moves.
-func (m *MemoryCheckpointStore) resetAll(ctx context.Context, names []string, position int64, apply func(ctx context.Context) error) error {
+func (m *MemoryCheckpointStore) resetAll(ctx context.Context, names []string, position int64, guard, apply func(ctx context.Context) error) error {
 	if len(names) == 0 {
 		return nil
 	}
 	if err := validatePosition(names[0], position); err != nil {
 		return err
 	}
+	what := fmt.Sprintf("reset %d checkpoints (%q ...) to %d", len(names), names[0], position)
 	if apply != nil {
-		what := fmt.Sprintf("reset %d checkpoints (%q ...) to %d", len(names), names[0], position)
-		return m.fencedAll(ctx, names, what, apply, func(e *memoryCheckpoint) { e.position = position })
+		return m.fencedAll(ctx, names, what, guarded(guard, apply), func(e *memoryCheckpoint) { e.position = position })
+	}
+	if err := guard(ctx); err != nil {
+		return fmt.Errorf("subscriptions: %s: %w", what, err)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -183,15 +208,16 @@ func (m *MemoryCheckpointStore) resetAll(ctx context.Context, names []string, po
 
 // deleteAll forgets every checkpoint after apply, holding off batches as
 // resetAll with an apply does.
-func (m *MemoryCheckpointStore) deleteAll(ctx context.Context, names []string, apply func(ctx context.Context) error) error {
+func (m *MemoryCheckpointStore) deleteAll(ctx context.Context, names []string, guard, apply func(ctx context.Context) error) error {
 	if len(names) == 0 {
 		return nil
 	}
 	what := fmt.Sprintf("delete %d checkpoints (%q ...)", len(names), names[0])
-	return m.fencedAll(ctx, names, what, apply, func(e *memoryCheckpoint) {
+	return m.fencedAll(ctx, names, what, guarded(guard, apply), func(e *memoryCheckpoint) {
 		for name, entry := range m.entries {
 			if entry == e {
 				delete(m.entries, name)
+				delete(m.paused, pauseKey(name))
 			}
 		}
 	})
@@ -213,6 +239,15 @@ func (m *MemoryCheckpointStore) fencedAll(ctx context.Context, names []string, w
 		return m.fenced(ctx, sorted[i], what, func(ctx context.Context) error { return nest(i+1, ctx) }, change)
 	}
 	return nest(0, ctx)
+}
+
+// resetGuarded is Reset with guard run first: in memory nothing is
+// transactional, and Reset refuses while a batch is in flight anyway.
+func (m *MemoryCheckpointStore) resetGuarded(ctx context.Context, name string, position int64, guard func(ctx context.Context) error) error {
+	if err := guard(ctx); err != nil {
+		return fmt.Errorf("subscriptions: reset checkpoint of %q to %d: %w", name, position, err)
+	}
+	return m.Reset(ctx, name, position)
 }
 
 func (m *MemoryCheckpointStore) initPartitions(_ context.Context, marker, plain string, parts []string, n int64) (int64, error) {

@@ -97,7 +97,9 @@
 // handled.
 //
 // Database outages are logged and retried; Run returns only on
-// cancellation or on an event store without a global ordered feed.
+// cancellation, on an event store without a global ordered feed, or on a
+// name whose checkpoints were written for another partition count
+// (ErrPartitionsChanged).
 //
 // # Partitions
 //
@@ -145,9 +147,18 @@
 // application needs) and moves the checkpoint in one transaction that
 // holds off every replica's batches, so no batch lands between the two.
 // A blue/green rebuild runs the new version under a new name into its own
-// table while the old one serves, waits with WaitCaughtUp, lets the
-// application switch readers in a transaction of its own, and retires the
-// old name with DeleteState. docs/rebuilds.md has both procedures.
+// table while the old one serves, waits with WaitCaughtUp, and switches
+// readers with SwitchOver: the old version paused everywhere, the new one
+// past its checkpoint, then the application's switch in a transaction of
+// its own, so that no reader ever sees the projection go back; the old
+// name is retired with DeleteState. docs/rebuilds.md has both procedures.
+//
+// # Pausing a name
+//
+// Pause stops a subscriber name everywhere, durably: no replica or
+// partition of it, in any process, handles anything from its next batch
+// until Resume, and none commits after Pause returned. It is recorded with
+// the checkpoints (this package's stores), so restarts keep it.
 //
 // # Shutdown
 //

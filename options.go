@@ -87,10 +87,13 @@ func WithParkingLot(lot ParkingLot) SubscriberOption {
 
 // WithMaxRetries sets how many times a failing handler is retried per event
 // (after the initial attempt) before the event is parked (default
-// DefaultMaxRetries). Only meaningful with WithParkingLot. n < 0 is
-// rejected; 0 parks on the first failure.
+// DefaultMaxRetries). Only meaningful with WithParkingLot: without one a
+// failing event halts the checkpoint and is retried every poll interval,
+// and NewSubscriber logs a warning that the option changes nothing (it is
+// accepted, as the original module accepts it). n < 0 is rejected; 0
+// parks on the first failure.
 func WithMaxRetries(n int) SubscriberOption {
-	return func(s *Subscriber) { s.maxRetries = n }
+	return func(s *Subscriber) { s.maxRetries, s.retryGiven = n, true }
 }
 
 // WithRetryBackoff sets the first retry delay and its cap; the delay
@@ -99,11 +102,14 @@ func WithMaxRetries(n int) SubscriberOption {
 // initial.
 //
 // No database transaction is held while a retry waits: each retry runs in a
-// short transaction of its own, so backoff never holds a row lock.
+// short transaction of its own, so backoff never holds a row lock. Like
+// WithMaxRetries it applies only with WithParkingLot (NewSubscriber warns
+// otherwise).
 func WithRetryBackoff(initial, maximum time.Duration) SubscriberOption {
 	return func(s *Subscriber) {
 		s.retryBackoff = initial
 		s.maxRetryBackoff = maximum
+		s.retryGiven = true
 	}
 }
 

@@ -10,7 +10,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/eventfeed/subscriptions/internal/ctxsleep"
 	"github.com/eventfeed/subscriptions/internal/dialect"
 )
 
@@ -86,6 +85,16 @@ func partitionMarker(name string) string { return name + "/partitions" }
 // checkpoint rows (partitionName, partitionMarker).
 var internalName = regexp.MustCompile(`/(partitions|partition-[0-9]+-of-[0-9]+)$`)
 
+// pauseKey is the name a checkpoint row is paused under (see
+// Subscriber.Pause): a partitioned subscriber's rows under the
+// subscriber's name, any other row under its own.
+func pauseKey(checkpoint string) string {
+	if loc := internalName.FindStringIndex(checkpoint); loc != nil {
+		return checkpoint[:loc[0]]
+	}
+	return checkpoint
+}
+
 // reservedName refuses a subscriber name that ends like a partitioned
 // subscriber's own checkpoint rows: a subscriber of that name would share
 // another's checkpoint (starting from its position, and making the
@@ -137,11 +146,16 @@ type partitionStore interface {
 	positions(ctx context.Context, names []string) ([]int64, error)
 	// resetAll sets every named checkpoint to position atomically,
 	// serialized against in-flight batches as Reset is (with a nil apply)
-	// or as CheckpointResetter.ResetWith is, apply included.
-	resetAll(ctx context.Context, names []string, position int64, apply func(ctx context.Context) error) error
+	// or as CheckpointResetter.ResetWith is, apply included. guard runs
+	// first once the batches are held off, on ctx with the transaction
+	// (where there is one); its error changes nothing.
+	resetAll(ctx context.Context, names []string, position int64, guard, apply func(ctx context.Context) error) error
 	// deleteAll deletes every named checkpoint and runs apply atomically,
-	// as CheckpointResetter.Delete does.
-	deleteAll(ctx context.Context, names []string, apply func(ctx context.Context) error) error
+	// as CheckpointResetter.Delete does, guard first as for resetAll.
+	deleteAll(ctx context.Context, names []string, guard, apply func(ctx context.Context) error) error
+	// resetGuarded is Reset of one name with guard run first, as for
+	// resetAll.
+	resetGuarded(ctx context.Context, name string, position int64, guard func(ctx context.Context) error) error
 	// initPartitions records n in marker unless it already holds a count,
 	// which it then returns; on first use it seeds every partition (that
 	// has no row yet) at plain's checkpoint, in the same transaction.
@@ -221,33 +235,37 @@ func (s *Subscriber) partitionCountIs(recorded int64) error {
 }
 
 // checkPartitionCount reads the name's recorded partition count and
-// refuses a Subscriber built with another one (partitionCountIs).
+// refuses a Subscriber built with another one (partitionCountIs). In a
+// reset's or delete's guard it reads through the transaction in ctx.
 func (s *Subscriber) checkPartitionCount(ctx context.Context) error {
-	recorded, err := s.checkpoints.Position(ctx, partitionMarker(s.name))
+	recorded, err := s.storePositions(ctx, []string{partitionMarker(s.name)})
 	if err != nil {
 		return err // the store names the checkpoint
 	}
-	return s.partitionCountIs(recorded)
+	return s.partitionCountIs(recorded[0])
 }
 
-// awaitPartitionCount is checkPartitionCount for the start of an
-// unpartitioned Run: a name that was run partitioned is refused; a
-// database error is logged and retried after the poll interval, since
-// running from the name's stale checkpoint would handle events twice. It
-// returns nil when ctx ends.
-func (s *Subscriber) awaitPartitionCount(ctx context.Context) error {
-	for {
-		err := s.checkPartitionCount(ctx)
-		switch {
-		case err == nil || ctx.Err() != nil:
-			return nil
-		case errors.Is(err, ErrPartitionsChanged):
+// countGuard is checkPartitionCount as the stores' guard of a reset or a
+// delete: it runs once the batches in flight are held off (on SQLite the
+// batch in flight, which may hold the only connection, is ended first),
+// inside the change's transaction, before the application's statements.
+func (s *Subscriber) countGuard(ctx context.Context) error {
+	if err := s.checkPartitionCount(ctx); err != nil {
+		return &stepError{step: "check the partition count", err: err}
+	}
+	return nil
+}
+
+// guarded returns apply preceded by guard (apply may be nil).
+func guarded(guard, apply func(ctx context.Context) error) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		if err := guard(ctx); err != nil {
 			return err
 		}
-		s.logger.Error("subscriber: reading the partition count failed; will retry", "subscriber", s.name, "error", err)
-		if !ctxsleep.Sleep(ctx, s.pollInterval) {
+		if apply == nil {
 			return nil
 		}
+		return apply(ctx)
 	}
 }
 
@@ -315,7 +333,7 @@ func (s *Subscriber) partitionedLag(ctx context.Context) (int64, error) {
 func (s *Subscriber) resetPartitions(ctx context.Context, position int64) error {
 	names := s.partitionNames()
 	if ps, ok := s.checkpoints.(partitionStore); ok {
-		return ps.resetAll(ctx, names, position, nil)
+		return ps.resetAll(ctx, names, position, s.countGuard, nil)
 	}
 	for _, name := range names {
 		if err := s.checkpoints.Reset(ctx, name, position); err != nil {
@@ -344,7 +362,7 @@ func (s *Subscriber) resetPartitionsWith(ctx context.Context, position int64, ap
 	if !ok {
 		return fmt.Errorf("subscriptions: reset %q to %d with the application's statements: checkpoint store %T cannot move partitions atomically: %w", s.name, position, s.checkpoints, errors.ErrUnsupported)
 	}
-	return ps.resetAll(ctx, s.partitionNames(), position, apply)
+	return ps.resetAll(ctx, s.partitionNames(), position, s.countGuard, apply)
 }
 
 // deletePartitions is DeleteState's checkpoint part for a partitioned
@@ -355,33 +373,26 @@ func (s *Subscriber) deletePartitions(ctx context.Context, purge func(ctx contex
 	if !ok {
 		return fmt.Errorf("subscriptions: delete the state of %q: checkpoint store %T cannot delete partitions atomically: %w", s.name, s.checkpoints, errors.ErrUnsupported)
 	}
-	return ps.deleteAll(ctx, append(s.partitionNames(), partitionMarker(s.name)), purge)
+	return ps.deleteAll(ctx, append(s.partitionNames(), partitionMarker(s.name)), s.countGuard, purge)
 }
 
-// waitPartitionsCaughtUp is WaitCaughtUp for a partitioned subscriber: it
-// waits until no partition has an event at or below the head read at the
-// start past its checkpoint.
-func (s *Subscriber) waitPartitionsCaughtUp(ctx context.Context) (int64, error) {
-	if err := s.checkPartitionCount(ctx); err != nil {
-		return 0, err
-	}
-	head, err := s.events.HeadPosition(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("subscriptions: wait for %q to catch up: %w", s.name, err)
-	}
+// waitPartitionsCaughtUp is waitCaughtUpTo for a partitioned subscriber:
+// it waits until no partition has an event at or below head past its
+// checkpoint.
+func (s *Subscriber) waitPartitionsCaughtUp(ctx context.Context, head int64) error {
 	names := s.partitionNames()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return 0, fmt.Errorf("subscriptions: wait for %q to catch up to position %d: %w", s.name, head, ctx.Err())
+			return fmt.Errorf("subscriptions: wait for %q to catch up to position %d: %w", s.name, head, ctx.Err())
 		case <-timer.C:
 		}
 		positions, err := s.storePositions(ctx, names)
 		if err != nil {
 			if ctx.Err() == nil {
-				return 0, err // the store names the subscriber
+				return err // the store names the subscriber
 			}
 			continue
 		}
@@ -393,7 +404,7 @@ func (s *Subscriber) waitPartitionsCaughtUp(ctx context.Context) (int64, error) 
 			n, err := newPartitionFeed(s.events, p, s.partitions).countAfter(ctx, position, head)
 			if err != nil {
 				if ctx.Err() == nil {
-					return 0, fmt.Errorf("subscriptions: wait for %q to catch up: partition %d of %d: %w", s.name, p, s.partitions, err)
+					return fmt.Errorf("subscriptions: wait for %q to catch up: partition %d of %d: %w", s.name, p, s.partitions, err)
 				}
 				break
 			}
@@ -403,7 +414,7 @@ func (s *Subscriber) waitPartitionsCaughtUp(ctx context.Context) (int64, error) 
 			}
 		}
 		if !behind && ctx.Err() == nil {
-			return head, nil
+			return nil
 		}
 		timer.Reset(min(caughtUpPoll, s.pollInterval))
 	}
@@ -455,7 +466,7 @@ func (s *Subscriber) partitionStatus(ctx context.Context) (Status, []time.Time, 
 		}
 		st.LagSeconds = max(st.LagSeconds, ps.LagSeconds)
 	}
-	if err := s.parkedStatus(ctx, &st); err != nil {
+	if err := s.pausedAndParked(ctx, &st); err != nil {
 		return Status{}, nil, err
 	}
 	progress := s.partitionLive(&st)

@@ -219,6 +219,7 @@ func (s *Subscriber) runPartitioned(ctx context.Context) error {
 	for p := range ps.parts {
 		child := s.partitionChild(names[p], p, index, tels[p])
 		r := newRunner(child, nil, drain)
+		r.countChecked = true // initPartitions did
 		defer r.timer.Stop()
 		ps.parts[p] = &partitionState{r: r, seen: -1}
 		if positions != nil {
@@ -292,7 +293,7 @@ func (s *Subscriber) partitionChild(name string, p int, index *partitionIndex, t
 		// the subscriber's name); each keeps its live state (see
 		// telemetry.partitions).
 		tel: tel,
-		// Not copied: wake (the coordinator's), running (Run's own),
+		// Not copied: retryGiven (NewSubscriber's warning only), wake (the coordinator's), running (Run's own),
 		// partitions and concurrency (a partition is unpartitioned),
 		// acquirer (set below: the partition's read is filtered, so the
 		// ordinary one over the partition's view, or with a feed index

@@ -36,15 +36,14 @@ func (s *Subscriber) ResetCheckpointWith(ctx context.Context, position int64, ap
 	if err := validatePosition(s.name, position); err != nil {
 		return err
 	}
-	if err := s.checkPartitionCount(ctx); err != nil {
-		return err // before apply runs
-	}
 	resetWith := func(ctx context.Context, name string, position int64, apply func(ctx context.Context) error) error {
 		r, ok := s.checkpoints.(CheckpointResetter)
 		if !ok {
 			return fmt.Errorf("subscriptions: reset %q to %d with the application's statements: checkpoint store %T does not implement CheckpointResetter: %w", s.name, position, s.checkpoints, errors.ErrUnsupported)
 		}
-		return r.ResetWith(ctx, name, position, apply)
+		// The partition count is checked in the reset's transaction,
+		// before apply runs (countGuard).
+		return r.ResetWith(ctx, name, position, guarded(s.countGuard, apply))
 	}
 	if s.partitions > 0 {
 		resetWith = func(ctx context.Context, _ string, position int64, apply func(ctx context.Context) error) error {
@@ -55,6 +54,66 @@ func (s *Subscriber) ResetCheckpointWith(ctx context.Context, position int64, ap
 		return err // the store names the subscriber and the position
 	}
 	s.logger.Info("subscriber checkpoint reset with the application's statements", "subscriber", s.name, "position", position)
+	return nil
+}
+
+// SwitchOver makes s, the new version of a projection built under its own
+// name, the one readers see in place of old, the version they read now,
+// so that no reader ever sees the projection go back: it pauses old
+// everywhere (Pause: its table stops changing, in every process), waits
+// until s has handled every event old had handled, and then calls
+// switchReaders, the application's switch (swap a view, rename tables,
+// flip a read pointer) in one transaction of its own. Before the switch
+// readers see old's table, which only grows until the pause; after it
+// s's, which holds at least every event old held and only grows. old
+// stays paused (retired): stop its subscribers when convenient, then
+// old.DeleteState and drop its table. docs/rebuilds.md gives the whole
+// procedure.
+//
+// s keeps running meanwhile (in this process or another), as old's
+// replicas may; appends continue. The pause lasts as long as s needs to
+// reach old's checkpoint, which is short once s has caught up
+// (WaitCaughtUp) before the call. If ctx ends or switchReaders fails, old
+// is resumed before SwitchOver returns the error, and keeps serving.
+//
+// It needs checkpoint stores that can pause (this package's; otherwise the
+// error wraps ErrPauseUnsupported); old and s must have different names.
+func (s *Subscriber) SwitchOver(ctx context.Context, old *Subscriber, switchReaders func(ctx context.Context) error) (err error) {
+	what := fmt.Sprintf("subscriptions: switch readers from %q to %q", old.name, s.name)
+	if old.name == s.name {
+		return fmt.Errorf("%s: the versions need names of their own", what)
+	}
+	if switchReaders == nil {
+		return fmt.Errorf("%s: nil switch", what)
+	}
+	positions, err := old.pause(ctx, "switching readers to "+s.name)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	defer func() {
+		if err == nil {
+			return
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if rerr := old.Resume(rctx); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("%q stays paused: %w", old.name, rerr))
+		}
+	}()
+	var target int64
+	for _, p := range positions {
+		target = max(target, p)
+	}
+	if err := s.checkPartitionCount(ctx); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	if err := s.waitCaughtUpTo(ctx, target); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	if err := switchReaders(ctx); err != nil {
+		return fmt.Errorf("%s: the application's switch: %w", what, err)
+	}
+	s.logger.Info("readers switched", "from", old.name, "to", s.name, "position", target)
 	return nil
 }
 
@@ -77,9 +136,6 @@ const caughtUpPoll = 20 * time.Millisecond
 // handler keeps failing halts the checkpoint, and WaitCaughtUp then waits
 // until ctx ends. It returns ctx's error wrapped when ctx ends first.
 func (s *Subscriber) WaitCaughtUp(ctx context.Context) (int64, error) {
-	if s.partitions > 0 {
-		return s.waitPartitionsCaughtUp(ctx)
-	}
 	if err := s.checkPartitionCount(ctx); err != nil {
 		return 0, err
 	}
@@ -87,20 +143,29 @@ func (s *Subscriber) WaitCaughtUp(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("subscriptions: wait for %q to catch up: %w", s.name, err)
 	}
+	return head, s.waitCaughtUpTo(ctx, head)
+}
+
+// waitCaughtUpTo waits until the subscriber has handled every event at or
+// below target (see WaitCaughtUp).
+func (s *Subscriber) waitCaughtUpTo(ctx context.Context, head int64) error {
+	if s.partitions > 0 {
+		return s.waitPartitionsCaughtUp(ctx, head)
+	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return 0, fmt.Errorf("subscriptions: wait for %q to catch up to position %d: %w", s.name, head, ctx.Err())
+			return fmt.Errorf("subscriptions: wait for %q to catch up to position %d: %w", s.name, head, ctx.Err())
 		case <-timer.C:
 		}
 		position, err := s.checkpoints.Position(ctx, s.name)
 		if err != nil && ctx.Err() == nil {
-			return 0, err // the store names the subscriber
+			return err // the store names the subscriber
 		}
 		if err == nil && position >= head {
-			return head, nil
+			return nil
 		}
 		timer.Reset(min(caughtUpPoll, s.pollInterval))
 	}
@@ -129,9 +194,6 @@ func (s *Subscriber) DeleteState(ctx context.Context) error {
 		return fmt.Errorf("subscriptions: delete the state of %q: %w", s.name, ErrRunning)
 	}
 	defer s.running.Store(false)
-	if err := s.checkPartitionCount(ctx); err != nil {
-		return err
-	}
 	r, ok := s.checkpoints.(CheckpointResetter)
 	if !ok {
 		return fmt.Errorf("subscriptions: delete the state of %q: checkpoint store %T does not implement CheckpointResetter: %w", s.name, s.checkpoints, errors.ErrUnsupported)
@@ -155,7 +217,11 @@ func (s *Subscriber) DeleteState(ctx context.Context) error {
 			return nil
 		}
 	}
-	del := r.Delete
+	// The partition count is checked in the delete's transaction, before
+	// the purge (countGuard).
+	del := func(ctx context.Context, name string, purge func(ctx context.Context) error) error {
+		return r.Delete(ctx, name, guarded(s.countGuard, purge))
+	}
 	if s.partitions > 0 {
 		del = func(ctx context.Context, _ string, purge func(ctx context.Context) error) error {
 			return s.deletePartitions(ctx, purge)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
 )
 
@@ -816,4 +817,37 @@ func TestRetryOnePostgresConnection(t *testing.T) {
 	_, attempts, parked := parkPoisonRun(t, e, "retry-one-conn", 3, maxRetries, time.Millisecond, 4*time.Millisecond)
 	require.Len(t, attempts, 1+maxRetries)
 	require.Equal(t, 1+maxRetries, parked.Attempts)
+}
+
+// TestRetryOptionsWithoutParkingLotWarn: WithMaxRetries and
+// WithRetryBackoff are accepted without a parking lot (as the original
+// module accepts them) though they change nothing there, and NewSubscriber
+// says so once; with a lot, or without the options, it says nothing.
+func TestRetryOptionsWithoutParkingLotWarn(t *testing.T) {
+	t.Parallel()
+	events, cps := infrastructure.NewMemoryStore(), subscriptions.NewMemoryCheckpointStore()
+	noop := func(context.Context, domain.EventEnvelope[any]) error { return nil }
+	const warning = "apply only with WithParkingLot"
+	for _, tc := range []struct {
+		name string
+		opts []subscriptions.SubscriberOption
+		warn bool
+	}{
+		{"max retries", []subscriptions.SubscriberOption{subscriptions.WithMaxRetries(5)}, true},
+		{"backoff", []subscriptions.SubscriberOption{subscriptions.WithRetryBackoff(time.Second, time.Minute)}, true},
+		{"both", []subscriptions.SubscriberOption{subscriptions.WithMaxRetries(5), subscriptions.WithRetryBackoff(time.Second, time.Minute)}, true},
+		{"with a parking lot", []subscriptions.SubscriberOption{subscriptions.WithMaxRetries(5), subscriptions.WithParkingLot(subscriptions.NewMemoryParkingLot())}, false},
+		{"neither", nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			logger, logs := newLogger()
+			_, err := subscriptions.NewSubscriber("retry-warn", events, cps, noop, append(tc.opts, subscriptions.WithLogger(logger))...)
+			require.NoError(t, err)
+			if tc.warn {
+				require.Equal(t, 1, strings.Count(logs.String(), warning), logs.String())
+			} else {
+				require.NotContains(t, logs.String(), warning)
+			}
+		})
+	}
 }

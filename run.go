@@ -67,9 +67,6 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	if s.partitions > 0 {
 		return s.runPartitioned(ctx)
 	}
-	if err := s.awaitPartitionCount(ctx); err != nil {
-		return err
-	}
 	if _, err := s.events.HeadPosition(ctx); err != nil {
 		if errors.Is(err, domain.ErrGlobalOrderingNotSupported) {
 			return fmt.Errorf("subscriptions: subscriber %q cannot run: %w", s.name, err)
@@ -103,6 +100,9 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		case outcomeStopped:
 			return nil
 		case outcomeFatal:
+			if errors.Is(r.fatal, ErrPartitionsChanged) {
+				return r.fatal // names the subscriber and the counts
+			}
 			return fmt.Errorf("subscriptions: subscriber %q cannot run: %w", s.name, r.fatal)
 		case outcomeMore:
 			check, rechecks = false, -1
@@ -188,6 +188,9 @@ type runner struct {
 	wrote         attemptRecord
 	// holder names this runner in the attempt records it writes.
 	holder string
+	// countChecked: the name's partition count was read (readCheckpoint);
+	// set from the start for a partition's runner, whose Run checked it.
+	countChecked bool
 }
 
 // newRunner returns the runner of one Run of s (or of one partition of
@@ -277,7 +280,7 @@ type cycleBatch struct {
 func (r *runner) acquire(ctx context.Context, check bool) (b cycleBatch, out outcome, ok bool) {
 	s := r.s
 	if check || r.known < 0 {
-		position, err := s.checkpoints.Position(ctx, s.name)
+		position, err := r.readCheckpoint(ctx)
 		if err != nil {
 			return b, r.transient(ctx, "reading the checkpoint failed", err), false
 		}
@@ -334,6 +337,24 @@ func (r *runner) acquire(ctx context.Context, check bool) (b cycleBatch, out out
 		return b, out, false
 	}
 	return cycleBatch{batch: batch, events: events, start: start, limit: limit}, 0, true
+}
+
+// readCheckpoint reads the subscriber's checkpoint; the first read of a
+// Run also reads the name's partition count (in the same statement where
+// the store allows) and refuses a name that was run partitioned
+// (ErrPartitionsChanged, which transient makes fatal): running from its
+// stale plain checkpoint would handle events twice.
+func (r *runner) readCheckpoint(ctx context.Context) (int64, error) {
+	s := r.s
+	if r.countChecked {
+		return s.checkpoints.Position(ctx, s.name)
+	}
+	positions, err := s.checkpointPositions(ctx, []string{s.name})
+	if err != nil {
+		return 0, err
+	}
+	r.countChecked = true
+	return positions[0], nil
 }
 
 // runBatch runs the handlers of b's events (through the BatchHandler
@@ -564,7 +585,7 @@ func (r *runner) transient(ctx context.Context, what string, err error) outcome 
 	if ctx.Err() != nil {
 		return outcomeStopped
 	}
-	if errors.Is(err, domain.ErrGlobalOrderingNotSupported) {
+	if errors.Is(err, domain.ErrGlobalOrderingNotSupported) || errors.Is(err, ErrPartitionsChanged) {
 		r.fatal = err
 		return outcomeFatal
 	}

@@ -62,6 +62,11 @@ type Status struct {
 	// Parked counts the subscriber's parked events; -1 without a parking
 	// lot.
 	Parked int `json:"parked"`
+	// Paused reports that the name is paused everywhere (Pause), since
+	// PausedAt: nothing of it is handled until Resume, and Healthy does not
+	// take its lag for a stuck subscriber.
+	Paused   bool      `json:"paused,omitempty"`
+	PausedAt time.Time `json:"paused_at,omitzero"`
 	// Failing is the event being retried (StateRetrying) or halted on
 	// (StateHalted), with the number of attempts made so far.
 	Failing  *EventRef `json:"failing,omitempty"`
@@ -141,7 +146,7 @@ func (s *Subscriber) status(ctx context.Context) (Status, []time.Time, error) {
 		}
 		st.LagSeconds = age
 	}
-	if err := s.parkedStatus(ctx, &st); err != nil {
+	if err := s.pausedAndParked(ctx, &st); err != nil {
 		return Status{}, nil, err
 	}
 	live := s.tel.seen(position, head)
@@ -162,8 +167,15 @@ func (s *Subscriber) lagAge(ctx context.Context, feed domain.EventStore, positio
 	return max(0, now.Sub(oldest[0].Created).Seconds()), nil
 }
 
-// parkedStatus fills st.Parked.
-func (s *Subscriber) parkedStatus(ctx context.Context, st *Status) error {
+// pausedAndParked fills st.Paused (where the store can pause) and st.Parked.
+func (s *Subscriber) pausedAndParked(ctx context.Context, st *Status) error {
+	if p, ok := s.checkpoints.(pauser); ok {
+		at, paused, err := p.pausedSince(ctx, s.name)
+		if err != nil {
+			return err // the store names the subscriber
+		}
+		st.Paused, st.PausedAt = paused, at
+	}
 	if s.parking == nil {
 		return nil
 	}
@@ -248,6 +260,9 @@ func (s *Subscriber) Healthy(ctx context.Context) error {
 		}
 		return fmt.Errorf("subscriptions: health of %q: event %q (type %q, position %d), %d attempts, last error %q: %w",
 			s.name, on.ID, on.Type, on.Position, st.Attempts, st.LastError, ErrSubscriberHalted)
+	}
+	if st.Paused {
+		return nil // lag is expected until Resume
 	}
 	// Each checkpoint row on its own: a partition that hangs is stuck
 	// however busy the others are.

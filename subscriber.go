@@ -123,6 +123,9 @@ type Subscriber struct {
 	// attempts keeps the attempt counts: the checkpoint store when it
 	// can (attemptCounter), else this subscriber's memory.
 	attempts attemptCounter
+	// retryGiven records WithMaxRetries or WithRetryBackoff, for
+	// NewSubscriber's warning when there is no parking lot to retry for.
+	retryGiven bool
 }
 
 // NewSubscriber creates a subscriber. name identifies the checkpoint —
@@ -161,6 +164,10 @@ func NewSubscriber(name string, events domain.EventStore, checkpoints Checkpoint
 	}
 	if isNil(s.parking) {
 		s.parking = nil
+	}
+	if s.parking == nil && s.retryGiven {
+		s.logger.Warn("subscriber: WithMaxRetries and WithRetryBackoff apply only with WithParkingLot; without one a failing event halts the subscriber and is retried every poll interval",
+			"subscriber", name, "poll_interval", s.pollInterval)
 	}
 	if isNil(s.meterProvider) {
 		s.meterProvider = nil
@@ -316,10 +323,19 @@ func (s *Subscriber) ResetCheckpoint(ctx context.Context, position int64) error 
 	if err := validatePosition(s.name, position); err != nil {
 		return err
 	}
-	if err := s.checkPartitionCount(ctx); err != nil {
-		return err
+	// The partition count is checked by the store once a batch in flight
+	// is held off (countGuard); a store of another kind is asked first.
+	reset := func(ctx context.Context, name string, position int64) error {
+		if err := s.checkPartitionCount(ctx); err != nil {
+			return err
+		}
+		return s.checkpoints.Reset(ctx, name, position)
 	}
-	reset := s.checkpoints.Reset
+	if ps, ok := s.checkpoints.(partitionStore); ok {
+		reset = func(ctx context.Context, name string, position int64) error {
+			return ps.resetGuarded(ctx, name, position, s.countGuard)
+		}
+	}
 	if s.partitions > 0 {
 		reset = func(ctx context.Context, _ string, position int64) error { return s.resetPartitions(ctx, position) }
 	}

@@ -91,6 +91,10 @@ var manifest = map[string]map[int64][]object{
 			{kind: "column", table: "subscriber_attempts", name: "holder_pid"},
 			{kind: "column", table: "subscriber_attempts", name: "claimed_at"},
 		},
+		5: concat(
+			columns("subscriber_pauses", "subscriber", "paused_at", "reason"),
+			unique("subscriber_pauses", "subscriber"),
+		),
 	},
 	sqlschema.SQLite: {
 		1: concat(
@@ -112,6 +116,10 @@ var manifest = map[string]map[int64][]object{
 			unique("subscriber_attempts", "subscriber"),
 		),
 		4: nil, // SQLite needs no attempt claim
+		5: concat(
+			columns("subscriber_pauses", "subscriber", "paused_at", "reason"),
+			unique("subscriber_pauses", "subscriber"),
+		),
 	},
 }
 

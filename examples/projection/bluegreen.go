@@ -28,13 +28,15 @@ func viewDDL(table string) string {
 }
 
 // blueGreen rebuilds the projection without readers ever seeing a partial
-// table: the old version ("balances", run again here by old) keeps
-// serving the view while the new version ("balances/v2") replays the whole
-// feed into its own table; when the new version has caught up, the view
-// is switched in one transaction; then the old name is stopped and
-// retired (its checkpoint and parked events deleted, its table dropped).
-// Events are appended throughout, including right after the switch: the
-// new version's subscriber, which keeps running, handles them.
+// table or one going back (docs/rebuilds.md): the old version
+// ("balances", run again here by old) keeps serving the view while the new
+// version ("balances/v2") replays the whole feed into its own table; once
+// it has caught up, SwitchOver pauses the old version, waits until the new
+// one has passed it and runs the view's switch, one transaction; then the
+// old name is stopped and retired (its checkpoint and parked events
+// deleted, its table dropped). Events are appended throughout, including
+// right after the switch: the new version's subscriber, which keeps
+// running, handles them.
 func (ex *example) blueGreen(ctx context.Context, old *subscriptions.Subscriber) error {
 	out := ex.stdout
 	r := ex.be.replicas[0]
@@ -110,17 +112,21 @@ func (ex *example) blueGreen(ctx context.Context, old *subscriptions.Subscriber)
 	}
 	fmt.Fprintf(out, "%q caught up to position %d (WaitCaughtUp)\n", v2Name, head)
 
-	// The switch: one transaction of the application's own. Readers see
-	// the old table or the new one, never neither.
-	if err := db.Transaction(func(tx *gorm.DB) error {
-		if err := tx.Exec("DROP VIEW " + liveView).Error; err != nil {
-			return err
-		}
-		return tx.Exec(viewDDL(v2Table)).Error
+	// The switch: the old version paused everywhere, the new one past its
+	// checkpoint, then one transaction of the application's own. Readers
+	// see the old table or the new one, never neither, and never less of
+	// it than before.
+	if err := v2.SwitchOver(ctx, old, func(ctx context.Context) error {
+		return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+			if err := tx.Exec("DROP VIEW " + liveView).Error; err != nil {
+				return err
+			}
+			return tx.Exec(viewDDL(v2Table)).Error
+		})
 	}); err != nil {
 		return fmt.Errorf("switch %s to %s: %w", liveView, v2Table, err)
 	}
-	fmt.Fprintf(out, "switched: %s now reads %s (one transaction)\n", liveView, v2Table)
+	fmt.Fprintf(out, "switched: %s now reads %s (SwitchOver: %q paused, %q past it, one transaction)\n", liveView, v2Table, subscriberName, v2Name)
 	if _, err := ex.append(ctx, "acc-1", typeDeposited, MoneyDeposited{Amount: 5}); err != nil {
 		return err
 	}

@@ -103,7 +103,7 @@ func requireScenario(t *testing.T, code int, out, errs string, replicas int) {
 	// switched, the old name retired, and the readers never saw a partial
 	// table; the 3 events appended meanwhile are in the new projection.
 	require.Contains(t, out, `"balances/v2" caught up to position 13 (WaitCaughtUp)`+"\n")
-	require.Contains(t, out, "switched: balances_live now reads balances_v2 (one transaction)\n")
+	require.Contains(t, out, `switched: balances_live now reads balances_v2 (SwitchOver: "balances" paused, "balances/v2" past it, one transaction)`+"\n")
 	require.Contains(t, out, `retired "balances": stopped, checkpoint and parked events deleted (DeleteState), table dropped`+"\n")
 	table = section(t, out, "balances (after the blue/green rebuild")
 	requireBalance(t, table, "acc-1", "Alice", 125, 5)

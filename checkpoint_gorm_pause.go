@@ -1,0 +1,98 @@
+package subscriptions
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// pausedClause is the condition, on one argument (a pause key, see
+// pauseKey), that the name is paused: it has a row in subscriber_pauses.
+// Batches read it with their checkpoint row's lock, so that a paused
+// name's batches run nothing, and their commit refuses to move the
+// checkpoint while it holds (see pause).
+const pausedClause = `EXISTS (SELECT 1 FROM subscriber_pauses WHERE subscriber = ?)`
+
+var _ pauser = (*GormCheckpointStore)(nil)
+
+// pause records key as paused, committed, and then waits until no batch of
+// names is in flight: on Postgres by locking every row in name order (a
+// batch in flight holds its row; one that locked its row before the pause
+// committed fails its commit, which checks the pause again), on SQLite by
+// the store's fence (the batch in flight is rolled back). The positions
+// are read once that holds: the checkpoints no batch of names moves any
+// more until resume.
+func (g *GormCheckpointStore) pause(ctx context.Context, key string, names []string, reason string) ([]int64, error) {
+	what := fmt.Sprintf("pause %q", key)
+	sorted := slices.Clone(names)
+	slices.Sort(sorted)
+	if g.reg != nil {
+		for _, name := range sorted {
+			release, err := g.fenceSQLite(ctx, name, what)
+			if err != nil {
+				return nil, err
+			}
+			defer release()
+		}
+	}
+	if err := g.db.WithContext(ctx).Exec("INSERT INTO subscriber_pauses (subscriber, paused_at, reason) VALUES (?, ?, ?) ON CONFLICT (subscriber) DO NOTHING",
+		key, time.Now().UTC(), reason).Error; err != nil {
+		return nil, fmt.Errorf("subscriptions: %s: %w", what, err)
+	}
+	var rows []GormCheckpointModel
+	read := func(tx *gorm.DB) error {
+		return tx.Raw("SELECT subscriber, position FROM subscriber_checkpoints WHERE subscriber IN ? ORDER BY subscriber"+g.dialect.ForUpdate(), sorted).Scan(&rows).Error
+	}
+	var err error
+	if g.reg == nil {
+		err = g.fencedOnServer(ctx, read) // waits for the batches' row locks
+	} else {
+		err = read(g.db.WithContext(ctx))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("subscriptions: %s: wait for the batches in flight: %w", what, err)
+	}
+	byName := make(map[string]int64, len(rows))
+	for _, r := range rows {
+		byName[r.Subscriber] = r.Position
+	}
+	out := make([]int64, len(names))
+	for i, name := range names {
+		out[i] = byName[name]
+	}
+	return out, nil
+}
+
+func (g *GormCheckpointStore) resume(ctx context.Context, key string) error {
+	if err := g.db.WithContext(ctx).Exec("DELETE FROM subscriber_pauses WHERE subscriber = ?", key).Error; err != nil {
+		return fmt.Errorf("subscriptions: resume %q: %w", key, err)
+	}
+	return nil
+}
+
+func (g *GormCheckpointStore) pausedSince(ctx context.Context, key string) (time.Time, bool, error) {
+	var rows []struct{ PausedAt time.Time }
+	if err := g.db.WithContext(ctx).Raw("SELECT paused_at FROM subscriber_pauses WHERE subscriber = ?", key).Scan(&rows).Error; err != nil {
+		return time.Time{}, false, fmt.Errorf("subscriptions: read the pause of %q: %w", key, err)
+	}
+	if len(rows) == 0 {
+		return time.Time{}, false, nil
+	}
+	return rows[0].PausedAt.UTC(), true, nil
+}
+
+// clearPausesIn deletes the pauses of the names' keys in tx (Delete and
+// its partitioned form: a retired name starts unpaused).
+func clearPausesIn(tx *gorm.DB, names ...string) error {
+	keys := make([]string, 0, len(names))
+	for _, name := range names {
+		keys = append(keys, pauseKey(name))
+	}
+	if err := tx.Exec("DELETE FROM subscriber_pauses WHERE subscriber IN ?", keys).Error; err != nil {
+		return fmt.Errorf("clear the pause: %w", err)
+	}
+	return nil
+}

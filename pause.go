@@ -1,0 +1,85 @@
+package subscriptions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// pauser is the optional capability of a CheckpointStore that pauses a
+// subscriber name durably (Subscriber.Pause): GormCheckpointStore and
+// MemoryCheckpointStore have it. A paused name's batches run nothing, by
+// any replica of any process, until resume: acquiring the checkpoint of a
+// paused name fails as if another replica held it.
+type pauser interface {
+	// pause records key (see pauseKey) as paused and returns once no batch
+	// of names (the checkpoint rows paused under key) is in flight, with
+	// their checkpoints: positions no batch moves any more until resume.
+	// A batch in flight commits or rolls back; none commits after pause
+	// returned.
+	pause(ctx context.Context, key string, names []string, reason string) ([]int64, error)
+	// resume lifts key's pause; resuming a name that is not paused is not
+	// an error.
+	resume(ctx context.Context, key string) error
+	// pausedSince reports whether key is paused, and since when.
+	pausedSince(ctx context.Context, key string) (time.Time, bool, error)
+}
+
+// ErrPauseUnsupported is returned by Pause, Resume and SwitchOver when the
+// checkpoint store cannot pause a name (it lacks the capability this
+// package's stores have).
+var ErrPauseUnsupported = fmt.Errorf("the checkpoint store cannot pause a subscriber: %w", errors.ErrUnsupported)
+
+// Pause stops the subscriber's name everywhere, durably: every replica, in
+// every process, and every partition of it, handles nothing from its next
+// batch on, until Resume; a restart does not lift it. The batch in flight
+// when Pause is called commits or rolls back as usual; none commits after
+// Pause returned. A paused subscriber's Run keeps running (idle, as when
+// another replica holds the checkpoint) and picks up where it stopped once
+// resumed. reason is recorded with the pause for operators. Pausing a
+// paused name keeps the first pause.
+//
+// It needs this package's checkpoint stores (otherwise the error wraps
+// ErrPauseUnsupported). Safe for concurrent use, from any process.
+func (s *Subscriber) Pause(ctx context.Context, reason string) error {
+	_, err := s.pause(ctx, reason)
+	return err
+}
+
+// pause is Pause returning the name's checkpoints as they stand once no
+// batch of it is in flight.
+func (s *Subscriber) pause(ctx context.Context, reason string) ([]int64, error) {
+	p, ok := s.checkpoints.(pauser)
+	if !ok {
+		return nil, fmt.Errorf("subscriptions: pause %q: checkpoint store %T: %w", s.name, s.checkpoints, ErrPauseUnsupported)
+	}
+	if err := s.checkPartitionCount(ctx); err != nil {
+		return nil, err
+	}
+	names := []string{s.name}
+	if s.partitions > 0 {
+		names = s.partitionNames()
+	}
+	positions, err := p.pause(ctx, s.name, names, reason)
+	if err != nil {
+		return nil, err // the store names the subscriber
+	}
+	s.logger.Info("subscriber paused", "subscriber", s.name, "reason", reason)
+	return positions, nil
+}
+
+// Resume lifts Pause: the name's replicas go on from their checkpoints at
+// their next poll (or wake-up). Resuming a name that is not paused is not
+// an error.
+func (s *Subscriber) Resume(ctx context.Context) error {
+	p, ok := s.checkpoints.(pauser)
+	if !ok {
+		return fmt.Errorf("subscriptions: resume %q: checkpoint store %T: %w", s.name, s.checkpoints, ErrPauseUnsupported)
+	}
+	if err := p.resume(ctx, s.name); err != nil {
+		return err // the store names the subscriber
+	}
+	s.logger.Info("subscriber resumed", "subscriber", s.name)
+	return nil
+}
