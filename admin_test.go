@@ -3,6 +3,7 @@ package subscriptions_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -23,6 +24,7 @@ import (
 type adminFixture struct {
 	e       *env
 	sub     *subscriptions.Subscriber
+	other   *subscriptions.Subscriber // never ran: it lags
 	poison  []domain.EventEnvelope[any]
 	failing atomic.Bool
 	block   chan struct{} // when non-nil, the handler waits on it
@@ -75,6 +77,7 @@ func newAdminFixture(t *testing.T, e *env, opts ...subscriptions.AdminOption) *a
 	r.stop(t)
 	// A second subscriber that has not started: it lags.
 	other := parkSubscriber(t, e, "admin-other", h)
+	f.other = other
 	logger, logs := newLogger()
 	f.logs = logs
 	handler, err := subscriptions.NewAdminHandler([]*subscriptions.Subscriber{f.sub, other}, adminAuth,
@@ -434,4 +437,92 @@ func TestAdminTrustedOrigins(t *testing.T) {
 	require.Equal(t, 200, w.Code, w.Body.String())
 	st := decodeJSON[map[string]any](t, f.do("GET", adminPath("admin-sub"), "alice", "", "", nil))
 	require.Equal(t, float64(1), st["position"])
+}
+
+// TestAdminPageShowsOnlyReadableSubscribers: a caller whose authorizer
+// allows only "admin-sub" sees that subscriber on every render of the page
+// (the root, the subscriber selected, one event shown, and the re-renders
+// after a failed replay and a refused discard) and never another
+// subscriber's name, state or lag (its row); a caller who may read
+// everything sees them all, and one who may read nothing is refused.
+func TestAdminPageShowsOnlyReadableSubscribers(t *testing.T) {
+	t.Parallel()
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			f := newAdminFixture(t, b.New(t))
+			// payroll-b halts on its first event (no parking lot) and stays
+			// halted, lagging, until the test ends.
+			const secretErr = "payroll-b ledger 7731 refused"
+			hidden := parkSubscriber(t, f.e, "payroll-b", func(context.Context, domain.EventEnvelope[any]) error {
+				return errors.New(secretErr)
+			})
+			start(t, hidden)
+			st := statusWait(t, hidden, "halted", func(st subscriptions.Status) bool { return st.State == subscriptions.StateHalted })
+			require.Contains(t, st.LastError, secretErr)
+			require.Positive(t, st.Lag)
+
+			auth := func(r *http.Request, action subscriptions.AdminAction, subscriber string) (string, bool) {
+				switch user := r.Header.Get("X-User"); user {
+				case "alice":
+					return user, true
+				case "team-a":
+					return user, subscriber == "admin-sub"
+				default:
+					return user, false
+				}
+			}
+			handler, err := subscriptions.NewAdminHandler([]*subscriptions.Subscriber{f.sub, hidden, f.other}, auth,
+				subscriptions.WithAdminLogger(quietLogger()))
+			require.NoError(t, err)
+			f.mux = http.NewServeMux()
+			f.mux.Handle("/ops/", http.StripPrefix("/ops", handler))
+
+			// The check can fail: alice sees what team-a must not.
+			w := f.do("GET", "/ops/", "alice", "", "", nil)
+			require.Equal(t, 200, w.Code, w.Body.String())
+			require.Contains(t, w.Body.String(), `data-subscriber="payroll-b"`)
+			require.Contains(t, w.Body.String(), `class="state-halted"`)
+			require.Contains(t, w.Body.String(), `data-subscriber="admin-other"`)
+			w = f.do("GET", "/ops/api/subscribers", "alice", "", "", nil)
+			require.Equal(t, 200, w.Code, w.Body.String())
+			require.Contains(t, w.Body.String(), secretErr)
+
+			onlyA := func(what string, w *httptest.ResponseRecorder, code int) {
+				t.Helper()
+				body := w.Body.String()
+				require.Equal(t, code, w.Code, "%s: %s", what, body)
+				require.Contains(t, body, `data-subscriber="admin-sub"`, what)
+				require.Equal(t, 1, strings.Count(body, "data-subscriber="), "%s: one row, admin-sub's", what)
+				for _, leak := range []string{"payroll-b", `class="state-halted"`, secretErr, "admin-other"} {
+					require.NotContains(t, body, leak, what)
+				}
+			}
+			w = f.do("GET", "/ops/?subscriber=admin-sub", "team-a", "", "", nil)
+			onlyA("admin-sub selected", w, 200)
+			m := csrfField.FindStringSubmatch(w.Body.String())
+			require.NotNil(t, m, "the forms carry a token")
+			onlyA("one event shown", f.do("GET", "/ops/?subscriber=admin-sub&event="+url.QueryEscape(f.poison[0].ID), "team-a", "", "", nil), 200)
+
+			form := func(action string, v url.Values) *httptest.ResponseRecorder {
+				v.Set("csrf", m[1])
+				return f.do("POST", "/ops/ui/"+action, "team-a", "", v.Encode(), map[string]string{"Content-Type": "application/x-www-form-urlencoded"})
+			}
+			onlyA("a failed replay's re-render", form("replay", url.Values{"subscriber": {"admin-sub"}, "event_id": {f.poison[0].ID}}), http.StatusUnprocessableEntity)
+			onlyA("an unconfirmed discard's re-render", form("discard", url.Values{"subscriber": {"admin-sub"}, "event_id": {f.poison[0].ID}}), http.StatusBadRequest)
+			onlyA("an unknown event's re-render", form("replay", url.Values{"subscriber": {"admin-sub"}, "event_id": {"no-such-event"}}), http.StatusNotFound)
+			onlyA("the root", f.do("GET", "/ops/", "team-a", "", "", nil), 200)
+
+			for what, w := range map[string]*httptest.ResponseRecorder{
+				"payroll-b selected": f.do("GET", "/ops/?subscriber=payroll-b", "team-a", "", "", nil),
+				"payroll-b replayed": form("replay", url.Values{"subscriber": {"payroll-b"}, "event_id": {"x"}}),
+				"payroll-b by API":   f.do("GET", adminPath("payroll-b"), "team-a", "", "", nil),
+				"the API's list":     f.do("GET", "/ops/api/subscribers", "team-a", "", "", nil),
+			} {
+				require.Equal(t, http.StatusForbidden, w.Code, what)
+				require.NotContains(t, w.Body.String(), secretErr, what)
+			}
+			require.Equal(t, http.StatusForbidden, f.do("GET", "/ops/", "mallory", "", "", nil).Code, "a caller who may read nothing")
+			require.Equal(t, http.StatusUnauthorized, f.do("GET", "/ops/", "", "", "", nil).Code)
+		})
+	}
 }
