@@ -85,9 +85,10 @@ type adminHandler struct {
 
 // NewAdminHandler returns an http.Handler for operators: a JSON API under
 // api/ and, at its root, an HTML page (server-rendered, no external
-// assets, works without JavaScript) to see every subscriber's position,
-// lag and parked events, look at a parked event, replay or discard it,
-// and reset a checkpoint. Mount it under any prefix with the standard
+// assets, works without JavaScript) to see each subscriber's position,
+// lag and parked events (a partitioned subscriber's partitions on a
+// click, and without one when a partition is failing or stuck), look at a
+// parked event, replay or discard it, and reset a checkpoint. Mount it under any prefix with the standard
 // ServeMux:
 //
 //	mux.Handle("/admin/subscriptions/", http.StripPrefix("/admin/subscriptions", h))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -523,6 +525,136 @@ func TestAdminPageShowsOnlyReadableSubscribers(t *testing.T) {
 			}
 			require.Equal(t, http.StatusForbidden, f.do("GET", "/ops/", "mallory", "", "", nil).Code, "a caller who may read nothing")
 			require.Equal(t, http.StatusUnauthorized, f.do("GET", "/ops/", "", "", "", nil).Code)
+		})
+	}
+}
+
+// TestAdminPagePartitions: the page shows each partitioned subscriber's
+// partition count and, in a details element (open by itself when a
+// partition needs attention), each partition's state, position and lag;
+// a stuck partition and a failing one are flagged. The API serves the
+// same partitions. Memory and Postgres: there a hung partition does not
+// hold the others back (on SQLite its batch holds the write lock).
+func TestAdminPagePartitions(t *testing.T) {
+	t.Parallel()
+	for _, b := range envBackends() {
+		if b.Name != "memory" && b.Name != "postgres" {
+			continue
+		}
+		t.Run(b.Name, func(t *testing.T) {
+			e := b.New(t)
+			ctx := context.Background()
+			const n = 3
+			hung, bad, good := statusAggregateIn(0, n, "hung"), statusAggregateIn(1, n, "bad"), statusAggregateIn(2, n, "good")
+			for _, agg := range []string{hung, bad, good, good} {
+				ev := domain.NewEventEnvelope[any](map[string]any{}, agg, "part."+strings.TrimRight(agg, "-0123456789"), 0)
+				require.NoError(t, e.Events.Append(ctx, agg, -1, ev))
+			}
+			nop := func(context.Context, domain.EventEnvelope[any]) error { return nil }
+			// quiet-p caught up and stopped: nothing needs attention.
+			quiet := parkSubscriber(t, e, "quiet-p", nop, subscriptions.WithPartitions(2))
+			r := start(t, quiet)
+			waitCaughtUp(t, quiet)
+			r.stop(t)
+			plain := parkSubscriber(t, e, "plain", nop)
+
+			release, entered := make(chan struct{}), make(chan struct{}, 1)
+			defer close(release) // before start's cleanup stops Run
+			orders := parkSubscriber(t, e, "orders-p", func(_ context.Context, ev domain.EventEnvelope[any]) error {
+				switch ev.AggregateID {
+				case hung:
+					entered <- struct{}{}
+					<-release
+				case bad:
+					return errors.New("cannot handle a bad order")
+				}
+				return nil
+			}, subscriptions.WithPartitions(n), subscriptions.WithConcurrency(n), subscriptions.WithBatchSize(1),
+				subscriptions.WithStuckThreshold(200*time.Millisecond))
+			start(t, orders)
+			select {
+			case <-entered: // partition 0 runs its batch from now on
+			case <-time.After(30 * time.Second):
+				t.Fatal("partition 0's handler never ran")
+			}
+
+			handler, err := subscriptions.NewAdminHandler([]*subscriptions.Subscriber{orders, quiet, plain}, adminAuth)
+			require.NoError(t, err)
+			f := &adminFixture{mux: http.NewServeMux()}
+			f.mux.Handle("/ops/", http.StripPrefix("/ops", handler))
+			// rowOf is subscriber's row of the subscribers table, with the
+			// partitions table nested in it: up to the next row.
+			rowOf := func(body, subscriber string) string {
+				t.Helper()
+				for _, seg := range strings.Split(body, "data-subscriber=")[1:] {
+					if strings.HasPrefix(seg, `"`+subscriber+`"`) {
+						return seg
+					}
+				}
+				require.Failf(t, "no row", "no row for %s in:\n%s", subscriber, body)
+				return ""
+			}
+			partitionRow := func(row string, p int) string {
+				t.Helper()
+				m := regexp.MustCompile(fmt.Sprintf(`(?s)<tr data-partition="%d"[^>]*>.*?</tr>`, p)).FindString(row)
+				require.NotEmpty(t, m, "no partition %d in:\n%s", p, row)
+				return m
+			}
+
+			// Partition 0 hangs (stuck once the threshold passed) and
+			// partition 1 halts on its event.
+			var body string
+			require.Eventually(t, func() bool {
+				w := f.do("GET", "/ops/", "alice", "", "", nil)
+				body = w.Body.String()
+				return w.Code == 200 && strings.Contains(body, `<tr data-partition="0" class="stuck">`) &&
+					strings.Contains(body, `<tr data-partition="1" class="failing">`)
+			}, 30*time.Second, 10*time.Millisecond, "the page never flagged the stuck and the failing partition")
+
+			row := rowOf(body, "orders-p")
+			require.Contains(t, row, "<details open>", "a partition needs attention: shown without being asked")
+			require.Contains(t, row, `<span class="partition-count">3</span> partitions`)
+			require.Contains(t, row, `<span class="error">1 failing</span>`)
+			require.Contains(t, row, `<span class="error">1 stuck</span>`)
+			p0 := partitionRow(row, 0)
+			require.Contains(t, p0, `class="state-running">running`)
+			require.Contains(t, p0, "stuck: checkpoint unchanged for ")
+			require.Regexp(t, `<td class="num">1</td>\s*<td class="num">[^<]+</td>`, p0, "lag 1 event, and its age")
+			p1 := partitionRow(row, 1)
+			require.Contains(t, p1, `class="state-halted">halted <span class="error">(retrying part.bad at `)
+			require.NotContains(t, p1, "stuck")
+			p2 := partitionRow(row, 2)
+			require.Regexp(t, `class="state-(idle|running)">(idle|running)<`, p2, "caught up: idle between polls, running during one")
+			require.Regexp(t, `<td class="num">0</td>\s*<td class="num">0s</td>`, p2, "caught up")
+
+			row = rowOf(body, "quiet-p")
+			require.Contains(t, row, "<details>", "nothing needs attention: shown on demand")
+			require.Contains(t, row, `<span class="partition-count">2</span> partitions</summary>`)
+			for p := range 2 {
+				require.Contains(t, partitionRow(row, p), `class="state-stopped">stopped`)
+			}
+			row = rowOf(body, "plain")
+			require.NotContains(t, row, "<details")
+			require.NotContains(t, row, "data-partition")
+
+			w := f.do("GET", adminPath("orders-p"), "alice", "", "", nil)
+			require.Equal(t, 200, w.Code, w.Body.String())
+			got := decodeJSON[struct {
+				Partitions []struct {
+					Partition int
+					State     string
+					Lag       int64
+					Failing   *subscriptions.EventRef
+				}
+				Stuck []int `json:"stuck_partitions"`
+			}](t, w)
+			require.Len(t, got.Partitions, n)
+			require.Equal(t, "running", got.Partitions[0].State)
+			require.EqualValues(t, 1, got.Partitions[0].Lag)
+			require.Equal(t, "halted", got.Partitions[1].State)
+			require.NotNil(t, got.Partitions[1].Failing)
+			require.Equal(t, "part.bad", got.Partitions[1].Failing.Type)
+			require.Equal(t, []int{0}, got.Stuck)
 		})
 	}
 }
