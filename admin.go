@@ -33,9 +33,12 @@ const (
 // AdminAuthorizer is the application's own authorization, asked before
 // every admin request: it returns the caller's identity (logged with every
 // action) and whether the caller may perform action on subscriber (""
-// when the request is about every subscriber). An empty caller with
-// allowed false is answered 401, a known caller not allowed 403. It is
-// called on the request's goroutine and must be safe for concurrent use.
+// when the request is about every subscriber: the API's list). An empty
+// caller with allowed false is answered 401, a known caller not allowed
+// 403. The page also asks it AdminRead for each subscriber it would show,
+// and shows only those allowed (see NewAdminHandler). It is called on the
+// request's goroutine, possibly several times per request, and must be
+// safe for concurrent use.
 type AdminAuthorizer func(r *http.Request, action AdminAction, subscriber string) (caller string, allowed bool)
 
 // AdminOption configures NewAdminHandler.
@@ -82,16 +85,24 @@ type adminHandler struct {
 
 // NewAdminHandler returns an http.Handler for operators: a JSON API under
 // api/ and, at its root, an HTML page (server-rendered, no external
-// assets, works without JavaScript) to see every subscriber's position,
-// lag and parked events, look at a parked event, replay or discard it,
-// and reset a checkpoint. Mount it under any prefix with the standard
+// assets, works without JavaScript) to see each subscriber's position,
+// lag and parked events (a partitioned subscriber's partitions on a
+// click, and without one when a partition is failing or stuck), look at a
+// parked event, replay or discard it, and reset a checkpoint. Mount it under any prefix with the standard
 // ServeMux:
 //
 //	mux.Handle("/admin/subscriptions/", http.StripPrefix("/admin/subscriptions", h))
 //
 // Security is not optional. authorize is required and asked before every
 // request; every action is logged with the caller it returns (and every
-// refusal too). State-changing requests are POST or DELETE only, refuse
+// refusal too). What a caller may read is decided per subscriber: the
+// page lists only the subscribers on which authorize allows AdminRead —
+// on every render, including the one after a failed replay or discard —
+// so an operator who may read some subscribers gets a page of those (the
+// page is refused only to a caller who may read none), while the API's
+// list, GET api/subscribers, is about every subscriber, asks about "" and
+// is answered 403 unless that is allowed (such a caller reads
+// api/subscribers/{name} instead). State-changing requests are POST or DELETE only, refuse
 // cross-site requests (Sec-Fetch-Site, and Origin or Referer must match
 // the request's host or WithAdminTrustedOrigins), and must carry either a
 // JSON content type (API) or the page's anti-CSRF token (forms). The

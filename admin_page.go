@@ -52,9 +52,19 @@ var adminNotices = map[string]string{
 	"discarded": "Discarded: the event was removed from the parking lot (audit-logged).",
 }
 
+// servePage serves the page. With ?subscriber=NAME the caller must be
+// allowed to read NAME; without, to read at least one subscriber (an
+// unauthenticated caller is answered 401, a caller who may read none 403).
+// Either way renderPage shows only the subscribers the caller may read.
 func (h *adminHandler) servePage(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	caller, ref := h.authorize(r, AdminRead, q.Get("subscriber"))
+	var caller string
+	var ref *adminRefusal
+	if name := q.Get("subscriber"); name != "" {
+		caller, ref = h.authorize(r, AdminRead, name)
+	} else {
+		caller, ref = h.authorizeAnyRead(r)
+	}
 	if ref != nil {
 		http.Error(w, ref.reason, ref.status)
 		return
@@ -62,20 +72,69 @@ func (h *adminHandler) servePage(w http.ResponseWriter, r *http.Request) {
 	h.renderPage(w, r, caller, http.StatusOK, adminNotices[q.Get("done")], "")
 }
 
+// authorizeAnyRead authorizes the page without a selected subscriber: the
+// caller may read at least one subscriber. The authorizer is asked per
+// subscriber, not about "" as the API's list does, so that a caller
+// allowed to read some subscribers only gets a page of those instead of a
+// refusal.
+func (h *adminHandler) authorizeAnyRead(r *http.Request) (string, *adminRefusal) {
+	var caller string
+	for _, name := range h.names {
+		c, ok := h.auth(r, AdminRead, name)
+		if ok {
+			return c, nil
+		}
+		if caller == "" {
+			caller = c
+		}
+	}
+	ref := &adminRefusal{status: http.StatusForbidden, reason: "not allowed to read any subscriber"}
+	if caller == "" {
+		ref = &adminRefusal{status: http.StatusUnauthorized, reason: "not authenticated"}
+	}
+	h.cfg.logger.Warn("admin request refused", "reason", ref.reason, "action", string(AdminRead), "caller", caller,
+		"subscriber", "", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
+	return caller, ref
+}
+
+// readable reports whether the request's caller may read subscriber: the
+// page asks it for every subscriber it renders, whichever request (a GET,
+// or the re-render after a failed form) got it there. A "no" hides the
+// subscriber and is not a refused request, so it is not logged.
+func (h *adminHandler) readable(r *http.Request, subscriber string) bool {
+	_, ok := h.auth(r, AdminRead, subscriber)
+	return ok
+}
+
 // renderPage renders the page for the request's query (selected
-// subscriber, after cursor, shown event) with a notice or a failure.
+// subscriber, after cursor, shown event) with a notice or a failure. It
+// renders only what the caller may read: the rows of the subscribers the
+// authorizer allows AdminRead on, and the selected subscriber's parked
+// events only if it is one of them, so no path to the page (a GET, or a
+// form's re-render, which was authorized for its action only) shows
+// another subscriber's status, error or lag.
 func (h *adminHandler) renderPage(w http.ResponseWriter, r *http.Request, caller string, status int, notice, failure string) {
 	ctx := r.Context()
 	q := r.URL.Query()
 	if r.Method == http.MethodPost {
 		q = url.Values{"subscriber": {r.PostFormValue("subscriber")}}
 	}
-	d := adminPageData{Caller: caller, Token: h.csrfToken(caller), Subscribers: h.statuses(ctx), Notice: notice, Failure: failure}
+	var subs []adminStatus
+	for _, name := range h.names {
+		if h.readable(r, name) {
+			subs = append(subs, adminSubscriberStatus(ctx, h.subs[name]))
+		}
+	}
+	d := adminPageData{Caller: caller, Token: h.csrfToken(caller), Subscribers: subs, Notice: notice, Failure: failure}
 	if name := q.Get("subscriber"); name != "" {
 		s, ok := h.subs[name]
-		if !ok {
+		switch {
+		case !ok:
 			status, d.Failure = http.StatusNotFound, "Unknown subscriber "+name+"."
-		} else {
+		case !h.readable(r, name):
+			// A form's action was allowed but reading is not: the
+			// outcome is shown, the subscriber's parked events are not.
+		default:
 			d.Selected = name
 			f, err := parkedFilter(r)
 			if err == nil {

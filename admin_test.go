@@ -3,6 +3,8 @@ package subscriptions_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +13,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -23,6 +26,7 @@ import (
 type adminFixture struct {
 	e       *env
 	sub     *subscriptions.Subscriber
+	other   *subscriptions.Subscriber // never ran: it lags
 	poison  []domain.EventEnvelope[any]
 	failing atomic.Bool
 	block   chan struct{} // when non-nil, the handler waits on it
@@ -75,6 +79,7 @@ func newAdminFixture(t *testing.T, e *env, opts ...subscriptions.AdminOption) *a
 	r.stop(t)
 	// A second subscriber that has not started: it lags.
 	other := parkSubscriber(t, e, "admin-other", h)
+	f.other = other
 	logger, logs := newLogger()
 	f.logs = logs
 	handler, err := subscriptions.NewAdminHandler([]*subscriptions.Subscriber{f.sub, other}, adminAuth,
@@ -434,4 +439,222 @@ func TestAdminTrustedOrigins(t *testing.T) {
 	require.Equal(t, 200, w.Code, w.Body.String())
 	st := decodeJSON[map[string]any](t, f.do("GET", adminPath("admin-sub"), "alice", "", "", nil))
 	require.Equal(t, float64(1), st["position"])
+}
+
+// TestAdminPageShowsOnlyReadableSubscribers: a caller whose authorizer
+// allows only "admin-sub" sees that subscriber on every render of the page
+// (the root, the subscriber selected, one event shown, and the re-renders
+// after a failed replay and a refused discard) and never another
+// subscriber's name, state or lag (its row); a caller who may read
+// everything sees them all, and one who may read nothing is refused.
+func TestAdminPageShowsOnlyReadableSubscribers(t *testing.T) {
+	t.Parallel()
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			f := newAdminFixture(t, b.New(t))
+			// payroll-b halts on its first event (no parking lot) and stays
+			// halted, lagging, until the test ends.
+			const secretErr = "payroll-b ledger 7731 refused"
+			hidden := parkSubscriber(t, f.e, "payroll-b", func(context.Context, domain.EventEnvelope[any]) error {
+				return errors.New(secretErr)
+			})
+			start(t, hidden)
+			st := statusWait(t, hidden, "halted", func(st subscriptions.Status) bool { return st.State == subscriptions.StateHalted })
+			require.Contains(t, st.LastError, secretErr)
+			require.Positive(t, st.Lag)
+
+			auth := func(r *http.Request, action subscriptions.AdminAction, subscriber string) (string, bool) {
+				switch user := r.Header.Get("X-User"); user {
+				case "alice":
+					return user, true
+				case "team-a":
+					return user, subscriber == "admin-sub"
+				default:
+					return user, false
+				}
+			}
+			handler, err := subscriptions.NewAdminHandler([]*subscriptions.Subscriber{f.sub, hidden, f.other}, auth,
+				subscriptions.WithAdminLogger(quietLogger()))
+			require.NoError(t, err)
+			f.mux = http.NewServeMux()
+			f.mux.Handle("/ops/", http.StripPrefix("/ops", handler))
+
+			// The check can fail: alice sees what team-a must not.
+			w := f.do("GET", "/ops/", "alice", "", "", nil)
+			require.Equal(t, 200, w.Code, w.Body.String())
+			require.Contains(t, w.Body.String(), `data-subscriber="payroll-b"`)
+			require.Contains(t, w.Body.String(), `class="state-halted"`)
+			require.Contains(t, w.Body.String(), `data-subscriber="admin-other"`)
+			w = f.do("GET", "/ops/api/subscribers", "alice", "", "", nil)
+			require.Equal(t, 200, w.Code, w.Body.String())
+			require.Contains(t, w.Body.String(), secretErr)
+
+			onlyA := func(what string, w *httptest.ResponseRecorder, code int) {
+				t.Helper()
+				body := w.Body.String()
+				require.Equal(t, code, w.Code, "%s: %s", what, body)
+				require.Contains(t, body, `data-subscriber="admin-sub"`, what)
+				require.Equal(t, 1, strings.Count(body, "data-subscriber="), "%s: one row, admin-sub's", what)
+				for _, leak := range []string{"payroll-b", `class="state-halted"`, secretErr, "admin-other"} {
+					require.NotContains(t, body, leak, what)
+				}
+			}
+			w = f.do("GET", "/ops/?subscriber=admin-sub", "team-a", "", "", nil)
+			onlyA("admin-sub selected", w, 200)
+			m := csrfField.FindStringSubmatch(w.Body.String())
+			require.NotNil(t, m, "the forms carry a token")
+			onlyA("one event shown", f.do("GET", "/ops/?subscriber=admin-sub&event="+url.QueryEscape(f.poison[0].ID), "team-a", "", "", nil), 200)
+
+			form := func(action string, v url.Values) *httptest.ResponseRecorder {
+				v.Set("csrf", m[1])
+				return f.do("POST", "/ops/ui/"+action, "team-a", "", v.Encode(), map[string]string{"Content-Type": "application/x-www-form-urlencoded"})
+			}
+			onlyA("a failed replay's re-render", form("replay", url.Values{"subscriber": {"admin-sub"}, "event_id": {f.poison[0].ID}}), http.StatusUnprocessableEntity)
+			onlyA("an unconfirmed discard's re-render", form("discard", url.Values{"subscriber": {"admin-sub"}, "event_id": {f.poison[0].ID}}), http.StatusBadRequest)
+			onlyA("an unknown event's re-render", form("replay", url.Values{"subscriber": {"admin-sub"}, "event_id": {"no-such-event"}}), http.StatusNotFound)
+			onlyA("the root", f.do("GET", "/ops/", "team-a", "", "", nil), 200)
+
+			for what, w := range map[string]*httptest.ResponseRecorder{
+				"payroll-b selected": f.do("GET", "/ops/?subscriber=payroll-b", "team-a", "", "", nil),
+				"payroll-b replayed": form("replay", url.Values{"subscriber": {"payroll-b"}, "event_id": {"x"}}),
+				"payroll-b by API":   f.do("GET", adminPath("payroll-b"), "team-a", "", "", nil),
+				"the API's list":     f.do("GET", "/ops/api/subscribers", "team-a", "", "", nil),
+			} {
+				require.Equal(t, http.StatusForbidden, w.Code, what)
+				require.NotContains(t, w.Body.String(), secretErr, what)
+			}
+			require.Equal(t, http.StatusForbidden, f.do("GET", "/ops/", "mallory", "", "", nil).Code, "a caller who may read nothing")
+			require.Equal(t, http.StatusUnauthorized, f.do("GET", "/ops/", "", "", "", nil).Code)
+		})
+	}
+}
+
+// TestAdminPagePartitions: the page shows each partitioned subscriber's
+// partition count and, in a details element (open by itself when a
+// partition needs attention), each partition's state, position and lag;
+// a stuck partition and a failing one are flagged. The API serves the
+// same partitions. Memory and Postgres: there a hung partition does not
+// hold the others back (on SQLite its batch holds the write lock).
+func TestAdminPagePartitions(t *testing.T) {
+	t.Parallel()
+	for _, b := range envBackends() {
+		if b.Name != "memory" && b.Name != "postgres" {
+			continue
+		}
+		t.Run(b.Name, func(t *testing.T) {
+			e := b.New(t)
+			ctx := context.Background()
+			const n = 3
+			hung, bad, good := statusAggregateIn(0, n, "hung"), statusAggregateIn(1, n, "bad"), statusAggregateIn(2, n, "good")
+			for _, agg := range []string{hung, bad, good, good} {
+				ev := domain.NewEventEnvelope[any](map[string]any{}, agg, "part."+strings.TrimRight(agg, "-0123456789"), 0)
+				require.NoError(t, e.Events.Append(ctx, agg, -1, ev))
+			}
+			nop := func(context.Context, domain.EventEnvelope[any]) error { return nil }
+			// quiet-p caught up and stopped: nothing needs attention.
+			quiet := parkSubscriber(t, e, "quiet-p", nop, subscriptions.WithPartitions(2))
+			r := start(t, quiet)
+			waitCaughtUp(t, quiet)
+			r.stop(t)
+			plain := parkSubscriber(t, e, "plain", nop)
+
+			release, entered := make(chan struct{}), make(chan struct{}, 1)
+			defer close(release) // before start's cleanup stops Run
+			orders := parkSubscriber(t, e, "orders-p", func(_ context.Context, ev domain.EventEnvelope[any]) error {
+				switch ev.AggregateID {
+				case hung:
+					entered <- struct{}{}
+					<-release
+				case bad:
+					return errors.New("cannot handle a bad order")
+				}
+				return nil
+			}, subscriptions.WithPartitions(n), subscriptions.WithConcurrency(n), subscriptions.WithBatchSize(1),
+				subscriptions.WithStuckThreshold(200*time.Millisecond))
+			start(t, orders)
+			select {
+			case <-entered: // partition 0 runs its batch from now on
+			case <-time.After(30 * time.Second):
+				t.Fatal("partition 0's handler never ran")
+			}
+
+			handler, err := subscriptions.NewAdminHandler([]*subscriptions.Subscriber{orders, quiet, plain}, adminAuth)
+			require.NoError(t, err)
+			f := &adminFixture{mux: http.NewServeMux()}
+			f.mux.Handle("/ops/", http.StripPrefix("/ops", handler))
+			// rowOf is subscriber's row of the subscribers table, with the
+			// partitions table nested in it: up to the next row.
+			rowOf := func(body, subscriber string) string {
+				t.Helper()
+				for _, seg := range strings.Split(body, "data-subscriber=")[1:] {
+					if strings.HasPrefix(seg, `"`+subscriber+`"`) {
+						return seg
+					}
+				}
+				require.Failf(t, "no row", "no row for %s in:\n%s", subscriber, body)
+				return ""
+			}
+			partitionRow := func(row string, p int) string {
+				t.Helper()
+				m := regexp.MustCompile(fmt.Sprintf(`(?s)<tr data-partition="%d"[^>]*>.*?</tr>`, p)).FindString(row)
+				require.NotEmpty(t, m, "no partition %d in:\n%s", p, row)
+				return m
+			}
+
+			// Partition 0 hangs (stuck once the threshold passed) and
+			// partition 1 halts on its event.
+			var body string
+			require.Eventually(t, func() bool {
+				w := f.do("GET", "/ops/", "alice", "", "", nil)
+				body = w.Body.String()
+				return w.Code == 200 && strings.Contains(body, `<tr data-partition="0" class="stuck">`) &&
+					strings.Contains(body, `<tr data-partition="1" class="failing">`)
+			}, 30*time.Second, 10*time.Millisecond, "the page never flagged the stuck and the failing partition")
+
+			row := rowOf(body, "orders-p")
+			require.Contains(t, row, "<details open>", "a partition needs attention: shown without being asked")
+			require.Contains(t, row, `<span class="partition-count">3</span> partitions`)
+			require.Contains(t, row, `<span class="error">1 failing</span>`)
+			require.Contains(t, row, `<span class="error">1 stuck</span>`)
+			p0 := partitionRow(row, 0)
+			require.Contains(t, p0, `class="state-running">running`)
+			require.Contains(t, p0, "stuck: checkpoint unchanged for ")
+			require.Regexp(t, `<td class="num">1</td>\s*<td class="num">[^<]+</td>`, p0, "lag 1 event, and its age")
+			p1 := partitionRow(row, 1)
+			require.Contains(t, p1, `class="state-halted">halted <span class="error">(retrying part.bad at `)
+			require.NotContains(t, p1, "stuck")
+			p2 := partitionRow(row, 2)
+			require.Regexp(t, `class="state-(idle|running)">(idle|running)<`, p2, "caught up: idle between polls, running during one")
+			require.Regexp(t, `<td class="num">0</td>\s*<td class="num">0s</td>`, p2, "caught up")
+
+			row = rowOf(body, "quiet-p")
+			require.Contains(t, row, "<details>", "nothing needs attention: shown on demand")
+			require.Contains(t, row, `<span class="partition-count">2</span> partitions</summary>`)
+			for p := range 2 {
+				require.Contains(t, partitionRow(row, p), `class="state-stopped">stopped`)
+			}
+			row = rowOf(body, "plain")
+			require.NotContains(t, row, "<details")
+			require.NotContains(t, row, "data-partition")
+
+			w := f.do("GET", adminPath("orders-p"), "alice", "", "", nil)
+			require.Equal(t, 200, w.Code, w.Body.String())
+			got := decodeJSON[struct {
+				Partitions []struct {
+					Partition int
+					State     string
+					Lag       int64
+					Failing   *subscriptions.EventRef
+				}
+				Stuck []int `json:"stuck_partitions"`
+			}](t, w)
+			require.Len(t, got.Partitions, n)
+			require.Equal(t, "running", got.Partitions[0].State)
+			require.EqualValues(t, 1, got.Partitions[0].Lag)
+			require.Equal(t, "halted", got.Partitions[1].State)
+			require.NotNil(t, got.Partitions[1].Failing)
+			require.Equal(t, "part.bad", got.Partitions[1].Failing.Type)
+			require.Equal(t, []int{0}, got.Stuck)
+		})
+	}
 }

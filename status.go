@@ -271,14 +271,7 @@ func (s *Subscriber) Healthy(ctx context.Context) error {
 		rows = st.Partitions
 	}
 	for i, row := range rows {
-		if row.Lag == 0 {
-			continue
-		}
-		allowed := s.stuckThreshold
-		if row.State == StateIdle {
-			allowed += s.pollInterval
-		}
-		if still := time.Since(progress[i]); still > allowed {
+		if still, allowed, stuck := s.stuckFor(row, progress[i]); stuck {
 			where := ""
 			if row.Partition >= 0 {
 				where = fmt.Sprintf("partition %d of %d: ", row.Partition, s.partitions)
@@ -292,4 +285,24 @@ func (s *Subscriber) Healthy(ctx context.Context) error {
 			s.name, st.LagSeconds, s.maxLagTime, ErrLagTooOld)
 	}
 	return nil
+}
+
+// stuckFor is Healthy's stuck rule for one checkpoint row (a partition, or
+// an unpartitioned subscriber's only row), kept in one place so that the
+// admin page flags the partitions Healthy would report: how long the
+// row's checkpoint has stood still while events wait (progress is its
+// monotonic reading from status), how long that may last, and whether it
+// lasted longer. An idle row is given the poll interval on top of the
+// threshold: without a wake signal, events appended after a poll rightly
+// wait for the next one.
+func (s *Subscriber) stuckFor(row PartitionStatus, progress time.Time) (still, allowed time.Duration, stuck bool) {
+	if row.Lag == 0 {
+		return 0, 0, false
+	}
+	allowed = s.stuckThreshold
+	if row.State == StateIdle {
+		allowed += s.pollInterval
+	}
+	still = time.Since(progress)
+	return still, allowed, still > allowed
 }

@@ -3,7 +3,6 @@ package migrations_test
 import (
 	"context"
 	"fmt"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -83,37 +82,7 @@ func TestBadHandles(t *testing.T) {
 	}
 }
 
-// catalog lists the tables, columns, indexes and triggers of the
-// database's current schema, in Verify's words ("table x", "column x.y",
-// "index z", "unique index on x (a, b)", "trigger t on x").
-func catalog(t testing.TB, db *gorm.DB) []string {
-	t.Helper()
-	var out []string
-	q := `SELECT 'table ' || c.relname FROM pg_class c WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r'
-		UNION ALL SELECT 'column ' || c.relname || '.' || a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
-			WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped
-		UNION ALL SELECT CASE WHEN i.indisunique AND i.indpred IS NULL
-				THEN 'unique index on ' || t.relname || ' (' || (SELECT string_agg(a.attname, ', ' ORDER BY k.ord)
-					FROM unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum) || ')'
-				ELSE 'index ' || c.relname END
-			FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_class t ON t.oid = i.indrelid
-			WHERE c.relnamespace = current_schema()::regnamespace
-		UNION ALL SELECT 'trigger ' || g.tgname || ' on ' || c.relname FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid
-			WHERE c.relnamespace = current_schema()::regnamespace AND NOT g.tgisinternal`
-	if db.Name() == "sqlite" {
-		q = `SELECT 'table ' || name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'
-			UNION ALL SELECT 'column ' || m.name || '.' || p.name FROM sqlite_master m, pragma_table_info(m.name) p
-				WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite_%'
-			UNION ALL SELECT CASE WHEN l."unique" = 1 AND l.partial = 0
-					THEN 'unique index on ' || m.name || ' (' || (SELECT group_concat(name, ', ') FROM (SELECT name FROM pragma_index_info(l.name) ORDER BY seqno)) || ')'
-					ELSE 'index ' || l.name END
-				FROM sqlite_master m, pragma_index_list(m.name) l WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite_%'
-			UNION ALL SELECT 'trigger ' || name || ' on ' || tbl_name FROM sqlite_master WHERE type = 'trigger'`
-	}
-	require.NoError(t, db.Raw(q).Scan(&out).Error)
-	sort.Strings(out)
-	return out
-}
+func catalog(t testing.TB, db *gorm.DB) []string { return dbtest.Catalog(t, db) }
 
 // TestManifestMatchesFiles: applying the files one at a time to an empty
 // database, each creates exactly the objects Verify expects of it, no

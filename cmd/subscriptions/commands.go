@@ -359,7 +359,9 @@ func (c *cli) migrate(ctx context.Context) error {
 	}
 	defer closeDB()
 	if c.verify {
-		if err := migrations.Verify(ctx, db); err != nil {
+		if err := migrations.Verify(ctx, db); errors.Is(err, migrations.ErrSchemaMismatch) {
+			return fmt.Errorf("%w\n-verify changed nothing: `subscriptions migrate` applies the migrations", err)
+		} else if err != nil {
 			return err
 		}
 		if c.json {

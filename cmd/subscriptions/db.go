@@ -19,6 +19,7 @@ import (
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/secret"
+	"github.com/eventfeed/subscriptions/migrations"
 )
 
 // connectTimeout bounds connecting to Postgres.
@@ -59,9 +60,15 @@ func secretsOf(d string) []string {
 
 func (c *cli) scrub(msg string) string { return secret.Scrub(msg, c.secrets) }
 
-// openDatabase opens d and the module's stores. A database without the
-// module's checkpoint table is refused rather than given one: a mistyped
-// DSN must not create tables (or, for SQLite, a new file).
+// openDatabase opens d and the module's stores for every command but
+// migrate. It never changes the schema: a database without the module's
+// checkpoint table is refused rather than given one (a mistyped DSN must
+// not create tables, or, for SQLite, a new file), and so is one whose
+// schema is incomplete or older than this version's, naming what is
+// missing and `subscriptions migrate` as the fix (docs/operations.md: only
+// migrate creates tables; a read-only command run by an operator, maybe
+// with a role that may not create tables, must not migrate a database
+// behind the application's back).
 func openDatabase(ctx context.Context, d string) (*database, error) {
 	db, kind, close, err := openHandle(ctx, d)
 	if err != nil {
@@ -132,7 +139,8 @@ func openHandle(ctx context.Context, d string) (db *gorm.DB, kind string, close 
 	return db, kind, close, nil
 }
 
-// withStores checks that d has the module's tables and builds the stores.
+// withStores checks that d has the module's tables, at this version's
+// schema, and builds the stores verify-only (no DDL).
 func withStores(ctx context.Context, db *gorm.DB, kind string, close func()) (*database, error) {
 	fail := func(err error) (*database, error) {
 		close()
@@ -141,20 +149,37 @@ func withStores(ctx context.Context, db *gorm.DB, kind string, close func()) (*d
 	if ok, err := hasTable(ctx, db, kind, "subscriber_checkpoints"); err != nil {
 		return fail(fmt.Errorf("read the database's tables: %w", err))
 	} else if !ok {
-		return fail(errors.New("this database has no subscriber_checkpoints table: no subscriber ever ran here (is the DSN, or its search_path, right?)"))
+		return fail(errors.New("this database has no subscriber_checkpoints table: no subscriber ever ran here (is the DSN, or its search_path, right? " +
+			"A new database gets the module's tables from `subscriptions migrate`)"))
+	}
+	// Verify once, for one message; the constructors verify again (and,
+	// verify-only, would refuse rather than migrate were it to change).
+	if err := migrations.Verify(ctx, db); err != nil {
+		return fail(schemaError(err))
 	}
 	out := &database{db: db, kind: kind, close: close}
 	var err error
-	if out.events, err = infrastructure.NewGormEventStore(db); err != nil {
-		return fail(err)
+	if out.events, err = infrastructure.NewGormEventStore(db, infrastructure.WithSchemaVerifyOnly()); err != nil {
+		return fail(schemaError(err))
 	}
-	if out.checkpoints, err = subscriptions.NewGormCheckpointStore(db); err != nil {
-		return fail(err)
+	if out.checkpoints, err = subscriptions.NewGormCheckpointStore(db, subscriptions.WithSchemaVerifyOnly()); err != nil {
+		return fail(schemaError(err))
 	}
-	if out.parking, err = subscriptions.NewGormParkingLot(db); err != nil {
-		return fail(err)
+	if out.parking, err = subscriptions.NewGormParkingLot(db, subscriptions.WithSchemaVerifyOnly()); err != nil {
+		return fail(schemaError(err))
 	}
 	return out, nil
+}
+
+// schemaError adds to a schema mismatch (migrations.ErrSchemaMismatch,
+// whose message names each missing object and the file that adds it) that
+// this command changed nothing and how to bring the schema up to date.
+func schemaError(err error) error {
+	if !errors.Is(err, migrations.ErrSchemaMismatch) {
+		return err
+	}
+	return fmt.Errorf("%w\nthis command changes no schema, and changed nothing: apply the migrations with `subscriptions migrate` "+
+		"(run by a role allowed to create tables; -verify checks them), then run it again", err)
 }
 
 func hasTable(ctx context.Context, db *gorm.DB, kind, table string) (bool, error) {

@@ -9,6 +9,12 @@
 //	parked show [-subscriber S] EVENT_ID  one parked event with its stored event
 //	parked discard [-subscriber S] EVENT_ID  remove it without processing (asks first)
 //	reset SUBSCRIBER POSITION           set the checkpoint (asks first; not beyond the head)
+//	migrate [-verify]                   apply (or only check) the module's schema migrations
+//
+// Only migrate changes the schema: every other command opens the stores
+// verify-only (WithSchemaVerifyOnly) and refuses a database whose schema
+// is missing or older than this version's, naming each missing object,
+// the migration file that adds it, and `subscriptions migrate`.
 //
 // The DSN comes from -dsn or SUBSCRIPTIONS_DSN: a Postgres URL or
 // key=value DSN, or a SQLite file (a path, or file:PATH?params). The
@@ -59,7 +65,9 @@ commands:
   reset SUBSCRIBER POSITION                 set a subscriber's checkpoint, every partition's if partitioned
                                             (asks first; refuses a position beyond the feed head)
   migrate [-verify]                         apply the module's schema migrations (migrations.Migrate);
-                                            -verify only checks them (migrations.Verify), changing nothing
+                                            -verify only checks them (migrations.Verify), changing nothing.
+                                            The only command that changes the schema: the others refuse a
+                                            database whose schema is missing or older, naming what is missing
 
 flags (anywhere on the line):
   -dsn DSN     database: a Postgres URL or key=value DSN, or a SQLite file (PATH or file:PATH?params);

@@ -30,6 +30,22 @@ func ApplyWithGoose(t testing.TB, db *gorm.DB) int {
 // the test.
 func GooseUp(t testing.TB, db *gorm.DB) (int, error) {
 	t.Helper()
+	return gooseUp(t, db, 0)
+}
+
+// GooseUpTo applies the module's migration files up to version (00003 is
+// 3) with goose, as ApplyWithGoose does: a database at an older schema
+// version, as an earlier release of the module left it.
+func GooseUpTo(t testing.TB, db *gorm.DB, version int64) {
+	t.Helper()
+	if _, err := gooseUp(t, db, version); err != nil {
+		t.Fatalf("dbtest: goose up to %d: %v", version, err)
+	}
+}
+
+// gooseUp applies the files up to version, or every file for 0.
+func gooseUp(t testing.TB, db *gorm.DB, version int64) (int, error) {
+	t.Helper()
 	dialect := goose.DialectSQLite3
 	if db.Name() == "postgres" {
 		dialect = goose.DialectPostgres
@@ -52,7 +68,12 @@ func GooseUp(t testing.TB, db *gorm.DB) (int, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	results, err := provider.Up(ctx)
+	var results []*goose.MigrationResult
+	if version > 0 {
+		results, err = provider.UpTo(ctx, version)
+	} else {
+		results, err = provider.Up(ctx)
+	}
 	return len(results), err
 }
 
