@@ -55,15 +55,7 @@ func (g *GormCheckpointStore) pause(ctx context.Context, key string, names []str
 	if err != nil {
 		return nil, fmt.Errorf("subscriptions: %s: wait for the batches in flight: %w", what, err)
 	}
-	byName := make(map[string]int64, len(rows))
-	for _, r := range rows {
-		byName[r.Subscriber] = r.Position
-	}
-	out := make([]int64, len(names))
-	for i, name := range names {
-		out[i] = byName[name]
-	}
-	return out, nil
+	return checkpointsOf(rows, names), nil
 }
 
 func (g *GormCheckpointStore) resume(ctx context.Context, key string) error {

@@ -31,6 +31,12 @@ func (g *GormCheckpointStore) positions(ctx context.Context, names []string) ([]
 	if err := db.WithContext(ctx).Raw("SELECT subscriber, position FROM subscriber_checkpoints WHERE subscriber IN ?", names).Scan(&rows).Error; err != nil {
 		return nil, fmt.Errorf("subscriptions: read %d checkpoints (%q ...): %w", len(names), names[0], err)
 	}
+	return checkpointsOf(rows, names), nil
+}
+
+// checkpointsOf returns the positions of names in rows, 0 for a name
+// without a row.
+func checkpointsOf(rows []GormCheckpointModel, names []string) []int64 {
 	byName := make(map[string]int64, len(rows))
 	for _, r := range rows {
 		byName[r.Subscriber] = r.Position
@@ -39,7 +45,7 @@ func (g *GormCheckpointStore) positions(ctx context.Context, names []string) ([]
 	for i, name := range names {
 		out[i] = byName[name]
 	}
-	return out, nil
+	return out
 }
 
 // resetAll upserts every row, then runs apply, in one transaction. On

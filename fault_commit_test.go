@@ -54,6 +54,22 @@ func faultCommitCases() []faultCommitCase {
 	projectOnly := func(ctx context.Context, table string, ev domain.EventEnvelope[any]) error {
 		return project(ctx, table, ev)
 	}
+	// rollbackGuard is the SQLite cases' setup: a table whose trigger
+	// rolls back the whole transaction on the row v = 'bad', and a table
+	// the culprit's handler writes to after it; noWriteAfterRollback
+	// checks that none of those writes committed in autocommit.
+	rollbackGuard := func(t *testing.T, e *env, table string) {
+		createProjection(t, e.DB, table)
+		require.NoError(t, e.DB.Exec("CREATE TABLE "+table+"_guard (id integer PRIMARY KEY, v text)").Error)
+		require.NoError(t, e.DB.Exec("CREATE TABLE "+table+"_after (id text)").Error)
+		require.NoError(t, e.DB.Exec("CREATE TRIGGER "+table+"_refuse BEFORE INSERT ON "+table+
+			"_guard WHEN NEW.v = 'bad' BEGIN SELECT RAISE(ROLLBACK, 'the guard refused the row'); END").Error)
+	}
+	noWriteAfterRollback := func(t *testing.T, e *env, table string) {
+		var n int64
+		require.NoError(t, e.DB.Raw("SELECT count(*) FROM "+table+"_after").Scan(&n).Error)
+		require.Zero(t, n, "a write after the rollback ran in autocommit")
+	}
 	endTx := func(op string) faultCommitCase {
 		return faultCommitCase{
 			name:  "handler calls " + op + " on the batch transaction",
@@ -128,28 +144,18 @@ func faultCommitCases() []faultCommitCase {
 			name:       "handler swallows a statement that rolled back the whole SQLite transaction",
 			sqliteOnly: true,
 			swallowed:  true,
-			setup: func(t *testing.T, e *env, table string) {
-				createProjection(t, e.DB, table)
-				require.NoError(t, e.DB.Exec("CREATE TABLE "+table+"_guard (id text)").Error)
-				require.NoError(t, e.DB.Exec("CREATE TABLE "+table+"_after (id text)").Error)
-				require.NoError(t, e.DB.Exec("CREATE TRIGGER "+table+"_refuse BEFORE INSERT ON "+table+
-					"_guard WHEN NEW.id = 'bad' BEGIN SELECT RAISE(ROLLBACK, 'the guard refused the row'); END").Error)
-			},
+			setup: rollbackGuard,
 			handle: func(ctx context.Context, table string, ev domain.EventEnvelope[any], bad bool) error {
 				if err := projectOnly(ctx, table, ev); err != nil || !bad {
 					return err
 				}
 				tx := subscriptions.TxFromContext(ctx)
-				_ = tx.Exec("INSERT INTO " + table + "_guard (id) VALUES ('bad')").Error
+				_ = tx.Exec("INSERT INTO " + table + "_guard (v) VALUES ('bad')").Error
 				_ = tx.Exec("INSERT INTO "+table+"_after (id) VALUES (?)", ev.ID).Error
 				return nil
 			},
 			parkedError: "rolled back the whole SQLite transaction",
-			after: func(t *testing.T, e *env, table string) {
-				var n int64
-				require.NoError(t, e.DB.Raw("SELECT count(*) FROM "+table+"_after").Scan(&n).Error)
-				require.Zero(t, n, "a write after the rollback ran in autocommit")
-			},
+			after:       noWriteAfterRollback,
 		},
 		{
 			// The same, the failing statement run as a query
@@ -159,13 +165,7 @@ func faultCommitCases() []faultCommitCase {
 			name:       "handler swallows a query that rolled back the whole SQLite transaction",
 			sqliteOnly: true,
 			swallowed:  true,
-			setup: func(t *testing.T, e *env, table string) {
-				createProjection(t, e.DB, table)
-				require.NoError(t, e.DB.Exec("CREATE TABLE "+table+"_guard (id integer PRIMARY KEY, v text)").Error)
-				require.NoError(t, e.DB.Exec("CREATE TABLE "+table+"_after (id text)").Error)
-				require.NoError(t, e.DB.Exec("CREATE TRIGGER "+table+"_refuse BEFORE INSERT ON "+table+
-					"_guard WHEN NEW.v = 'bad' BEGIN SELECT RAISE(ROLLBACK, 'the guard refused the row'); END").Error)
-			},
+			setup: rollbackGuard,
 			handle: func(ctx context.Context, table string, ev domain.EventEnvelope[any], bad bool) error {
 				if err := projectOnly(ctx, table, ev); err != nil || !bad {
 					return err
@@ -179,11 +179,7 @@ func faultCommitCases() []faultCommitCase {
 				return nil
 			},
 			parkedError: "rolled back the whole SQLite transaction",
-			after: func(t *testing.T, e *env, table string) {
-				var n int64
-				require.NoError(t, e.DB.Raw("SELECT count(*) FROM "+table+"_after").Scan(&n).Error)
-				require.Zero(t, n, "a write after the rollback ran in autocommit")
-			},
+			after:       noWriteAfterRollback,
 		},
 		{
 			name:         "handler swallows a failed statement",
