@@ -144,7 +144,7 @@ func faultCommitCases() []faultCommitCase {
 			name:       "handler swallows a statement that rolled back the whole SQLite transaction",
 			sqliteOnly: true,
 			swallowed:  true,
-			setup: rollbackGuard,
+			setup:      rollbackGuard,
 			handle: func(ctx context.Context, table string, ev domain.EventEnvelope[any], bad bool) error {
 				if err := projectOnly(ctx, table, ev); err != nil || !bad {
 					return err
@@ -165,7 +165,7 @@ func faultCommitCases() []faultCommitCase {
 			name:       "handler swallows a query that rolled back the whole SQLite transaction",
 			sqliteOnly: true,
 			swallowed:  true,
-			setup: rollbackGuard,
+			setup:      rollbackGuard,
 			handle: func(ctx context.Context, table string, ev domain.EventEnvelope[any], bad bool) error {
 				if err := projectOnly(ctx, table, ev); err != nil || !bad {
 					return err
