@@ -34,27 +34,57 @@ type acquirer interface {
 	acquireAfter(ctx context.Context, subscriber string, after int64, limit int, expectWork bool) (Batch, []domain.EventEnvelope[any], error)
 }
 
-// acquirerSource is implemented by checkpoint stores that can do better
-// than readThenAcquire for some event stores (GormCheckpointStore on
-// Postgres: one round trip, see acquire_pipeline_postgres.go). acquirerFor
-// returns nil when it cannot for events; fallback is the ordinary
-// acquirer, for the cases the faster one leaves to it.
-type acquirerSource interface {
-	acquirerFor(events domain.EventStore, fallback acquirer) acquirer
+// FeedAcquirer is the optional capability of a CheckpointStore that
+// acquires a subscriber's checkpoint and reads the feed past it in one
+// step, on the batch's own connection, for an event store it shares
+// (FeedSharer): GormCheckpointStore on Postgres sends BEGIN, the row lock
+// and the feed read as one pipelined round trip, which is most of the
+// latency between a wake-up and the handler. The run loop uses it on a
+// wake-up and while catching up (a timed poll, which usually finds
+// nothing, reads first without a transaction); without it, or when
+// AcquireAfter declines, it reads the feed and then acquires.
+type FeedAcquirer interface {
+	FeedSharer
+	// AcquireAfter acquires subscriber's checkpoint and reads up to limit
+	// events of the shared feed after after, in the batch's transaction.
+	// ok false: not done here (nothing is held; the caller takes the
+	// ordinary path, which also tells a row another replica holds from a
+	// missing one). Otherwise the caller owns batch (which may be at
+	// another position than after: it checks, as on the ordinary path)
+	// and ends it. The batch is acquired on a context without ctx's
+	// cancellation, so that shutdown drains it.
+	AcquireAfter(ctx context.Context, subscriber string, after int64, limit int) (batch Batch, events []domain.EventEnvelope[any], ok bool, err error)
 }
 
 // newAcquirer returns the acquirer for events and checkpoints: the
-// checkpoint store's own when it offers one for this event store (looked
-// up under this package's decorators, whose reads are the store's), else
-// readThenAcquire.
+// checkpoint store's one-step acquire when it shares this event store
+// (looked up under this package's decorators, whose reads are the
+// store's), else readThenAcquire.
 func newAcquirer(events domain.EventStore, checkpoints CheckpointStore) acquirer {
 	ordinary := readThenAcquire{events: events, checkpoints: checkpoints}
-	if src, ok := checkpoints.(acquirerSource); ok {
-		if a := src.acquirerFor(undecorated(events), ordinary); a != nil {
-			return a
-		}
+	if fa, ok := checkpoints.(FeedAcquirer); ok && fa.SharesFeed(undecorated(events)) {
+		return feedAcquirer{store: fa, fallback: ordinary}
 	}
 	return ordinary
+}
+
+// feedAcquirer is the acquirer of a FeedAcquirer: its AcquireAfter on a
+// wake-up or while catching up, fallback otherwise and whenever it
+// declines. Safe for concurrent use.
+type feedAcquirer struct {
+	store    FeedAcquirer
+	fallback acquirer
+}
+
+func (a feedAcquirer) acquireAfter(ctx context.Context, subscriber string, after int64, limit int, expectWork bool) (Batch, []domain.EventEnvelope[any], error) {
+	if !expectWork {
+		return a.fallback.acquireAfter(ctx, subscriber, after, limit, expectWork)
+	}
+	batch, events, ok, err := a.store.AcquireAfter(context.WithoutCancel(ctx), subscriber, after, limit)
+	if err == nil && !ok {
+		return a.fallback.acquireAfter(ctx, subscriber, after, limit, expectWork)
+	}
+	return batch, events, err
 }
 
 // readThenAcquire is the ordinary acquirer: EventStore.ReadAfter, then

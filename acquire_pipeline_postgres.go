@@ -19,49 +19,34 @@ import (
 // errNoPipeline is acquireAndRead's "take the ordinary path" answer.
 var errNoPipeline = errors.New("pipelined acquire not available")
 
-// pipelinedAcquirer is the acquirer of a GormCheckpointStore on Postgres
-// whose event store shares its pool: it begins the batch, locks the
-// checkpoint and reads the feed in one network round trip
-// (acquireAndRead). It is an optimisation of the wake-up and catch-up
-// path only: timed polls, and any errNoPipeline, take fallback (the
-// ordinary path), which is always correct. Safe for concurrent use.
-type pipelinedAcquirer struct {
-	store    *GormCheckpointStore
-	fallback acquirer
-}
+var _ FeedAcquirer = (*GormCheckpointStore)(nil)
 
-var _ acquirerSource = (*GormCheckpointStore)(nil)
-
-// acquirerFor offers the pipelined acquirer when events is read through
-// this store's own pool (see pipelines); nil otherwise.
-func (g *GormCheckpointStore) acquirerFor(events domain.EventStore, fallback acquirer) acquirer {
+// SharesFeed reports whether events is a GormEventStore on this store's
+// own pool: its batches then read that feed in their transaction
+// (BatchFeedReader), and on Postgres with pgx AcquireAfter reads it in
+// the acquisition's round trip.
+func (g *GormCheckpointStore) SharesFeed(events domain.EventStore) bool {
 	db, ok := eventrow.StoreDB(events)
-	if !ok || !g.pipelines(db) {
-		return nil
-	}
-	return &pipelinedAcquirer{store: g, fallback: fallback}
-}
-
-func (p *pipelinedAcquirer) acquireAfter(ctx context.Context, subscriber string, after int64, limit int, expectWork bool) (Batch, []domain.EventEnvelope[any], error) {
-	if !expectWork {
-		return p.fallback.acquireAfter(ctx, subscriber, after, limit, expectWork)
-	}
-	batch, events, err := p.store.acquireAndRead(context.WithoutCancel(ctx), subscriber, after, limit)
-	if errors.Is(err, errNoPipeline) {
-		return p.fallback.acquireAfter(ctx, subscriber, after, limit, expectWork)
-	}
-	return batch, events, err
-}
-
-// pipelines reports whether the events' database (events, nil for a store
-// that is not a GormEventStore) is the store's own pool, so that the feed
-// can be read inside the batch's own connection.
-func (g *GormCheckpointStore) pipelines(events *gorm.DB) bool {
-	if events == nil || !g.dialect.Pipelines {
+	if !ok {
 		return false
 	}
-	pool, err := events.DB()
+	pool, err := db.DB()
 	return err == nil && pool == g.pool
+}
+
+// AcquireAfter begins the batch, locks the checkpoint and reads the shared
+// feed in one round trip on Postgres with pgx (acquireAndRead); elsewhere,
+// and when the row is not locked here (held, paused or missing), it
+// declines (ok false) and the ordinary path decides.
+func (g *GormCheckpointStore) AcquireAfter(ctx context.Context, subscriber string, after int64, limit int) (Batch, []domain.EventEnvelope[any], bool, error) {
+	if !g.dialect.Pipelines {
+		return nil, nil, false, nil
+	}
+	batch, events, err := g.acquireAndRead(ctx, subscriber, after, limit)
+	if errors.Is(err, errNoPipeline) {
+		return nil, nil, false, nil
+	}
+	return batch, events, err == nil, err
 }
 
 // pipelinedFeedQuery is the ordinary feed read (GormEventStore.ReadAfter)

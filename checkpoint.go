@@ -2,11 +2,8 @@ package subscriptions
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
-
-	"gorm.io/gorm"
 
 	"github.com/eventfeed/subscriptions/internal/ident"
 )
@@ -98,64 +95,6 @@ func validateName(name string) error {
 func validatePosition(subscriber string, position int64) error {
 	if position < 0 {
 		return fmt.Errorf("subscriptions: subscriber %q: position %d is negative", subscriber, position)
-	}
-	return nil
-}
-
-type txContextKey struct{}
-
-// batchTx is what a database-backed batch attaches to handler contexts:
-// the transaction, and the pool it was begun on so that a ParkingLot can
-// tell whether the transaction belongs to its own database.
-type batchTx struct {
-	tx   *gorm.DB
-	pool *sql.DB
-}
-
-// TxFromContext returns the batch transaction attached to a handler's
-// context by a GormCheckpointStore batch, or nil when the handler is not
-// running inside a database-backed batch. Handlers that write projections
-// to the same database should write through this transaction: those writes
-// then commit atomically with the checkpoint advance (exactly-once),
-// instead of relying on at-least-once redelivery.
-//
-// The transaction is owned by the batch, which commits it together with
-// the checkpoint. A handler must not:
-//   - end it: Commit and Rollback return an error wrapping sql.ErrTxDone,
-//     end nothing, and fail the attempt even if the handler ignores the
-//     error (its writes are discarded and the event takes the failure
-//     path, see the package documentation). To discard its writes, a
-//     handler returns an error. Transaction(fn) on it is fine: it nests
-//     through a savepoint;
-//   - leave it failed: on Postgres a statement that fails aborts the whole
-//     transaction, so return the error rather than carry on;
-//   - keep it open long (idle_in_transaction_session_timeout ends the
-//     session) or use it from another goroutine or after returning.
-//
-// Each call returns a new session on the same transaction. Handlers
-// written against database/sql or sqlc get the same transaction from
-// SQLTxFromContext.
-func TxFromContext(ctx context.Context) *gorm.DB {
-	if ctx == nil {
-		return nil
-	}
-	if v, ok := ctx.Value(txContextKey{}).(*batchTx); ok {
-		// A session of its own per call: an error gorm records on the
-		// returned handle (a refused Commit) stays with this caller.
-		return v.tx.Session(&gorm.Session{NewDB: true})
-	}
-	return nil
-}
-
-func withTx(ctx context.Context, tx *gorm.DB, pool *sql.DB) context.Context {
-	return context.WithValue(ctx, txContextKey{}, &batchTx{tx: tx, pool: pool})
-}
-
-// txForPool returns the context's batch transaction only when it was begun
-// on pool.
-func txForPool(ctx context.Context, pool *sql.DB) *gorm.DB {
-	if v, ok := ctx.Value(txContextKey{}).(*batchTx); ok && v.pool == pool && pool != nil {
-		return v.tx
 	}
 	return nil
 }

@@ -86,11 +86,7 @@ type attemptCounter interface {
 	clearAttempt(ctx context.Context, batch Batch, subscriber string) error
 }
 
-var (
-	_ attemptCounter = (*GormCheckpointStore)(nil)
-	_ attemptCounter = (*MemoryCheckpointStore)(nil)
-	_ attemptCounter = (*localAttempts)(nil)
-)
+var _ attemptCounter = (*localAttempts)(nil)
 
 // errAttemptMoved is beginAttempt's or putAttempt's error when the
 // checkpoint moved (a Reset) while the record was written: the batch is
@@ -194,37 +190,5 @@ func (l *localAttempts) hasAttempt(_ context.Context, _ Batch, subscriber string
 
 func (l *localAttempts) clearAttempt(_ context.Context, _ Batch, subscriber string) error {
 	l.t.clear(subscriber)
-	return nil
-}
-
-// MemoryCheckpointStore: the records live in the store, so replicas that
-// share it share the count. clearAttempt takes effect when the batch
-// commits.
-
-func (m *MemoryCheckpointStore) beginAttempt(_ context.Context, _ Batch, subscriber string, rec attemptRecord) (attemptRecord, bool, error) {
-	prev, found := m.attempts.begin(subscriber, rec)
-	return prev, found, nil
-}
-
-func (m *MemoryCheckpointStore) putAttempt(_ context.Context, _ Batch, subscriber string, rec attemptRecord) error {
-	m.attempts.set(subscriber, rec)
-	return nil
-}
-
-func (m *MemoryCheckpointStore) failAttempt(_ context.Context, batch Batch, subscriber string, rec attemptRecord) error {
-	m.attempts.fail(subscriber, rec)
-	return rollbackIf(batch)
-}
-
-func (m *MemoryCheckpointStore) hasAttempt(_ context.Context, _ Batch, subscriber string, position int64) (bool, error) {
-	return m.attempts.has(subscriber, position), nil
-}
-
-func (m *MemoryCheckpointStore) clearAttempt(_ context.Context, batch Batch, subscriber string) error {
-	b, ok := batch.(*memoryBatch)
-	if !ok {
-		return fmt.Errorf("subscriptions: clear the attempt count of %q: not a batch of this store", subscriber)
-	}
-	b.clearAttempt = true
 	return nil
 }

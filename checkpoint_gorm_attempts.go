@@ -39,6 +39,8 @@ import (
 // is never looked at, since its batch holds the row.
 const attemptClaimLease = 10 * time.Second
 
+var _ attemptCounter = (*GormCheckpointStore)(nil)
+
 // attemptUpsert writes a whole record, with the claim where the dialect
 // has claims; its arguments are attemptValues'.
 func (g *GormCheckpointStore) attemptUpsert() string {

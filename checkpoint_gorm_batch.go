@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/internal/eventrow"
 )
 
 // gormBatch is one transaction of a GormCheckpointStore.
@@ -127,13 +130,15 @@ func (b *gormBatch) abortedByReset() bool {
 	return b.aborted
 }
 
-// resetAborted reports whether batch is a GormCheckpointStore batch that a
-// Reset aborted: a handler error or failed statement in it is the reset's
+var (
+	_ ResetAborter = (*gormBatch)(nil)
+	_ TxEndChecker = (*gormBatch)(nil)
+)
+
+// AbortedByReset reports whether a Reset ended the batch (SQLite; see
+// ResetAborter): a handler error or failed statement in it is the reset's
 // doing, not the event's, and must not count as a failed attempt.
-func resetAborted(batch Batch) bool {
-	b, ok := batch.(*gormBatch)
-	return ok && b.abortedByReset()
-}
+func (b *gormBatch) AbortedByReset() bool { return b.abortedByReset() }
 
 // release ends the batch's registration (SQLite) and wakes a waiting Reset.
 func (b *gormBatch) release() {
@@ -260,10 +265,8 @@ func (b *gormBatch) txEnded(ctx context.Context) error {
 	return nil
 }
 
-var _ handlerTxChecker = (*gormBatch)(nil)
-
-// handlerEndedTx implements handlerTxChecker (see handlerConn.watchTx).
-func (b *gormBatch) handlerEndedTx(ctx context.Context) error {
+// HandlerEndedTx implements TxEndChecker (see handlerConn.watchTx).
+func (b *gormBatch) HandlerEndedTx(ctx context.Context) error {
 	return b.guard.afterHandler(ctx)
 }
 
@@ -292,4 +295,21 @@ func (b *gormBatch) RollbackToSavepoint(ctx context.Context, name string) error 
 	// with the attempt it belonged to.
 	b.guard.forget()
 	return nil
+}
+
+var _ BatchFeedReader = (*gormBatch)(nil)
+
+// ReadPositions reads the events at positions in the batch's transaction,
+// for a feed the store shares (SharesFeed): a partition's events after
+// its lock, on the batch's connection.
+func (b *gormBatch) ReadPositions(ctx context.Context, positions []int64) ([]domain.EventEnvelope[any], error) {
+	if len(positions) == 0 {
+		return []domain.EventEnvelope[any]{}, nil
+	}
+	where, args := b.store.dialect.PositionIn(positions)
+	events, err := eventrow.Read(ctx, b.tx, "WHERE "+where+" ORDER BY position", args...)
+	if err != nil {
+		return nil, fmt.Errorf("subscriptions: read %d events of the feed in the batch of %q: %w", len(positions), b.subscriber, err)
+	}
+	return events, nil
 }

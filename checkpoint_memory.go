@@ -3,6 +3,7 @@ package subscriptions
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -36,7 +37,10 @@ func NewMemoryCheckpointStore() *MemoryCheckpointStore {
 	return &MemoryCheckpointStore{entries: make(map[string]*memoryCheckpoint), fences: make(nameFences)}
 }
 
-var _ CheckpointStore = (*MemoryCheckpointStore)(nil)
+var (
+	_ CheckpointStore    = (*MemoryCheckpointStore)(nil)
+	_ CheckpointResetter = (*MemoryCheckpointStore)(nil)
+)
 
 func (m *MemoryCheckpointStore) entry(subscriber string) *memoryCheckpoint {
 	e, ok := m.entries[subscriber]
@@ -246,3 +250,146 @@ func (b *memoryBatch) Rollback() error {
 
 func (b *memoryBatch) Savepoint(context.Context, string) error           { return nil }
 func (b *memoryBatch) RollbackToSavepoint(context.Context, string) error { return nil }
+
+// MemoryCheckpointStore: the records live in the store, so replicas that
+// share it share the count. clearAttempt takes effect when the batch
+// commits.
+
+var _ attemptCounter = (*MemoryCheckpointStore)(nil)
+
+func (m *MemoryCheckpointStore) beginAttempt(_ context.Context, _ Batch, subscriber string, rec attemptRecord) (attemptRecord, bool, error) {
+	prev, found := m.attempts.begin(subscriber, rec)
+	return prev, found, nil
+}
+
+func (m *MemoryCheckpointStore) putAttempt(_ context.Context, _ Batch, subscriber string, rec attemptRecord) error {
+	m.attempts.set(subscriber, rec)
+	return nil
+}
+
+func (m *MemoryCheckpointStore) failAttempt(_ context.Context, batch Batch, subscriber string, rec attemptRecord) error {
+	m.attempts.fail(subscriber, rec)
+	return rollbackIf(batch)
+}
+
+func (m *MemoryCheckpointStore) hasAttempt(_ context.Context, _ Batch, subscriber string, position int64) (bool, error) {
+	return m.attempts.has(subscriber, position), nil
+}
+
+func (m *MemoryCheckpointStore) clearAttempt(_ context.Context, batch Batch, subscriber string) error {
+	b, ok := batch.(*memoryBatch)
+	if !ok {
+		return fmt.Errorf("subscriptions: clear the attempt count of %q: not a batch of this store", subscriber)
+	}
+	b.clearAttempt = true
+	return nil
+}
+
+var _ partitionStore = (*MemoryCheckpointStore)(nil)
+
+func (m *MemoryCheckpointStore) positions(_ context.Context, names []string) ([]int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]int64, len(names))
+	for i, name := range names {
+		if e, ok := m.entries[name]; ok {
+			out[i] = e.position
+		}
+	}
+	return out, nil
+}
+
+// resetAll with a nil apply refuses, changing nothing, while any of the
+// names has a batch in flight (ErrBatchInFlight), as Reset does. With an
+// apply it waits instead, as ResetWith does: every name is fenced (nested,
+// in name order), apply runs, then every checkpoint moves.
+func (m *MemoryCheckpointStore) resetAll(ctx context.Context, names []string, position int64, guard, apply func(ctx context.Context) error) error {
+	if len(names) == 0 {
+		return nil
+	}
+	if err := validatePosition(names[0], position); err != nil {
+		return err
+	}
+	what := fmt.Sprintf("reset %d checkpoints (%q ...) to %d", len(names), names[0], position)
+	if apply != nil {
+		return m.fencedAll(ctx, names, what, guarded(guard, apply), func(e *memoryCheckpoint) { e.position = position })
+	}
+	if err := guard(ctx); err != nil {
+		return fmt.Errorf("subscriptions: %s: %w", what, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, name := range names {
+		if e := m.entries[name]; (e != nil && e.active != nil) || m.fences[name] != nil {
+			return fmt.Errorf("subscriptions: reset checkpoint of %q to %d: %w", name, position, ErrBatchInFlight)
+		}
+	}
+	for _, name := range names {
+		m.entry(name).position = position
+		m.attempts.clear(name)
+	}
+	return nil
+}
+
+// deleteAll forgets every checkpoint after apply, holding off batches as
+// resetAll with an apply does.
+func (m *MemoryCheckpointStore) deleteAll(ctx context.Context, names []string, guard, apply func(ctx context.Context) error) error {
+	if len(names) == 0 {
+		return nil
+	}
+	what := fmt.Sprintf("delete %d checkpoints (%q ...)", len(names), names[0])
+	return m.fencedAll(ctx, names, what, guarded(guard, apply), func(e *memoryCheckpoint) {
+		for name, entry := range m.entries {
+			if entry == e {
+				delete(m.entries, name)
+				delete(m.paused, pauseKey(name))
+			}
+		}
+	})
+}
+
+// fencedAll nests fenced over the names in order, so that apply runs once
+// every name's batches are held off, and each change is made after it.
+func (m *MemoryCheckpointStore) fencedAll(ctx context.Context, names []string, what string, apply func(ctx context.Context) error, change func(e *memoryCheckpoint)) error {
+	sorted := slices.Clone(names)
+	slices.Sort(sorted)
+	var nest func(i int, ctx context.Context) error
+	nest = func(i int, ctx context.Context) error {
+		if i == len(sorted) {
+			if apply == nil {
+				return nil
+			}
+			return apply(ctx)
+		}
+		return m.fenced(ctx, sorted[i], what, func(ctx context.Context) error { return nest(i+1, ctx) }, change)
+	}
+	return nest(0, ctx)
+}
+
+// resetGuarded is Reset with guard run first: in memory nothing is
+// transactional, and Reset refuses while a batch is in flight anyway.
+func (m *MemoryCheckpointStore) resetGuarded(ctx context.Context, name string, position int64, guard func(ctx context.Context) error) error {
+	if err := guard(ctx); err != nil {
+		return fmt.Errorf("subscriptions: reset checkpoint of %q to %d: %w", name, position, err)
+	}
+	return m.Reset(ctx, name, position)
+}
+
+func (m *MemoryCheckpointStore) initPartitions(_ context.Context, marker, plain string, parts []string, n int64) (int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e := m.entries[marker]; e != nil && e.position != 0 {
+		return e.position, nil
+	}
+	var seed int64
+	if e := m.entries[plain]; e != nil {
+		seed = e.position
+	}
+	for _, part := range parts {
+		if _, ok := m.entries[part]; !ok {
+			m.entry(part).position = seed
+		}
+	}
+	m.entry(marker).position = n
+	return 0, nil
+}

@@ -56,11 +56,6 @@ type CheckpointResetter interface {
 	Delete(ctx context.Context, subscriber string, apply func(ctx context.Context) error) error
 }
 
-var (
-	_ CheckpointResetter = (*GormCheckpointStore)(nil)
-	_ CheckpointResetter = (*MemoryCheckpointStore)(nil)
-)
-
 // stepError is an error of an apply function this package passes to a
 // CheckpointResetter itself (DeleteState's purge of parked events): it
 // names its step, so the store does not call it the application's

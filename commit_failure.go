@@ -2,21 +2,16 @@ package subscriptions
 
 import (
 	"context"
-	"database/sql"
 	"errors"
-
-	"github.com/eventfeed/subscriptions/internal/sqlerr"
 )
 
-// errTxRolledBack is a COMMIT that the database turned into a rollback
-// because the transaction had failed (a statement in it failed).
-var errTxRolledBack = errors.New("the transaction had failed and was rolled back")
-
-// errTxEndedByStatement is a SQLite batch transaction that a handler's
-// statement rolled back as a whole (a trigger's RAISE(ROLLBACK), INSERT OR
-// ROLLBACK, some SQLITE_FULL or SQLITE_IOERR cases) although the batch
-// never ended it. See handlerConn.watchTx.
-var errTxEndedByStatement = errors.New("a statement rolled back the whole SQLite transaction")
+// ErrBatchTxEnded marks a batch whose transaction a handler's statement
+// ended behind the batch's back (on SQLite a statement that rolls back the
+// whole transaction: a trigger's RAISE(ROLLBACK), INSERT OR ROLLBACK, some
+// disk-full or I/O errors). The handler's event is then the culprit, even
+// if the handler swallowed the statement's error, and nothing of the batch
+// runs any more (see the package documentation, Failures).
+var ErrBatchTxEnded = errors.New("a statement ended the batch transaction")
 
 // commitStage is where in a batch's commit a failure came from, which is
 // what decides whether an event is to blame (see eventCaused).
@@ -30,7 +25,8 @@ const (
 	// Commit or Rollback they attempted, a statement that ended it).
 	stageHandlers
 	// stageLibrary: this package's own statements in the batch (the
-	// removal of delivered parked entries, the checkpoint UPDATE).
+	// removal of delivered parked entries, the checkpoint UPDATE, the
+	// attempt record's removal).
 	stageLibrary
 )
 
@@ -51,29 +47,40 @@ func staged(stage commitStage, err error) error {
 	return &stagedError{stage: stage, err: err}
 }
 
+// FailureClassifier is the optional capability of a CheckpointStore that
+// tells which failures of its batches were caused by what the handlers
+// did: GormCheckpointStore knows its databases' error codes. The run loop
+// sends such a failure down the handler-failure path (the batch's events
+// run one per transaction to find the culprit, which is retried and
+// parked; see the package documentation, Failures); any other failure (a
+// lost connection, a server restart, a serialization failure) is retried
+// as it is, batch and all, and blames no event. Without it, only what the
+// loop itself sees is blamed on the events: a handler that tried to end
+// the batch transaction, or one a statement ended (ErrBatchTxEnded).
+type FailureClassifier interface {
+	// CommitFailedByEvents reports whether err, the failure of a batch's
+	// COMMIT, was the events' doing: a constraint checked at commit, bad
+	// data, an error raised by a trigger, a transaction the database
+	// rolled back because a statement in it had failed.
+	CommitFailedByEvents(err error) bool
+	// TxLeftFailed reports whether err, the failure of a statement in the
+	// batch (this package's own, or a handler's), says only that the
+	// transaction was already unusable when it ran, through an earlier
+	// statement: on Postgres "current transaction is aborted" or an idle
+	// timeout. A handler's such error blames an earlier handler that
+	// swallowed its failure; a library statement's blames the handlers.
+	TxLeftFailed(err error) bool
+}
+
 // eventCaused reports whether a failure to commit a batch was caused by
-// what its handlers did, so that it takes the handler-failure path (the
-// events run one per transaction to find the culprit, which is retried
-// and parked; see doc.go). Where the error came from decides first:
-//
-//   - stageHandlers: always the events' doing;
-//   - stageLibrary (this package's statements): only when the handlers
-//     had left the transaction failed (Postgres "current transaction is
-//     aborted", 25P02), idle past idle_in_transaction_session_timeout
-//     (25P03) or rolled back (a COMMIT turned into a rollback). A missing
-//     table, a permission, a read-only server or bad data in the
-//     library's own statement blames no event;
-//   - stageCommit (the COMMIT): a constraint checked at commit (a deferred
-//     foreign key; SQLite's SQLITE_CONSTRAINT by result code), bad data, an
-//     error raised by a trigger, an invalid transaction state, or a
-//     transaction the database rolled back because it had failed.
-//
-// Anything else — a lost connection, a server shutting down, a
-// serialization failure, an error nobody recognises — says nothing about
-// the events: the batch is retried whole after the poll interval, as often
-// as it takes, and no event is blamed or parked for it (an outage must
-// never park good events).
-func eventCaused(err error) bool {
+// what its handlers did (see FailureClassifier). Where the error came from
+// decides first: the handlers' stage always is; this package's own
+// statements are only when the handlers left the transaction failed; the
+// COMMIT is when the store says so. Anything else says nothing about the
+// events: the batch is retried whole after the poll interval, as often as
+// it takes, and no event is blamed or parked for it (an outage must never
+// park good events).
+func (s *Subscriber) eventCaused(err error) bool {
 	if err == nil {
 		return false
 	}
@@ -82,76 +89,50 @@ func eventCaused(err error) bool {
 	if errors.As(err, &st) {
 		stage = st.stage
 	}
-	switch stage {
-	case stageHandlers:
+	switch {
+	case stage == stageHandlers || errors.Is(err, ErrBatchTxEnded):
 		return true
-	case stageLibrary:
-		return txLeftFailed(err)
-	}
-	if errors.Is(err, sql.ErrTxDone) || errors.Is(err, errTxRolledBack) || errors.Is(err, errTxEndedByStatement) || sqlerr.CommitRolledBack(err) {
-		return true
-	}
-	if code := sqlerr.SQLState(err); code != "" {
-		return eventCausedSQLState(code)
-	}
-	return sqlerr.SQLiteConstraintViolation(err)
-}
-
-// txLeftFailed reports whether err says that the transaction was already
-// unusable when the statement that returned it ran: it failed through an
-// earlier statement, not through its own.
-func txLeftFailed(err error) bool {
-	if errors.Is(err, errTxRolledBack) || errors.Is(err, errTxEndedByStatement) || sqlerr.CommitRolledBack(err) {
-		return true
-	}
-	switch sqlerr.SQLState(err) {
-	case "25P02", // in_failed_sql_transaction: current transaction is aborted
-		"25P03": // idle_in_transaction_session_timeout
-		return true
-	}
-	return false
-}
-
-// eventCausedSQLState classifies the Postgres error code of a failed
-// COMMIT: data exceptions (22), integrity violations (23), invalid
-// transaction states (25), triggered data change violations (27), syntax
-// or access errors such as an undefined table in a deferred trigger (42),
-// and errors raised in PL/pgSQL (P0). Connection exceptions (08),
-// transaction rollbacks such as deadlocks (40), insufficient resources
-// (53), operator intervention (57) and system errors (58, XX) are not the
-// events' doing.
-func eventCausedSQLState(code string) bool {
-	if len(code) < 2 {
+	case s.classifier == nil:
 		return false
+	case stage == stageLibrary:
+		return s.classifier.TxLeftFailed(err)
 	}
-	switch code[:2] {
-	case "22", "23", "25", "27", "42", "P0":
-		return true
-	}
-	return false
+	return s.classifier.CommitFailedByEvents(err)
 }
 
-// handlerTxChecker is implemented by batches whose transaction a
-// handler's statement can end behind the batch's back (SQLite, see
-// handlerConn.watchTx).
-type handlerTxChecker interface {
-	// handlerEndedTx returns a non-nil error wrapping
-	// errTxEndedByStatement once a statement of the handler that just
-	// returned (or of one before it) ended the batch transaction.
-	handlerEndedTx(ctx context.Context) error
+// failedEarlier reports whether a handler's error says only that the
+// batch transaction had already failed through an earlier statement: the
+// culprit may be an earlier event's handler that swallowed its error, so
+// the batch's events are run one per transaction to find it instead of
+// blaming this one.
+func (s *Subscriber) failedEarlier(err error) bool {
+	return s.classifier != nil && s.classifier.TxLeftFailed(err)
+}
+
+// TxEndChecker is the optional capability of a Batch whose transaction a
+// handler's statement can end behind the batch's back (SQLite: see
+// ErrBatchTxEnded). After every handler call the run loop asks it, so that
+// a statement that ended the transaction fails the handler's event even if
+// the handler swallowed its error, and nothing later runs outside the
+// transaction. Without it, no statement is assumed to end a transaction.
+type TxEndChecker interface {
+	// HandlerEndedTx returns an error wrapping ErrBatchTxEnded once a
+	// statement of the handler that just returned (or of one before it)
+	// ended the batch transaction, nil while it stands.
+	HandlerEndedTx(ctx context.Context) error
 }
 
 // handlerResult returns the outcome of the handler that just ran in batch:
 // err, or when it returned nil but one of its statements ended the batch
-// transaction (SQLite), the error that records it. The event is then the
-// culprit, like one whose handler failed: the transaction is already
+// transaction, the error that records it (TxEndChecker). The event is then
+// the culprit, like one whose handler failed: the transaction is already
 // gone, and no statement runs on it any more.
 func handlerResult(ctx context.Context, batch Batch, err error) error {
-	c, ok := batch.(handlerTxChecker)
+	c, ok := batch.(TxEndChecker)
 	if !ok {
 		return err
 	}
-	if lost := c.handlerEndedTx(ctx); lost != nil {
+	if lost := c.HandlerEndedTx(ctx); lost != nil {
 		if err == nil {
 			return lost
 		}
@@ -160,11 +141,19 @@ func handlerResult(ctx context.Context, batch Batch, err error) error {
 	return err
 }
 
-// failedEarlier reports whether a handler's error says only that the
-// batch transaction had already failed through an earlier statement
-// (Postgres 25P02): the culprit may be an earlier event's handler that
-// swallowed its error, so the batch's events are run one per transaction
-// to find it instead of blaming this one.
-func failedEarlier(err error) bool {
-	return sqlerr.SQLState(err) == "25P02"
+// ResetAborter is the optional capability of a Batch that a reset can end
+// under its owner (on SQLite the reset rolls the batch back itself, so that
+// it never waits for the batch's owner). The run loop asks it when a
+// handler fails: a failure the reset caused is no failure of the event,
+// and the batch is discarded as on ErrCheckpointMoved. Without it, a
+// batch's failures are its events' or its store's.
+type ResetAborter interface {
+	// AbortedByReset reports whether a reset ended the batch.
+	AbortedByReset() bool
+}
+
+// resetAborted reports whether batch was ended by a reset (ResetAborter).
+func resetAborted(batch Batch) bool {
+	a, ok := batch.(ResetAborter)
+	return ok && a.AbortedByReset()
 }

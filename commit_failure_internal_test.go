@@ -15,6 +15,7 @@ import (
 // TestEventCaused: where a commit failure came from decides whether an
 // event is blamed; text never does.
 func TestEventCaused(t *testing.T) {
+	gorm := &Subscriber{classifier: &GormCheckpointStore{}}
 	pg := func(code string) error { return fmt.Errorf("exec: %w", &pgconn.PgError{Code: code}) }
 	for _, tc := range []struct {
 		name string
@@ -39,9 +40,15 @@ func TestEventCaused(t *testing.T) {
 		{"library: text that says constraint failed", staged(stageLibrary, errors.New("constraint failed")), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			require.Equal(t, tc.want, eventCaused(tc.err))
+			require.Equal(t, tc.want, gorm.eventCaused(tc.err))
 		})
 	}
-	require.True(t, failedEarlier(pg("25P02")))
-	require.False(t, failedEarlier(pg("23505")))
+	require.True(t, gorm.failedEarlier(pg("25P02")))
+	require.False(t, gorm.failedEarlier(pg("23505")))
+	// A store that cannot classify blames only what the loop sees.
+	plain := &Subscriber{}
+	require.True(t, plain.eventCaused(staged(stageHandlers, errors.New("misuse"))))
+	require.True(t, plain.eventCaused(fmt.Errorf("commit: %w", errTxEndedByStatement)))
+	require.False(t, plain.eventCaused(pg("23503")))
+	require.False(t, plain.failedEarlier(pg("25P02")))
 }

@@ -14,7 +14,7 @@ func AcquireAndReadForTest(ctx context.Context, g *GormCheckpointStore, subscrib
 
 // PipelinesForTest reports whether g pipelines acquisition for events.
 func PipelinesForTest(g *GormCheckpointStore, events domain.EventStore) bool {
-	return g.acquirerFor(events, readThenAcquire{}) != nil
+	return g.dialect.Pipelines && g.SharesFeed(events)
 }
 
 // IsNoPipeline reports the "take the ordinary path" answer.
@@ -29,7 +29,7 @@ func WithoutTelemetryForTest() SubscriberOption {
 // SubscriberPipelinesForTest reports whether sub acquires and reads in one
 // round trip.
 func SubscriberPipelinesForTest(sub *Subscriber) bool {
-	_, ok := sub.acquirer.(*pipelinedAcquirer)
+	_, ok := sub.acquirer.(feedAcquirer)
 	return ok
 }
 

@@ -107,8 +107,3 @@ type ParkingLotPurger interface {
 	// transaction.
 	Purge(ctx context.Context, subscriber string) error
 }
-
-var (
-	_ ParkingLotPurger = (*GormParkingLot)(nil)
-	_ ParkingLotPurger = (*MemoryParkingLot)(nil)
-)

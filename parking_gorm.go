@@ -49,7 +49,12 @@ type GormParkingLot struct {
 	sqliteFile string // SQLite: the main database file, "" in memory
 }
 
-var _ ParkingLot = (*GormParkingLot)(nil)
+var (
+	_ ParkingLot                = (*GormParkingLot)(nil)
+	_ ParkingLotPurger          = (*GormParkingLot)(nil)
+	_ rawPurger                 = (*GormParkingLot)(nil)
+	_ partitionDeliveredClearer = (*GormParkingLot)(nil)
+)
 
 // NewGormParkingLot creates a parking lot, applying the module's schema
 // migrations if the database lacks any (see NewGormCheckpointStore and
@@ -426,6 +431,49 @@ func (g *GormParkingLot) RecordReplayFailure(ctx context.Context, subscriber, ev
 	args := append([]any{storableText(errText), at.UTC()}, keyArgs...)
 	if err := g.db.WithContext(ctx).Exec(`UPDATE parked_events SET attempts = attempts + 1, error = ?, parked_at = ? WHERE `+where, args...).Error; err != nil {
 		return fmt.Errorf("subscriptions: record the failed replay of event %q for %q: %w", eventID, subscriber, err)
+	}
+	return nil
+}
+
+// clearPartitionDelivered on Postgres is one indexed DELETE, as
+// clearDelivered is, with the partition's hash filter (dialect.PartitionHash
+// on the entry's aggregate_id). SQLite has no MD5: the range's entries (in the
+// usual case none: only a reset makes a live batch cover a parked event)
+// are read through the batch transaction, filtered with PartitionOf, and
+// the partition's deleted by key.
+func (g *GormParkingLot) clearPartitionDelivered(ctx context.Context, subscriber string, partition, partitions int, after, upTo int64) error {
+	db := g.batchTx(ctx)
+	if db == nil {
+		db = g.db
+	}
+	db = db.WithContext(ctx)
+	what := func(err error) error {
+		return fmt.Errorf("subscriptions: clear the parked events of %q (partition %d of %d) delivered in positions %d-%d: %w",
+			subscriber, partition, partitions, after+1, upTo, err)
+	}
+	if hash := g.dialect.PartitionHash(); hash != "" { // the partition hash in SQL
+		where, args := g.dialect.ParkedSubscriber(subscriber)
+		if err := db.Exec("DELETE FROM parked_events WHERE "+where+" AND position > ? AND position <= ? AND aggregate_id <> '' AND mod("+hash+", ?) = ?",
+			append(args, after, upTo, partitions, partition)...).Error; err != nil {
+			return what(err)
+		}
+		return nil
+	}
+	var rows []struct {
+		EventID     string
+		AggregateID string
+	}
+	if err := db.Raw("SELECT event_id, aggregate_id FROM parked_events WHERE subscriber = ? AND position > ? AND position <= ?",
+		subscriber, after, upTo).Scan(&rows).Error; err != nil {
+		return what(err)
+	}
+	for _, row := range rows {
+		if row.AggregateID == "" || PartitionOf(row.AggregateID, partitions) != partition {
+			continue
+		}
+		if err := db.Exec("DELETE FROM parked_events WHERE subscriber = ? AND event_id = ?", subscriber, row.EventID).Error; err != nil {
+			return what(fmt.Errorf("event %q: %w", row.EventID, err))
+		}
 	}
 	return nil
 }

@@ -37,7 +37,11 @@ func NewMemoryParkingLot() *MemoryParkingLot {
 	return &MemoryParkingLot{entries: make(map[parkedKey]*memoryParked)}
 }
 
-var _ ParkingLot = (*MemoryParkingLot)(nil)
+var (
+	_ ParkingLot                = (*MemoryParkingLot)(nil)
+	_ ParkingLotPurger          = (*MemoryParkingLot)(nil)
+	_ partitionDeliveredClearer = (*MemoryParkingLot)(nil)
+)
 
 // Park records a poison event; parking it again updates its type,
 // position, error, attempt count and time.
@@ -242,6 +246,20 @@ func (m *MemoryParkingLot) RecordReplayFailure(ctx context.Context, subscriber, 
 		e.event.Attempts++
 		e.event.Error = errText
 		e.event.ParkedAt = at.UTC()
+	}
+	return nil
+}
+
+// clearPartitionDelivered removes the partition's entries in (after, upTo],
+// except one being replayed, as clearDelivered does.
+func (m *MemoryParkingLot) clearPartitionDelivered(_ context.Context, subscriber string, partition, partitions int, after, upTo int64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for k, e := range m.entries {
+		if k.subscriber == subscriber && !e.replaying && e.event.Position > after && e.event.Position <= upTo &&
+			e.event.AggregateID != "" && PartitionOf(e.event.AggregateID, partitions) == partition {
+			delete(m.entries, k)
+		}
 	}
 	return nil
 }

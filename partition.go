@@ -2,15 +2,13 @@ package subscriptions
 
 import (
 	"context"
-	"crypto/md5"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"regexp"
 	"slices"
 	"time"
 
-	"github.com/eventfeed/subscriptions/internal/dialect"
+	"github.com/eventfeed/subscriptions/internal/partition"
 )
 
 // MaxPartitions bounds WithPartitions. Each partition is one checkpoint row
@@ -58,17 +56,7 @@ func WithConcurrency(k int) SubscriberOption {
 // (dialect.PartitionHash: Postgres); MD5 is fixed by RFC 1321, so the assignment is the
 // same in every version of Go, of Postgres and of this module. It returns
 // 0 when n < 1.
-func PartitionOf(aggregateID string, n int) int {
-	if n < 1 {
-		return 0
-	}
-	sum := md5.Sum([]byte(aggregateID))
-	return int(uint64(binary.BigEndian.Uint32(sum[:4])) % uint64(n))
-}
-
-// partitionHashSQL is PartitionOf's hash in SQL (dialect.MD5PartitionHash),
-// a constant for the Postgres partition feed's query.
-const partitionHashSQL = dialect.MD5PartitionHash
+func PartitionOf(aggregateID string, n int) int { return partition.Of(aggregateID, n) }
 
 // partitionName is the checkpoint name of partition p of n. It names n so
 // that checkpoints of different partition counts never share a row.

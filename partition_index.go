@@ -2,13 +2,8 @@ package subscriptions
 
 import (
 	"context"
-	"fmt"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
-
-	"gorm.io/gorm"
 )
 
 // partitionIndexChunk is how many positions one read of the feed adds to a
@@ -21,11 +16,9 @@ const partitionIndexChunk = 2000
 const partitionIndexCap = 1 << 17
 
 // partitionIndex maps a window of the feed's positions to their partitions
-// for the workers of one partitioned Run on Postgres, so that a partition's
-// batch reads its own events by position (an index lookup per event)
-// instead of walking the position index past every other partition's
-// events and hashing each on the server (the hash filter, whose cost grows
-// with n: at 16 partitions a read of 100 events visits ~1,600 rows).
+// for the workers of one partitioned Run on a FeedIndex, so that a
+// partition's batch reads its own events by position (an index lookup per
+// event) instead of filtering the feed (see FeedIndex).
 //
 // The window (lo, hi] is complete: pos[p] holds every position in it whose
 // aggregate is in partition p, in order. It is filled by reading the feed
@@ -39,7 +32,7 @@ const partitionIndexCap = 1 << 17
 // It is safe for concurrent use: mu guards the window, fill serializes the
 // reads of the feed (one worker reads for all; the others wait for it).
 type partitionIndex struct {
-	db         *gorm.DB
+	feed       FeedIndex
 	partitions int
 	// chunk and capacity are partitionIndexChunk and partitionIndexCap
 	// (smaller in tests).
@@ -57,8 +50,8 @@ type partitionIndex struct {
 	chunks []int64
 }
 
-func newPartitionIndex(db *gorm.DB, partitions int) *partitionIndex {
-	return &partitionIndex{db: db, partitions: partitions, chunk: partitionIndexChunk, capacity: partitionIndexCap, pos: make([][]int64, partitions)}
+func newPartitionIndex(feed FeedIndex, partitions int) *partitionIndex {
+	return &partitionIndex{feed: feed, partitions: partitions, chunk: partitionIndexChunk, capacity: partitionIndexCap, pos: make([][]int64, partitions)}
 }
 
 // positionsAfter returns the first limit positions of partition p past
@@ -151,28 +144,24 @@ func (x *partitionIndex) restart(position int64) {
 // extend reads the feed's positions past from into the window and returns
 // how many it read. The caller holds x.fill.
 func (x *partitionIndex) extend(ctx context.Context, from int64) (int, error) {
-	var rows []struct {
-		Position    int64
-		AggregateID string
+	positions, aggregates, err := x.feed.ReadAggregatesAfter(ctx, from, x.chunk)
+	if err != nil {
+		return 0, err // the store says what it read
 	}
-	if err := x.db.WithContext(ctx).Raw("SELECT position, aggregate_id FROM events WHERE position > ? ORDER BY position LIMIT ?",
-		from, x.chunk).Scan(&rows).Error; err != nil {
-		return 0, fmt.Errorf("read the feed's partitions after position %d: %w", from, err)
-	}
-	if len(rows) == 0 {
+	if len(positions) == 0 {
 		return 0, nil
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.hi != from {
-		return len(rows), nil // the window was restarted meanwhile
+		return len(positions), nil // the window was restarted meanwhile
 	}
-	for _, r := range rows {
-		p := PartitionOf(r.AggregateID, x.partitions)
-		x.pos[p] = append(x.pos[p], r.Position)
+	for i, position := range positions {
+		p := PartitionOf(aggregates[i], x.partitions)
+		x.pos[p] = append(x.pos[p], position)
 	}
-	x.hi = rows[len(rows)-1].Position
-	x.size += len(rows)
+	x.hi = positions[len(positions)-1]
+	x.size += len(positions)
 	x.chunks = append(x.chunks, x.hi)
 	for x.size > x.capacity && len(x.chunks) > 1 {
 		x.lo, x.chunks = x.chunks[0], x.chunks[1:]
@@ -183,21 +172,5 @@ func (x *partitionIndex) extend(ctx context.Context, from int64) (int, error) {
 			x.size += len(x.pos[i])
 		}
 	}
-	return len(rows), nil
-}
-
-// positionsArray is positions as a Postgres bigint[] literal, one
-// parameter whatever their number (one statement text for the driver's
-// statement cache).
-func positionsArray(positions []int64) string {
-	var b strings.Builder
-	b.WriteByte('{')
-	for i, p := range positions {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.FormatInt(p, 10))
-	}
-	b.WriteByte('}')
-	return b.String()
+	return len(positions), nil
 }

@@ -48,7 +48,7 @@ func TestPartitionIndexReadsWhatTheHashFilterReads(t *testing.T) {
 		{"1 partition", 1, 100, 1 << 17},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			index := newPartitionIndex(pg.DB, tc.partitions)
+			index := newPartitionIndex(store, tc.partitions)
 			index.chunk, index.capacity = tc.chunk, tc.cp
 			head, err := store.HeadPosition(ctx)
 			require.NoError(t, err)
@@ -124,7 +124,7 @@ func TestIndexedAcquirerLocksBeforeReading(t *testing.T) {
 		require.NoError(t, store.Append(ctx, agg, -1, evs...))
 	}
 	feed := newPartitionFeed(store, 1, 4)
-	feed.index = newPartitionIndex(pg.DB, 4)
+	feed.index = newPartitionIndex(store, 4)
 	a := indexedAcquirer{feed: feed, checkpoints: cps, fallback: readThenAcquire{events: feed, checkpoints: cps}}
 	name := partitionName("sub", 1, 4)
 

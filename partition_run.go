@@ -288,7 +288,8 @@ func (s *Subscriber) partitionChild(name string, p int, index *partitionIndex, t
 		tracerProvider:  s.tracerProvider,
 		noTelemetry:     s.noTelemetry,
 		// Each partition has a checkpoint row, and so a record, of its own.
-		attempts: s.attempts,
+		attempts:   s.attempts,
+		classifier: s.classifier,
 		// The partitions share the subscriber's instruments (metrics carry
 		// the subscriber's name); each keeps its live state (see
 		// telemetry.partitions).
@@ -304,8 +305,8 @@ func (s *Subscriber) partitionChild(name string, p int, index *partitionIndex, t
 	}
 	c.acquirer = readThenAcquire{events: c.events, checkpoints: c.checkpoints}
 	// The indexed acquirer reads the events in the batch's transaction:
-	// only when the checkpoints are this module's, in the events' database.
-	if g, ok := s.checkpoints.(*GormCheckpointStore); ok && index != nil && g.pipelines(feed.pg) {
+	// only when the checkpoint store's batches read this feed.
+	if sharer, ok := s.checkpoints.(FeedSharer); ok && index != nil && sharer.SharesFeed(undecorated(s.events)) {
 		c.acquirer = indexedAcquirer{feed: feed, checkpoints: c.checkpoints, fallback: c.acquirer}
 	}
 	if s.parking != nil {
@@ -317,16 +318,16 @@ func (s *Subscriber) partitionChild(name string, p int, index *partitionIndex, t
 	return c
 }
 
-// newPartitionIndex returns the partitions' shared index of the feed on
-// Postgres (nil elsewhere: SQLite and memory filter in Go), its window
-// started at the lowest partition checkpoint of positions (nil: unknown,
-// the first batch starts it).
+// newPartitionIndex returns the partitions' shared index of the feed when
+// the event store is a FeedIndex (nil otherwise), its window started at
+// the lowest partition checkpoint of positions (nil: unknown, the first
+// batch starts it).
 func (s *Subscriber) newPartitionIndex(positions []int64) *partitionIndex {
-	pg := newPartitionFeed(s.events, 0, s.partitions).pg
-	if pg == nil {
+	feed, ok := undecorated(s.events).(FeedIndex)
+	if !ok {
 		return nil
 	}
-	index := newPartitionIndex(pg, s.partitions)
+	index := newPartitionIndex(feed, s.partitions)
 	if positions != nil {
 		index.start(slices.Min(positions))
 	}

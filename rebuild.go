@@ -240,5 +240,3 @@ func (s *Subscriber) DeleteState(ctx context.Context) error {
 type rawPurger interface {
 	purge(ctx context.Context, subscriber string) error
 }
-
-var _ rawPurger = (*GormParkingLot)(nil)

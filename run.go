@@ -433,7 +433,7 @@ func (r *runner) handlerFailed(ctx, tctx context.Context, span *batchSpan, b cyc
 		s.logger.Info("subscriber: checkpoint was reset during the batch; batch discarded", "subscriber", s.name, "error", err)
 		return outcomeMore
 	}
-	if i > 0 && failedEarlier(err) {
+	if i > 0 && s.failedEarlier(err) {
 		// The transaction had failed before this handler ran: an earlier
 		// handler may have swallowed its failed statement. Run the events
 		// one per transaction to find the culprit.
@@ -491,7 +491,7 @@ func (r *runner) commitFailed(ctx, tctx context.Context, span *batchSpan, start 
 	case errors.Is(err, ErrCheckpointMoved):
 		s.logger.Info("subscriber: checkpoint was reset during the batch; batch discarded", "subscriber", s.name, "error", err)
 		return outcomeMore
-	case !eventCaused(err):
+	case !s.eventCaused(err):
 		s.logger.Error("subscriber: committing the batch failed; will retry", "subscriber", s.name, "position", last, "error", err)
 		s.tel.fail("", nil, 0, err)
 		return outcomeFailed
@@ -730,7 +730,7 @@ func (r *runner) attempt(ctx context.Context, start int64, ev domain.EventEnvelo
 			return outcomeMore, true, n, nil
 		case errors.Is(cerr, ErrCheckpointMoved):
 			return outcomeMore, true, n, nil
-		case !eventCaused(cerr):
+		case !s.eventCaused(cerr):
 			s.logger.Error("subscriber: committing a retried event failed; will retry", append(s.eventAttrs(ev), "error", cerr)...)
 			s.tel.fail("", &ev, 0, cerr)
 			return outcomeFailed, true, n, nil
@@ -746,7 +746,7 @@ func (r *runner) attempt(ctx context.Context, start int64, ev domain.EventEnvelo
 		r.recordFailure(ctx, batch, start, ev, n, herr)
 		return outcomeFailed, false, n, herr
 	}
-	if errors.Is(herr, errTxEndedByStatement) {
+	if errors.Is(herr, ErrBatchTxEnded) {
 		// No savepoint to go back to: the transaction is gone. Park in a
 		// transaction of its own, as after a failed commit.
 		r.rollback(batch)

@@ -123,6 +123,9 @@ type Subscriber struct {
 	// attempts keeps the attempt counts: the checkpoint store when it
 	// can (attemptCounter), else this subscriber's memory.
 	attempts attemptCounter
+	// classifier tells the events' commit failures from the store's: the
+	// checkpoint store when it can (FailureClassifier).
+	classifier FailureClassifier
 	// retryGiven records WithMaxRetries or WithRetryBackoff, for
 	// NewSubscriber's warning when there is no parking lot to retry for.
 	retryGiven bool
@@ -187,6 +190,7 @@ func NewSubscriber(name string, events domain.EventStore, checkpoints Checkpoint
 	} else {
 		s.attempts = &localAttempts{}
 	}
+	s.classifier, _ = s.checkpoints.(FailureClassifier)
 	s.acquirer = newAcquirer(s.events, s.checkpoints)
 	return s, nil
 }

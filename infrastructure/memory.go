@@ -3,10 +3,12 @@ package infrastructure
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 
 	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/internal/partition"
 )
 
 // MemoryStore is an in-memory domain.EventStore for tests and
@@ -244,4 +246,51 @@ func (m *MemoryStore) Close() error {
 	defer m.mu.Unlock()
 	m.closed = true
 	return nil
+}
+
+// ReadPartitionAfter returns up to limit events (all when limit <= 0) of
+// partition p of n with Position > afterPosition, in position order (see
+// GormEventStore.ReadPartitionAfter).
+func (m *MemoryStore) ReadPartitionAfter(ctx context.Context, afterPosition int64, limit, p, n int) ([]domain.EventEnvelope[any], error) {
+	return partition.ReadAfter(ctx, m.ReadAfter, afterPosition, limit, p, n)
+}
+
+// CountPartitionAfter counts the events of partition p of n in (after,
+// head].
+func (m *MemoryStore) CountPartitionAfter(ctx context.Context, after, head int64, p, n int) (int64, error) {
+	return partition.CountAfter(ctx, m.ReadAfter, after, head, p, n)
+}
+
+// ReadAggregatesAfter returns the positions and aggregate IDs of up to
+// limit events past afterPosition, in position order.
+func (m *MemoryStore) ReadAggregatesAfter(ctx context.Context, afterPosition int64, limit int) ([]int64, []string, error) {
+	events, err := m.ReadAfter(ctx, afterPosition, limit)
+	if err != nil {
+		return nil, nil, err
+	}
+	positions, aggregates := make([]int64, len(events)), make([]string, len(events))
+	for i, ev := range events {
+		positions[i], aggregates[i] = ev.Position, ev.AggregateID
+	}
+	return positions, aggregates, nil
+}
+
+// ReadPositions returns the events at positions, in position order; a
+// position without an event is left out.
+func (m *MemoryStore) ReadPositions(ctx context.Context, positions []int64) ([]domain.EventEnvelope[any], error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("read %d events by position: %w", len(positions), err)
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.closed {
+		return nil, errClosed
+	}
+	out := make([]domain.EventEnvelope[any], 0, len(positions))
+	for _, p := range slices.Sorted(slices.Values(positions)) {
+		if p >= 1 && p <= int64(len(m.events)) {
+			out = append(out, m.events[p-1])
+		}
+	}
+	return out, nil
 }

@@ -15,6 +15,8 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"gorm.io/gorm"
@@ -267,3 +269,22 @@ func (d *Dialect) LiveClaim(row, holder string, checkpoint int64, lease time.Dur
 // timeout restored after it (Postgres), or the database's write lock
 // (SQLite).
 func (d *Dialect) Relock() []string { return d.relock }
+
+// PositionIn selects the rows of the events table at positions, in one
+// parameter whatever their number on Postgres (a bigint[] literal: one
+// statement text for the driver's statement cache), as a list elsewhere.
+func (d *Dialect) PositionIn(positions []int64) (string, []any) {
+	if !d.JSONB { // SQLite: GORM expands the slice
+		return "position IN ?", []any{positions}
+	}
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, p := range positions {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatInt(p, 10))
+	}
+	b.WriteByte('}')
+	return "position = ANY(?::bigint[])", []any{b.String()}
+}

@@ -10,14 +10,11 @@ import (
 	"gorm.io/gorm"
 )
 
-// This file holds the checkpoint stores' multi-row operations for
+// This file holds GormCheckpointStore's multi-row operations for
 // partitioned subscribers (partitionStore): one read for every partition's
 // checkpoint, one transaction to reset them all or to seed them.
 
-var (
-	_ partitionStore = (*GormCheckpointStore)(nil)
-	_ partitionStore = (*MemoryCheckpointStore)(nil)
-)
+var _ partitionStore = (*GormCheckpointStore)(nil)
 
 // positions reads through the transaction in ctx when it is one of this
 // store's pool (a reset's or delete's, whose guard reads the partition
@@ -166,111 +163,4 @@ func (g *GormCheckpointStore) initPartitions(ctx context.Context, marker, plain 
 		return 0, fmt.Errorf("subscriptions: initialise the partitions of %q: %w", plain, err)
 	}
 	return existing, nil
-}
-
-func (m *MemoryCheckpointStore) positions(_ context.Context, names []string) ([]int64, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := make([]int64, len(names))
-	for i, name := range names {
-		if e, ok := m.entries[name]; ok {
-			out[i] = e.position
-		}
-	}
-	return out, nil
-}
-
-// resetAll with a nil apply refuses, changing nothing, while any of the
-// names has a batch in flight (ErrBatchInFlight), as Reset does. With an
-// apply it waits instead, as ResetWith does: every name is fenced (nested,
-// in name order), apply runs, then every checkpoint moves.
-func (m *MemoryCheckpointStore) resetAll(ctx context.Context, names []string, position int64, guard, apply func(ctx context.Context) error) error {
-	if len(names) == 0 {
-		return nil
-	}
-	if err := validatePosition(names[0], position); err != nil {
-		return err
-	}
-	what := fmt.Sprintf("reset %d checkpoints (%q ...) to %d", len(names), names[0], position)
-	if apply != nil {
-		return m.fencedAll(ctx, names, what, guarded(guard, apply), func(e *memoryCheckpoint) { e.position = position })
-	}
-	if err := guard(ctx); err != nil {
-		return fmt.Errorf("subscriptions: %s: %w", what, err)
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, name := range names {
-		if e := m.entries[name]; (e != nil && e.active != nil) || m.fences[name] != nil {
-			return fmt.Errorf("subscriptions: reset checkpoint of %q to %d: %w", name, position, ErrBatchInFlight)
-		}
-	}
-	for _, name := range names {
-		m.entry(name).position = position
-		m.attempts.clear(name)
-	}
-	return nil
-}
-
-// deleteAll forgets every checkpoint after apply, holding off batches as
-// resetAll with an apply does.
-func (m *MemoryCheckpointStore) deleteAll(ctx context.Context, names []string, guard, apply func(ctx context.Context) error) error {
-	if len(names) == 0 {
-		return nil
-	}
-	what := fmt.Sprintf("delete %d checkpoints (%q ...)", len(names), names[0])
-	return m.fencedAll(ctx, names, what, guarded(guard, apply), func(e *memoryCheckpoint) {
-		for name, entry := range m.entries {
-			if entry == e {
-				delete(m.entries, name)
-				delete(m.paused, pauseKey(name))
-			}
-		}
-	})
-}
-
-// fencedAll nests fenced over the names in order, so that apply runs once
-// every name's batches are held off, and each change is made after it.
-func (m *MemoryCheckpointStore) fencedAll(ctx context.Context, names []string, what string, apply func(ctx context.Context) error, change func(e *memoryCheckpoint)) error {
-	sorted := slices.Clone(names)
-	slices.Sort(sorted)
-	var nest func(i int, ctx context.Context) error
-	nest = func(i int, ctx context.Context) error {
-		if i == len(sorted) {
-			if apply == nil {
-				return nil
-			}
-			return apply(ctx)
-		}
-		return m.fenced(ctx, sorted[i], what, func(ctx context.Context) error { return nest(i+1, ctx) }, change)
-	}
-	return nest(0, ctx)
-}
-
-// resetGuarded is Reset with guard run first: in memory nothing is
-// transactional, and Reset refuses while a batch is in flight anyway.
-func (m *MemoryCheckpointStore) resetGuarded(ctx context.Context, name string, position int64, guard func(ctx context.Context) error) error {
-	if err := guard(ctx); err != nil {
-		return fmt.Errorf("subscriptions: reset checkpoint of %q to %d: %w", name, position, err)
-	}
-	return m.Reset(ctx, name, position)
-}
-
-func (m *MemoryCheckpointStore) initPartitions(_ context.Context, marker, plain string, parts []string, n int64) (int64, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if e := m.entries[marker]; e != nil && e.position != 0 {
-		return e.position, nil
-	}
-	var seed int64
-	if e := m.entries[plain]; e != nil {
-		seed = e.position
-	}
-	for _, part := range parts {
-		if _, ok := m.entries[part]; !ok {
-			m.entry(part).position = seed
-		}
-	}
-	m.entry(marker).position = n
-	return 0, nil
 }
