@@ -110,7 +110,7 @@ func sendAcquireBatch(ctx context.Context, pc *pgx.Conn, subscriber string, afte
 	batch.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	// lockQuery, with pgx's placeholders: a paused name locks nothing here
 	// (the ordinary path then finds it paused).
-	batch.Queue("SELECT position FROM subscriber_checkpoints WHERE subscriber = $1 AND NOT EXISTS (SELECT 1 FROM subscriber_pauses WHERE subscriber = $2) FOR UPDATE SKIP LOCKED", subscriber, pauseKey(subscriber))
+	batch.Queue("SELECT position FROM subscriber_checkpoints WHERE subscriber = $1 AND NOT EXISTS (SELECT 1 FROM subscriber_pauses WHERE subscriber = $2) FOR UPDATE SKIP LOCKED", subscriber, PauseKey(subscriber))
 	batch.Queue(pipelinedFeedQuery, after, limit)
 	br := pc.SendBatch(ctx, batch)
 	defer br.Close()

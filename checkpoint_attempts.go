@@ -13,129 +13,146 @@ import (
 // that replicas sharing a checkpoint and restarts of a crashed process
 // continue one count instead of each starting at zero.
 
-// attemptRecord is the attempt in progress at one checkpoint row (a
-// subscriber, or a partition of one): the checkpoint it started from, the
-// first and last events it covers, how many times an attempt at them has
-// started, and the last failure recorded. A record whose position is no
-// longer the checkpoint's is void: the commit that moves the checkpoint
-// clears it.
-type attemptRecord struct {
-	position  int64  // the checkpoint the attempt started from
-	eventID   string // the first event attempted
-	through   int64  // the position of the last event attempted
-	attempts  int
-	lastError string
-	// holder names the runner making the attempt (runner.holder), ""
+// AttemptRecord is the attempt in progress at one checkpoint row (a
+// subscriber, or a partition of one), as an AttemptCounter keeps it. A
+// record whose Position is no longer the checkpoint's is void: the commit
+// that moves the checkpoint voids it.
+type AttemptRecord struct {
+	// Position is the checkpoint the attempt started from.
+	Position int64
+	// EventID is the first event attempted, Through the position of the
+	// last one.
+	EventID string
+	Through int64
+	// Attempts is how many attempts at these events have started; 0 is a
+	// failure marker: the event EventID (at Through) failed after the
+	// events before it in its batch had been handled.
+	Attempts int
+	// LastError is the last failure recorded.
+	LastError string
+	// Holder names the runner making the attempt (random per Run), or ""
 	// for a record of a failure or of an attempt to come, which claims
-	// nothing (see attemptCounter).
-	holder string
+	// nothing (see AttemptCounter).
+	Holder string
 }
 
 // sameAttempt reports whether a, a stored record, is of an earlier
 // attempt at rec: the same position and first event, or a failure marker
 // at the same position (attempts 0: the event a.eventID at a.through
 // failed after the events before it had been handled, see countAttempt).
-func (a attemptRecord) sameAttempt(rec attemptRecord) bool {
-	return a.position == rec.position && (a.eventID == rec.eventID || a.attempts == 0)
+func (a AttemptRecord) sameAttempt(rec AttemptRecord) bool {
+	return a.Position == rec.Position && (a.EventID == rec.EventID || a.Attempts == 0)
 }
 
 // single reports whether the record is for one event at position at: a
 // retry, or an attempt narrowed to the event after a failure.
-func (a attemptRecord) single(at int64) bool { return a.through == at }
+func (a AttemptRecord) single(at int64) bool { return a.Through == at }
 
-// attemptCounter is the optional capability of a CheckpointStore that
-// keeps attempt counts where every replica of the subscriber sees them.
-// GormCheckpointStore and MemoryCheckpointStore implement it; for any
-// other store each Subscriber counts in its own memory (localAttempts),
-// as before: then replicas and restarts each count from zero.
+// AttemptCounter is the optional capability of a CheckpointStore that
+// keeps attempt counts where every replica of a subscriber sees them, one
+// record per checkpoint row, so that "1 + WithMaxRetries attempts, then
+// parked" holds across replicas and restarts and an event whose handler
+// crashes the process is parked too (docs/design.md, "Attempt counts").
+// The run loop counts each attempt before its handlers run and records
+// each failure before the batch is released. Without it each Subscriber
+// counts in its own memory: replicas and restarts each count from zero,
+// and a crashing event is attempted forever. GormCheckpointStore and
+// MemoryCheckpointStore have it; subscriptionstest.RunAttemptCounterSuite
+// checks a store of your own.
 //
 // Every method is called by the holder of the subscriber's batch (or, for
-// failAttempt, by the runner that just ended one), so that no two callers
-// race on one record, and on the batch's own connection: nothing waits
+// FailAttempt, by the runner that just ended one), so that no two callers
+// race on one record, and on the batch's own connection: nothing may wait
 // for a second connection while it holds one (doc.go, "Connections").
 //
 // A store whose record is committed by ending the batch's transaction and
-// taking the checkpoint again (GormCheckpointStore) leaves a moment in
-// which another replica can take the checkpoint and find the record of an
-// attempt that is about to run. A record with a holder is such a claim:
-// while it is live (the store decides: its writer is still there and the
-// claim is young), beginAttempt and putAttempt of another holder refuse
-// with errAttemptClaimed, and the batch is given up as if the checkpoint
-// were held; failAttempt of another holder leaves it alone.
-type attemptCounter interface {
-	// beginAttempt records, committed before it returns, that batch is
-	// about to run the events rec.eventID (after rec.position) through
-	// rec.through, as attempt 1. If a record of an earlier attempt at it
-	// exists (sameAttempt: one that did not complete), it writes nothing
-	// and returns that record with found true.
-	beginAttempt(ctx context.Context, batch Batch, subscriber string, rec attemptRecord) (prev attemptRecord, found bool, err error)
-	// putAttempt writes rec, committed before it returns.
-	putAttempt(ctx context.Context, batch Batch, subscriber string, rec attemptRecord) error
-	// failAttempt records rec.lastError for the single event rec
-	// describes: on the record of the same event, keeping its count, or as
-	// a new record of rec.attempts. A non-nil batch is the failed
-	// attempt's: failAttempt rolls it back, and no batch of the subscriber
+// taking the checkpoint again (GormCheckpointStore on Postgres) leaves a
+// moment in which another replica can take the checkpoint and find the
+// record of an attempt that is about to run. A record with a Holder is
+// such a claim: while it is live (the store decides: its writer is still
+// there and the claim is young), BeginAttempt and PutAttempt of another
+// holder refuse with ErrAttemptClaimed, and the batch is given up as if
+// the checkpoint were held; FailAttempt of another holder leaves it alone.
+// A store that commits the record without releasing the checkpoint (as the
+// memory store does) never returns ErrAttemptClaimed.
+type AttemptCounter interface {
+	// BeginAttempt records, committed before it returns, that batch is
+	// about to run the events rec.EventID (after rec.Position) through
+	// rec.Through, as attempt 1. If a record of an earlier attempt at them
+	// exists (the same Position and EventID, or a failure marker at the
+	// same Position: one that did not complete), it writes nothing and
+	// returns that record with found true. An error wrapping
+	// ErrCheckpointMoved (the checkpoint moved meanwhile) or
+	// ErrAttemptClaimed gives the batch up.
+	BeginAttempt(ctx context.Context, batch Batch, subscriber string, rec AttemptRecord) (prev AttemptRecord, found bool, err error)
+	// PutAttempt writes rec, committed before it returns (its errors as
+	// BeginAttempt's).
+	PutAttempt(ctx context.Context, batch Batch, subscriber string, rec AttemptRecord) error
+	// FailAttempt records rec.LastError for the single event rec
+	// describes, unclaimed: on the record of the same attempt, keeping its
+	// count, or as a new record of rec.Attempts. A non-nil batch is the failed
+	// attempt's: FailAttempt rolls it back, and no batch of the subscriber
 	// starts before the failure is recorded (so the next attempt, by any
 	// replica, sees it). batch is ended even when the error is not nil.
-	failAttempt(ctx context.Context, batch Batch, subscriber string, rec attemptRecord) error
-	// hasAttempt reports whether a record of an attempt from position is
+	FailAttempt(ctx context.Context, batch Batch, subscriber string, rec AttemptRecord) error
+	// HasAttempt reports whether a record of an attempt from position is
 	// there, read in batch's transaction (nothing committed).
-	hasAttempt(ctx context.Context, batch Batch, subscriber string, position int64) (bool, error)
-	// clearAttempt removes the subscriber's record as part of batch: it is
+	HasAttempt(ctx context.Context, batch Batch, subscriber string, position int64) (bool, error)
+	// ClearAttempt removes the subscriber's record as part of batch: it is
 	// gone once the batch commits, and kept if it rolls back.
-	clearAttempt(ctx context.Context, batch Batch, subscriber string) error
+	ClearAttempt(ctx context.Context, batch Batch, subscriber string) error
 }
 
-var _ attemptCounter = (*localAttempts)(nil)
+var _ AttemptCounter = (*localAttempts)(nil)
 
-// errAttemptMoved is beginAttempt's or putAttempt's error when the
+// errAttemptMoved is BeginAttempt's or PutAttempt's error when the
 // checkpoint moved (a Reset) while the record was written: the batch is
 // to be given up as on ErrCheckpointMoved.
 var errAttemptMoved = fmt.Errorf("recording the attempt: %w", ErrCheckpointMoved)
 
-// errAttemptClaimed is beginAttempt's or putAttempt's error when another
-// runner's live claim is on the record (see attemptCounter): that runner
-// is about to take the checkpoint back, and the batch is to be given up
-// as if another replica held the checkpoint.
-var errAttemptClaimed = errors.New("another replica is making an attempt from this checkpoint")
+// ErrAttemptClaimed is an AttemptCounter's answer that another runner's
+// live claim is on the record: that runner is about to take the
+// checkpoint back for its attempt, and the batch is given up as if another
+// replica held the checkpoint.
+var ErrAttemptClaimed = errors.New("another replica is making an attempt from this checkpoint")
 
 // attemptTable keeps records in memory: the memory checkpoint store's
 // (shared by the subscribers that share the store) and the in-process
-// fallback for other stores.
+// count for stores without AttemptCounter.
 type attemptTable struct {
 	mu      sync.Mutex
-	records map[string]attemptRecord
+	records map[string]AttemptRecord
 }
 
-func (t *attemptTable) begin(subscriber string, rec attemptRecord) (attemptRecord, bool) {
+func (t *attemptTable) begin(subscriber string, rec AttemptRecord) (AttemptRecord, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if prev, ok := t.records[subscriber]; ok && prev.sameAttempt(rec) {
 		return prev, true
 	}
 	t.put(subscriber, rec)
-	return attemptRecord{}, false
+	return AttemptRecord{}, false
 }
 
 // put stores rec; t.mu is held.
-func (t *attemptTable) put(subscriber string, rec attemptRecord) {
+func (t *attemptTable) put(subscriber string, rec AttemptRecord) {
 	if t.records == nil {
-		t.records = make(map[string]attemptRecord)
+		t.records = make(map[string]AttemptRecord)
 	}
 	t.records[subscriber] = rec
 }
 
-func (t *attemptTable) set(subscriber string, rec attemptRecord) {
+func (t *attemptTable) set(subscriber string, rec AttemptRecord) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.put(subscriber, rec)
 }
 
-func (t *attemptTable) fail(subscriber string, rec attemptRecord) {
+func (t *attemptTable) fail(subscriber string, rec AttemptRecord) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if prev, ok := t.records[subscriber]; ok && prev.position == rec.position && prev.eventID == rec.eventID && prev.through == rec.through {
-		prev.lastError = rec.lastError
+	if prev, ok := t.records[subscriber]; ok && prev.Position == rec.Position && prev.EventID == rec.EventID && prev.Through == rec.Through {
+		prev.LastError = rec.LastError
 		t.records[subscriber] = prev
 		return
 	}
@@ -146,7 +163,7 @@ func (t *attemptTable) has(subscriber string, position int64) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	rec, ok := t.records[subscriber]
-	return ok && rec.position == position
+	return ok && rec.Position == position
 }
 
 func (t *attemptTable) clear(subscriber string) {
@@ -156,22 +173,22 @@ func (t *attemptTable) clear(subscriber string) {
 }
 
 // localAttempts is the in-process count for a CheckpointStore without
-// attemptCounter: one per Subscriber (and shared by its partitions), lost
+// AttemptCounter: one per Subscriber (and shared by its partitions), lost
 // with the process. clearAttempt clears at once; the records are voided
 // by position anyway when the batch commits.
 type localAttempts struct{ t attemptTable }
 
-func (l *localAttempts) beginAttempt(_ context.Context, _ Batch, subscriber string, rec attemptRecord) (attemptRecord, bool, error) {
+func (l *localAttempts) BeginAttempt(_ context.Context, _ Batch, subscriber string, rec AttemptRecord) (AttemptRecord, bool, error) {
 	prev, found := l.t.begin(subscriber, rec)
 	return prev, found, nil
 }
 
-func (l *localAttempts) putAttempt(_ context.Context, _ Batch, subscriber string, rec attemptRecord) error {
+func (l *localAttempts) PutAttempt(_ context.Context, _ Batch, subscriber string, rec AttemptRecord) error {
 	l.t.set(subscriber, rec)
 	return nil
 }
 
-func (l *localAttempts) failAttempt(_ context.Context, batch Batch, subscriber string, rec attemptRecord) error {
+func (l *localAttempts) FailAttempt(_ context.Context, batch Batch, subscriber string, rec AttemptRecord) error {
 	l.t.fail(subscriber, rec)
 	return rollbackIf(batch)
 }
@@ -184,11 +201,11 @@ func rollbackIf(batch Batch) error {
 	return batch.Rollback()
 }
 
-func (l *localAttempts) hasAttempt(_ context.Context, _ Batch, subscriber string, position int64) (bool, error) {
+func (l *localAttempts) HasAttempt(_ context.Context, _ Batch, subscriber string, position int64) (bool, error) {
 	return l.t.has(subscriber, position), nil
 }
 
-func (l *localAttempts) clearAttempt(_ context.Context, _ Batch, subscriber string) error {
+func (l *localAttempts) ClearAttempt(_ context.Context, _ Batch, subscriber string) error {
 	l.t.clear(subscriber)
 	return nil
 }

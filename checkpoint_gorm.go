@@ -244,7 +244,7 @@ func (g *GormCheckpointStore) lockPostgres(ctx context.Context, b *gormBatch, ch
 		_ = stx.Rollback()
 		_ = conn.Close()
 	}
-	key := pauseKey(b.subscriber)
+	key := PauseKey(b.subscriber)
 	query, args := lockQuery, []any{key, b.subscriber}
 	if check {
 		query, args = lockAndCheckQuery, []any{b.subscriber, b.subscriber, key}
@@ -327,7 +327,7 @@ func (g *GormCheckpointStore) beginSQLite(ctx context.Context, b *gormBatch) (bo
 		Position int64
 		Paused   bool
 	}
-	if err := tx.Raw("SELECT position, "+pausedClause+" AS paused FROM subscriber_checkpoints WHERE subscriber = ?", pauseKey(b.subscriber), b.subscriber).Scan(&rows).Error; err != nil {
+	if err := tx.Raw("SELECT position, "+pausedClause+" AS paused FROM subscriber_checkpoints WHERE subscriber = ?", PauseKey(b.subscriber), b.subscriber).Scan(&rows).Error; err != nil {
 		return fail("read row", err)
 	}
 	if len(rows) == 0 {

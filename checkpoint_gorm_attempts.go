@@ -11,7 +11,7 @@ import (
 	"gorm.io/gorm"
 )
 
-// GormCheckpointStore's attempt records (see attemptCounter) are rows of
+// GormCheckpointStore's attempt records (see AttemptCounter) are rows of
 // subscriber_attempts, one per checkpoint row. A batch writes its record
 // on its own pinned connection: its transaction writes the record,
 // commits, begins again and takes the checkpoint row again (renew), so
@@ -39,7 +39,7 @@ import (
 // is never looked at, since its batch holds the row.
 const attemptClaimLease = 10 * time.Second
 
-var _ attemptCounter = (*GormCheckpointStore)(nil)
+var _ AttemptCounter = (*GormCheckpointStore)(nil)
 
 // attemptUpsert writes a whole record, with the claim where the dialect
 // has claims; its arguments are attemptValues'.
@@ -56,10 +56,10 @@ func (g *GormCheckpointStore) attemptUpsert() string {
 		attempts = excluded.attempts, last_error = excluded.last_error, updated_at = excluded.updated_at` + set
 }
 
-func (g *GormCheckpointStore) attemptValues(subscriber string, rec attemptRecord) []any {
-	values := []any{subscriber, rec.position, rec.eventID, rec.through, rec.attempts, rec.lastError, time.Now().UTC()}
+func (g *GormCheckpointStore) attemptValues(subscriber string, rec AttemptRecord) []any {
+	values := []any{subscriber, rec.Position, rec.EventID, rec.Through, rec.Attempts, rec.LastError, time.Now().UTC()}
 	if g.dialect.Claims {
-		values = append(values, rec.holder)
+		values = append(values, rec.Holder)
 	}
 	return values
 }
@@ -81,14 +81,14 @@ type attemptRow struct {
 	Claimed   bool
 }
 
-func (g *GormCheckpointStore) beginAttempt(ctx context.Context, batch Batch, subscriber string, rec attemptRecord) (attemptRecord, bool, error) {
-	var prev attemptRecord
+func (g *GormCheckpointStore) BeginAttempt(ctx context.Context, batch Batch, subscriber string, rec AttemptRecord) (AttemptRecord, bool, error) {
+	var prev AttemptRecord
 	found := false
-	err := g.attemptWrite(ctx, batch, subscriber, rec.holder, func(db *gorm.DB, checkpoint int64) error {
+	err := g.attemptWrite(ctx, batch, subscriber, rec.Holder, func(db *gorm.DB, checkpoint int64) error {
 		// One statement on the common path: the upsert writes unless a
 		// record of an earlier attempt at rec (sameAttempt) or another
 		// runner's live claim is there.
-		live, liveArgs := g.liveClaim(rec.holder, checkpoint)
+		live, liveArgs := g.liveClaim(rec.Holder, checkpoint)
 		var wrote []int
 		if err := db.Raw(g.attemptUpsert()+`
 			WHERE NOT ((subscriber_attempts.position = excluded.position
@@ -113,13 +113,13 @@ func (g *GormCheckpointStore) beginAttempt(ctx context.Context, batch Batch, sub
 		}
 		r := rows[0]
 		if r.Claimed {
-			return errAttemptClaimed
+			return ErrAttemptClaimed
 		}
-		prev, found = attemptRecord{position: r.Position, eventID: r.EventID, through: r.Through, attempts: r.Attempts, lastError: r.LastError, holder: r.Holder}, true
+		prev, found = AttemptRecord{Position: r.Position, EventID: r.EventID, Through: r.Through, Attempts: r.Attempts, LastError: r.LastError, Holder: r.Holder}, true
 		return errNothingToWrite
 	})
 	if err != nil {
-		return attemptRecord{}, false, err
+		return AttemptRecord{}, false, err
 	}
 	return prev, found, nil
 }
@@ -127,15 +127,15 @@ func (g *GormCheckpointStore) beginAttempt(ctx context.Context, batch Batch, sub
 // errNothingToWrite ends an attemptWrite without a write to commit.
 var errNothingToWrite = errors.New("nothing to write")
 
-func (g *GormCheckpointStore) putAttempt(ctx context.Context, batch Batch, subscriber string, rec attemptRecord) error {
-	return g.attemptWrite(ctx, batch, subscriber, rec.holder, func(db *gorm.DB, checkpoint int64) error {
-		live, liveArgs := g.liveClaim(rec.holder, checkpoint)
+func (g *GormCheckpointStore) PutAttempt(ctx context.Context, batch Batch, subscriber string, rec AttemptRecord) error {
+	return g.attemptWrite(ctx, batch, subscriber, rec.Holder, func(db *gorm.DB, checkpoint int64) error {
+		live, liveArgs := g.liveClaim(rec.Holder, checkpoint)
 		res := db.Exec(g.attemptUpsert()+" WHERE NOT "+live, append(g.attemptValues(subscriber, rec), liveArgs...)...)
 		if res.Error != nil {
 			return res.Error
 		}
 		if res.RowsAffected == 0 {
-			return errAttemptClaimed
+			return ErrAttemptClaimed
 		}
 		return nil
 	})
@@ -163,14 +163,14 @@ func (g *GormCheckpointStore) attemptWrite(ctx context.Context, batch Batch, sub
 	return nil
 }
 
-func (g *GormCheckpointStore) failAttempt(ctx context.Context, batch Batch, subscriber string, rec attemptRecord) error {
+func (g *GormCheckpointStore) FailAttempt(ctx context.Context, batch Batch, subscriber string, rec AttemptRecord) error {
 	if batch == nil {
 		return g.failAttemptRow(g.db.WithContext(ctx), subscriber, rec)
 	}
 	b, ok := batch.(*gormBatch)
 	if !ok || b.store != g {
 		_ = batch.Rollback()
-		return fmt.Errorf("subscriptions: record the failure of event %q of %q: not a batch of this store", rec.eventID, subscriber)
+		return fmt.Errorf("subscriptions: record the failure of event %q of %q: not a batch of this store", rec.EventID, subscriber)
 	}
 	// End the batch's transaction, write on its pinned connection in a
 	// statement of its own (the pool may have no other), and only then let
@@ -211,8 +211,8 @@ func (g *GormCheckpointStore) failAttempt(ctx context.Context, batch Batch, subs
 // of the same attempt keeping its count, else as a new record of
 // rec.attempts. Another runner's live claim is left alone: that runner
 // is attempting now and counts on its own.
-func (g *GormCheckpointStore) failAttemptRow(db *gorm.DB, subscriber string, rec attemptRecord) error {
-	live, liveArgs := g.liveClaim(rec.holder, rec.position)
+func (g *GormCheckpointStore) failAttemptRow(db *gorm.DB, subscriber string, rec AttemptRecord) error {
+	live, liveArgs := g.liveClaim(rec.Holder, rec.Position)
 	unclaim := ""
 	if g.dialect.Claims {
 		unclaim = ", holder = '', holder_pid = 0, claimed_at = NULL"
@@ -224,9 +224,9 @@ func (g *GormCheckpointStore) failAttemptRow(db *gorm.DB, subscriber string, rec
 				AND subscriber_attempts.through = excluded.through THEN subscriber_attempts.attempts ELSE excluded.attempts END,
 			position = excluded.position, event_id = excluded.event_id, through = excluded.through`+unclaim+`
 		WHERE NOT `+live,
-		append([]any{subscriber, rec.position, rec.eventID, rec.through, rec.attempts, rec.lastError, time.Now().UTC()}, liveArgs...)...).Error
+		append([]any{subscriber, rec.Position, rec.EventID, rec.Through, rec.Attempts, rec.LastError, time.Now().UTC()}, liveArgs...)...).Error
 	if err != nil {
-		return fmt.Errorf("subscriptions: record the failure of event %q of %q: %w", rec.eventID, subscriber, err)
+		return fmt.Errorf("subscriptions: record the failure of event %q of %q: %w", rec.EventID, subscriber, err)
 	}
 	return nil
 }
@@ -246,7 +246,7 @@ func (g *GormCheckpointStore) releaseClaim(conn *sql.Conn, subscriber, holder st
 	return nil
 }
 
-func (g *GormCheckpointStore) hasAttempt(ctx context.Context, batch Batch, subscriber string, position int64) (bool, error) {
+func (g *GormCheckpointStore) HasAttempt(ctx context.Context, batch Batch, subscriber string, position int64) (bool, error) {
 	b, ok := batch.(*gormBatch)
 	if !ok || b.store != g {
 		return false, fmt.Errorf("subscriptions: read the attempt record of %q: not a batch of this store", subscriber)
@@ -258,7 +258,7 @@ func (g *GormCheckpointStore) hasAttempt(ctx context.Context, batch Batch, subsc
 	return len(found) > 0, nil
 }
 
-func (g *GormCheckpointStore) clearAttempt(ctx context.Context, batch Batch, subscriber string) error {
+func (g *GormCheckpointStore) ClearAttempt(ctx context.Context, batch Batch, subscriber string) error {
 	b, ok := batch.(*gormBatch)
 	if !ok || b.store != g {
 		return fmt.Errorf("subscriptions: clear the attempt count of %q: not a batch of this store", subscriber)
@@ -338,11 +338,11 @@ func (b *gormBatch) renew(ctx context.Context, write func(db *gorm.DB) error) (w
 		return true, errAttemptMoved
 	}
 	var paused bool
-	if err := tx.Raw("SELECT "+pausedClause, pauseKey(b.subscriber)).Scan(&paused).Error; err != nil {
+	if err := tx.Raw("SELECT "+pausedClause, PauseKey(b.subscriber)).Scan(&paused).Error; err != nil {
 		return true, fmt.Errorf("take the checkpoint again: %w", err)
 	}
 	if paused {
-		return true, errAttemptClaimed // as if held: nothing runs while paused
+		return true, ErrAttemptClaimed // as if held: nothing runs while paused
 	}
 	return true, nil
 }

@@ -28,7 +28,7 @@ func TestAttemptClaims(t *testing.T) {
 			ctx := context.Background()
 			const name = "claims"
 			require.NoError(t, g.Reset(ctx, name, 7))
-			rec := attemptRecord{position: 7, eventID: "e8", through: 9, attempts: 1, holder: "runner-b"}
+			rec := AttemptRecord{Position: 7, EventID: "e8", Through: 9, Attempts: 1, Holder: "runner-b"}
 
 			// claim writes the record of runner-a's attempt from 7 as its
 			// batch commits it, by the server process of conn (or with the
@@ -68,19 +68,19 @@ func TestAttemptClaims(t *testing.T) {
 			t.Run("live claim", func(t *testing.T) {
 				claim(t, alivePID, "0 seconds")
 				batch := acquire(t)
-				_, _, err := g.beginAttempt(ctx, batch, name, rec)
+				_, _, err := g.BeginAttempt(ctx, batch, name, rec)
 				if !b.Postgres {
 					require.NoError(t, err, "SQLite: one process, nobody to keep out")
 					require.NoError(t, batch.Rollback())
 					return
 				}
-				require.ErrorIs(t, err, errAttemptClaimed)
+				require.ErrorIs(t, err, ErrAttemptClaimed)
 				require.NoError(t, batch.Rollback())
 				batch = acquire(t)
-				require.ErrorIs(t, g.putAttempt(ctx, batch, name, attemptRecord{position: 9, eventID: "e10", through: 10, attempts: 1}), errAttemptClaimed)
+				require.ErrorIs(t, g.PutAttempt(ctx, batch, name, AttemptRecord{Position: 9, EventID: "e10", Through: 10, Attempts: 1}), ErrAttemptClaimed)
 				require.NoError(t, batch.Rollback())
 				batch = acquire(t)
-				require.NoError(t, g.failAttempt(ctx, batch, name, attemptRecord{position: 7, eventID: "e8", through: 8, lastError: "boom", holder: "runner-b"}))
+				require.NoError(t, g.FailAttempt(ctx, batch, name, AttemptRecord{Position: 7, EventID: "e8", Through: 8, LastError: "boom", Holder: "runner-b"}))
 				require.Equal(t, "runner-a", claimHolder(t, db, name), "a failure of another runner leaves a live claim alone")
 			})
 			if !b.Postgres {
@@ -93,24 +93,24 @@ func TestAttemptClaims(t *testing.T) {
 				t.Run(tc.what, func(t *testing.T) {
 					claim(t, tc.pid, tc.age)
 					batch := acquire(t)
-					prev, found, err := g.beginAttempt(ctx, batch, name, rec)
+					prev, found, err := g.BeginAttempt(ctx, batch, name, rec)
 					require.NoError(t, err)
 					require.True(t, found, "an attempt that did not complete: counted on")
-					require.Equal(t, 1, prev.attempts)
+					require.Equal(t, 1, prev.Attempts)
 					require.NoError(t, batch.Rollback())
 				})
 			}
 			t.Run("a rolled-back batch releases its claim", func(t *testing.T) {
 				require.NoError(t, db.Exec("DELETE FROM subscriber_attempts").Error)
 				batch := acquire(t)
-				_, found, err := g.beginAttempt(ctx, batch, name, attemptRecord{position: 7, eventID: "e8", through: 9, attempts: 1, holder: "runner-a"})
+				_, found, err := g.BeginAttempt(ctx, batch, name, AttemptRecord{Position: 7, EventID: "e8", Through: 9, Attempts: 1, Holder: "runner-a"})
 				require.NoError(t, err)
 				require.False(t, found)
 				require.Equal(t, "runner-a", claimHolder(t, db, name), "committed before the handlers run")
 				require.NoError(t, batch.Rollback())
 				require.Empty(t, claimHolder(t, db, name))
 				batch = acquire(t)
-				_, found, err = g.beginAttempt(ctx, batch, name, rec)
+				_, found, err = g.BeginAttempt(ctx, batch, name, rec)
 				require.NoError(t, err)
 				require.True(t, found)
 				require.NoError(t, batch.Rollback())

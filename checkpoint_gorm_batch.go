@@ -209,7 +209,7 @@ func (b *gormBatch) Commit(ctx context.Context, position int64) error {
 	// that locked its row before a Pause committed never moves the
 	// checkpoint after Pause returned (see GormCheckpointStore.pause).
 	res := b.tx.WithContext(ctx).Exec("UPDATE subscriber_checkpoints SET position = ?, updated_at = ? WHERE subscriber = ? AND position = ? AND NOT "+pausedClause,
-		position, time.Now().UTC(), b.subscriber, b.position, pauseKey(b.subscriber))
+		position, time.Now().UTC(), b.subscriber, b.position, PauseKey(b.subscriber))
 	if res.Error != nil {
 		return fail(staged(stageLibrary, res.Error))
 	}

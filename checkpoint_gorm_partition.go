@@ -14,12 +14,12 @@ import (
 // partitioned subscribers (partitionStore): one read for every partition's
 // checkpoint, one transaction to reset them all or to seed them.
 
-var _ partitionStore = (*GormCheckpointStore)(nil)
+var _ PartitionCheckpointStore = (*GormCheckpointStore)(nil)
 
-// positions reads through the transaction in ctx when it is one of this
+// Positions reads through the transaction in ctx when it is one of this
 // store's pool (a reset's or delete's, whose guard reads the partition
 // count), else on the pool.
-func (g *GormCheckpointStore) positions(ctx context.Context, names []string) ([]int64, error) {
+func (g *GormCheckpointStore) Positions(ctx context.Context, names []string) ([]int64, error) {
 	db := g.db
 	if tx := txForPool(ctx, g.pool); tx != nil {
 		db = tx
@@ -45,12 +45,12 @@ func checkpointsOf(rows []GormCheckpointModel, names []string) []int64 {
 	return out
 }
 
-// resetAll upserts every row, then runs apply, in one transaction. On
+// ResetAll upserts every row, then runs apply, in one transaction. On
 // Postgres the upserts wait for the row locks of in-flight batches, taken
 // in name order (the batches' locks are SKIP LOCKED, so they never wait on
 // the reset), and keep every replica's batches of these names out until
 // the commit. On SQLite each name is fenced first, as Reset does.
-func (g *GormCheckpointStore) resetAll(ctx context.Context, names []string, position int64, guard, apply func(ctx context.Context) error) error {
+func (g *GormCheckpointStore) ResetAll(ctx context.Context, names []string, position int64, guard, apply func(ctx context.Context) error) error {
 	if len(names) == 0 {
 		return nil
 	}
@@ -68,14 +68,9 @@ func (g *GormCheckpointStore) resetAll(ctx context.Context, names []string, posi
 	}, guard, apply)
 }
 
-// resetGuarded is ResetWith with guard as the statements.
-func (g *GormCheckpointStore) resetGuarded(ctx context.Context, name string, position int64, guard func(ctx context.Context) error) error {
-	return g.ResetWith(ctx, name, position, guard)
-}
-
-// deleteAll deletes every row, then runs apply, in one transaction,
+// DeleteAll deletes every row, then runs apply, in one transaction,
 // holding off batches as resetAll does.
-func (g *GormCheckpointStore) deleteAll(ctx context.Context, names []string, guard, apply func(ctx context.Context) error) error {
+func (g *GormCheckpointStore) DeleteAll(ctx context.Context, names []string, guard, apply func(ctx context.Context) error) error {
 	if len(names) == 0 {
 		return nil
 	}
@@ -133,9 +128,9 @@ func (g *GormCheckpointStore) fencedAll(ctx context.Context, names []string, wha
 	return nil
 }
 
-// initPartitions takes the marker row's lock (Postgres) or the write lock
+// InitPartitions takes the marker row's lock (Postgres) or the write lock
 // (SQLite) first, so that replicas starting together seed once.
-func (g *GormCheckpointStore) initPartitions(ctx context.Context, marker, plain string, parts []string, n int64) (int64, error) {
+func (g *GormCheckpointStore) InitPartitions(ctx context.Context, marker, plain string, parts []string, n int64) (int64, error) {
 	var existing int64
 	err := g.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		now := time.Now().UTC()

@@ -16,16 +16,16 @@ import (
 // checkpoint while it holds (see pause).
 const pausedClause = `EXISTS (SELECT 1 FROM subscriber_pauses WHERE subscriber = ?)`
 
-var _ pauser = (*GormCheckpointStore)(nil)
+var _ Pauser = (*GormCheckpointStore)(nil)
 
-// pause records key as paused, committed, and then waits until no batch of
+// Pause records key as paused, committed, and then waits until no batch of
 // names is in flight: on Postgres by locking every row in name order (a
-// batch in flight holds its row; one that locked its row before the pause
-// committed fails its commit, which checks the pause again), on SQLite by
+// batch in flight holds its row; one that locked its row before the Pause
+// committed fails its commit, which checks the Pause again), on SQLite by
 // the store's fence (the batch in flight is rolled back). The positions
 // are read once that holds: the checkpoints no batch of names moves any
 // more until resume.
-func (g *GormCheckpointStore) pause(ctx context.Context, key string, names []string, reason string) ([]int64, error) {
+func (g *GormCheckpointStore) Pause(ctx context.Context, key string, names []string, reason string) ([]int64, error) {
 	what := fmt.Sprintf("pause %q", key)
 	sorted := slices.Clone(names)
 	slices.Sort(sorted)
@@ -58,14 +58,14 @@ func (g *GormCheckpointStore) pause(ctx context.Context, key string, names []str
 	return checkpointsOf(rows, names), nil
 }
 
-func (g *GormCheckpointStore) resume(ctx context.Context, key string) error {
+func (g *GormCheckpointStore) Resume(ctx context.Context, key string) error {
 	if err := g.db.WithContext(ctx).Exec("DELETE FROM subscriber_pauses WHERE subscriber = ?", key).Error; err != nil {
 		return fmt.Errorf("subscriptions: resume %q: %w", key, err)
 	}
 	return nil
 }
 
-func (g *GormCheckpointStore) pausedSince(ctx context.Context, key string) (time.Time, bool, error) {
+func (g *GormCheckpointStore) PausedSince(ctx context.Context, key string) (time.Time, bool, error) {
 	var rows []struct{ PausedAt time.Time }
 	if err := g.db.WithContext(ctx).Raw("SELECT paused_at FROM subscriber_pauses WHERE subscriber = ?", key).Scan(&rows).Error; err != nil {
 		return time.Time{}, false, fmt.Errorf("subscriptions: read the pause of %q: %w", key, err)
@@ -81,7 +81,7 @@ func (g *GormCheckpointStore) pausedSince(ctx context.Context, key string) (time
 func clearPausesIn(tx *gorm.DB, names ...string) error {
 	keys := make([]string, 0, len(names))
 	for _, name := range names {
-		keys = append(keys, pauseKey(name))
+		keys = append(keys, PauseKey(name))
 	}
 	if err := tx.Exec("DELETE FROM subscriber_pauses WHERE subscriber IN ?", keys).Error; err != nil {
 		return fmt.Errorf("clear the pause: %w", err)

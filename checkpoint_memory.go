@@ -63,7 +63,7 @@ func (m *MemoryCheckpointStore) Acquire(ctx context.Context, subscriber string) 
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e := m.entry(subscriber)
-	if _, paused := m.paused[pauseKey(subscriber)]; e.active != nil || m.fences[subscriber] != nil || paused {
+	if _, paused := m.paused[PauseKey(subscriber)]; e.active != nil || m.fences[subscriber] != nil || paused {
 		return nil, false, nil
 	}
 	b := &memoryBatch{store: m, subscriber: subscriber, entry: e, position: e.position, done: make(chan struct{})}
@@ -129,15 +129,15 @@ func (m *MemoryCheckpointStore) Delete(ctx context.Context, subscriber string, a
 	}
 	return m.fenced(ctx, subscriber, fmt.Sprintf("delete checkpoint of %q", subscriber), apply, func(*memoryCheckpoint) {
 		delete(m.entries, subscriber)
-		delete(m.paused, pauseKey(subscriber))
+		delete(m.paused, PauseKey(subscriber))
 	})
 }
 
-var _ pauser = (*MemoryCheckpointStore)(nil)
+var _ Pauser = (*MemoryCheckpointStore)(nil)
 
-// pause records key as paused, so that no batch of it starts, then waits
+// Pause records key as paused, so that no batch of it starts, then waits
 // for the batches of names in flight to end (see pauser).
-func (m *MemoryCheckpointStore) pause(ctx context.Context, key string, names []string, _ string) ([]int64, error) {
+func (m *MemoryCheckpointStore) Pause(ctx context.Context, key string, names []string, _ string) ([]int64, error) {
 	m.mu.Lock()
 	if m.paused == nil {
 		m.paused = make(map[string]time.Time)
@@ -149,17 +149,17 @@ func (m *MemoryCheckpointStore) pause(ctx context.Context, key string, names []s
 	if err := m.fencedAll(ctx, names, fmt.Sprintf("pause %q", key), nil, func(*memoryCheckpoint) {}); err != nil {
 		return nil, err
 	}
-	return m.positions(ctx, names)
+	return m.Positions(ctx, names)
 }
 
-func (m *MemoryCheckpointStore) resume(_ context.Context, key string) error {
+func (m *MemoryCheckpointStore) Resume(_ context.Context, key string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.paused, key)
 	return nil
 }
 
-func (m *MemoryCheckpointStore) pausedSince(_ context.Context, key string) (time.Time, bool, error) {
+func (m *MemoryCheckpointStore) PausedSince(_ context.Context, key string) (time.Time, bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	at, ok := m.paused[key]
@@ -255,28 +255,28 @@ func (b *memoryBatch) RollbackToSavepoint(context.Context, string) error { retur
 // share it share the count. clearAttempt takes effect when the batch
 // commits.
 
-var _ attemptCounter = (*MemoryCheckpointStore)(nil)
+var _ AttemptCounter = (*MemoryCheckpointStore)(nil)
 
-func (m *MemoryCheckpointStore) beginAttempt(_ context.Context, _ Batch, subscriber string, rec attemptRecord) (attemptRecord, bool, error) {
+func (m *MemoryCheckpointStore) BeginAttempt(_ context.Context, _ Batch, subscriber string, rec AttemptRecord) (AttemptRecord, bool, error) {
 	prev, found := m.attempts.begin(subscriber, rec)
 	return prev, found, nil
 }
 
-func (m *MemoryCheckpointStore) putAttempt(_ context.Context, _ Batch, subscriber string, rec attemptRecord) error {
+func (m *MemoryCheckpointStore) PutAttempt(_ context.Context, _ Batch, subscriber string, rec AttemptRecord) error {
 	m.attempts.set(subscriber, rec)
 	return nil
 }
 
-func (m *MemoryCheckpointStore) failAttempt(_ context.Context, batch Batch, subscriber string, rec attemptRecord) error {
+func (m *MemoryCheckpointStore) FailAttempt(_ context.Context, batch Batch, subscriber string, rec AttemptRecord) error {
 	m.attempts.fail(subscriber, rec)
 	return rollbackIf(batch)
 }
 
-func (m *MemoryCheckpointStore) hasAttempt(_ context.Context, _ Batch, subscriber string, position int64) (bool, error) {
+func (m *MemoryCheckpointStore) HasAttempt(_ context.Context, _ Batch, subscriber string, position int64) (bool, error) {
 	return m.attempts.has(subscriber, position), nil
 }
 
-func (m *MemoryCheckpointStore) clearAttempt(_ context.Context, batch Batch, subscriber string) error {
+func (m *MemoryCheckpointStore) ClearAttempt(_ context.Context, batch Batch, subscriber string) error {
 	b, ok := batch.(*memoryBatch)
 	if !ok {
 		return fmt.Errorf("subscriptions: clear the attempt count of %q: not a batch of this store", subscriber)
@@ -285,9 +285,9 @@ func (m *MemoryCheckpointStore) clearAttempt(_ context.Context, batch Batch, sub
 	return nil
 }
 
-var _ partitionStore = (*MemoryCheckpointStore)(nil)
+var _ PartitionCheckpointStore = (*MemoryCheckpointStore)(nil)
 
-func (m *MemoryCheckpointStore) positions(_ context.Context, names []string) ([]int64, error) {
+func (m *MemoryCheckpointStore) Positions(_ context.Context, names []string) ([]int64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	out := make([]int64, len(names))
@@ -299,11 +299,11 @@ func (m *MemoryCheckpointStore) positions(_ context.Context, names []string) ([]
 	return out, nil
 }
 
-// resetAll with a nil apply refuses, changing nothing, while any of the
+// ResetAll with a nil apply refuses, changing nothing, while any of the
 // names has a batch in flight (ErrBatchInFlight), as Reset does. With an
 // apply it waits instead, as ResetWith does: every name is fenced (nested,
 // in name order), apply runs, then every checkpoint moves.
-func (m *MemoryCheckpointStore) resetAll(ctx context.Context, names []string, position int64, guard, apply func(ctx context.Context) error) error {
+func (m *MemoryCheckpointStore) ResetAll(ctx context.Context, names []string, position int64, guard, apply func(ctx context.Context) error) error {
 	if len(names) == 0 {
 		return nil
 	}
@@ -331,9 +331,9 @@ func (m *MemoryCheckpointStore) resetAll(ctx context.Context, names []string, po
 	return nil
 }
 
-// deleteAll forgets every checkpoint after apply, holding off batches as
+// DeleteAll forgets every checkpoint after apply, holding off batches as
 // resetAll with an apply does.
-func (m *MemoryCheckpointStore) deleteAll(ctx context.Context, names []string, guard, apply func(ctx context.Context) error) error {
+func (m *MemoryCheckpointStore) DeleteAll(ctx context.Context, names []string, guard, apply func(ctx context.Context) error) error {
 	if len(names) == 0 {
 		return nil
 	}
@@ -342,7 +342,7 @@ func (m *MemoryCheckpointStore) deleteAll(ctx context.Context, names []string, g
 		for name, entry := range m.entries {
 			if entry == e {
 				delete(m.entries, name)
-				delete(m.paused, pauseKey(name))
+				delete(m.paused, PauseKey(name))
 			}
 		}
 	})
@@ -366,16 +366,7 @@ func (m *MemoryCheckpointStore) fencedAll(ctx context.Context, names []string, w
 	return nest(0, ctx)
 }
 
-// resetGuarded is Reset with guard run first: in memory nothing is
-// transactional, and Reset refuses while a batch is in flight anyway.
-func (m *MemoryCheckpointStore) resetGuarded(ctx context.Context, name string, position int64, guard func(ctx context.Context) error) error {
-	if err := guard(ctx); err != nil {
-		return fmt.Errorf("subscriptions: reset checkpoint of %q to %d: %w", name, position, err)
-	}
-	return m.Reset(ctx, name, position)
-}
-
-func (m *MemoryCheckpointStore) initPartitions(_ context.Context, marker, plain string, parts []string, n int64) (int64, error) {
+func (m *MemoryCheckpointStore) InitPartitions(_ context.Context, marker, plain string, parts []string, n int64) (int64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if e := m.entries[marker]; e != nil && e.position != 0 {

@@ -45,7 +45,7 @@ func AttemptsForTest(ctx context.Context, store CheckpointStore, subscriber stri
 	if err != nil {
 		return 0, err
 	}
-	var rec attemptRecord
+	var rec AttemptRecord
 	var found bool
 	switch s := store.(type) {
 	case *MemoryCheckpointStore:
@@ -58,13 +58,13 @@ func AttemptsForTest(ctx context.Context, store CheckpointStore, subscriber stri
 			return 0, err
 		}
 		if len(rows) == 1 {
-			rec, found = attemptRecord{position: rows[0].Position, attempts: rows[0].Attempts}, true
+			rec, found = AttemptRecord{Position: rows[0].Position, Attempts: rows[0].Attempts}, true
 		}
 	default:
 		return 0, errors.ErrUnsupported
 	}
-	if !found || rec.position != position {
+	if !found || rec.Position != position {
 		return 0, nil
 	}
-	return rec.attempts, nil
+	return rec.Attempts, nil
 }

@@ -26,20 +26,26 @@ var ErrReplayInProgress = errors.New("a replay of the event is already in progre
 // again, and a replay as well would handle it twice.
 var ErrParkedAfterCheckpoint = errors.New("the parked event is after the checkpoint: the subscriber will deliver it again")
 
-// deliveredClearer is implemented by this package's parking lots. A live
-// delivery removes the entries of the events it handled, so that no entry
+// DeliveredClearer is the optional capability of a ParkingLot that
+// removes the entries of events a live batch handled, so that no entry
 // outlives its event's successful handling (it would be listed, and
-// replayed, a second time): after a Reset the subscriber delivers parked
-// events again, and a success there is final.
-type deliveredClearer interface {
-	// clearDelivered removes subscriber's entries with positions in
-	// (after, upTo], through the batch transaction when ctx carries one of
-	// the lot's database (see Park), so that the removal commits with the
-	// checkpoint advance.
-	clearDelivered(ctx context.Context, subscriber string, after, upTo int64) error
-	// clearsInBatch reports whether clearDelivered(ctx, ...) runs in the
-	// batch transaction ctx carries (see runner.commit).
-	clearsInBatch(ctx context.Context) bool
+// replayed, a second time): after a reset the subscriber delivers parked
+// events again, and a success there is final (see the package
+// documentation, Failures). The run loop calls ClearDelivered with every
+// batch it commits: in the batch's transaction when ClearsInBatch says the
+// lot joins it (a failure there fails the commit), else right after the
+// commit (a failure is logged; the entry stays until a later delivery or
+// replay). Without it parked entries stay until replayed or discarded, and
+// ReplayParked of an event the subscriber handled again handles it twice.
+// This package's lots have it.
+type DeliveredClearer interface {
+	// ClearDelivered removes subscriber's entries with positions in
+	// (after, upTo], except one whose replay is running, through the batch
+	// transaction when ctx carries one of the lot's database (see Park).
+	ClearDelivered(ctx context.Context, subscriber string, after, upTo int64) error
+	// ClearsInBatch reports whether ClearDelivered(ctx, ...) runs in the
+	// batch transaction ctx carries.
+	ClearsInBatch(ctx context.Context) bool
 }
 
 // ErrParkingLotNotManaged is returned by the Subscriber methods that

@@ -52,8 +52,7 @@ type GormParkingLot struct {
 var (
 	_ ParkingLot                = (*GormParkingLot)(nil)
 	_ ParkingLotPurger          = (*GormParkingLot)(nil)
-	_ rawPurger                 = (*GormParkingLot)(nil)
-	_ partitionDeliveredClearer = (*GormParkingLot)(nil)
+	_ PartitionDeliveredClearer = (*GormParkingLot)(nil)
 )
 
 // NewGormParkingLot creates a parking lot, applying the module's schema
@@ -110,13 +109,13 @@ func (g *GormParkingLot) Park(ctx context.Context, parked ParkedEvent) error {
 	return nil
 }
 
-var _ deliveredClearer = (*GormParkingLot)(nil)
+var _ DeliveredClearer = (*GormParkingLot)(nil)
 
-// clearDelivered removes the subscriber's rows in (after, upTo] through the
+// ClearDelivered removes the subscriber's rows in (after, upTo] through the
 // batch transaction (see deliveredClearer), by the (subscriber, position)
 // index: one indexed statement per batch, which finds nothing unless the
 // checkpoint was reset before a parked event.
-func (g *GormParkingLot) clearDelivered(ctx context.Context, subscriber string, after, upTo int64) error {
+func (g *GormParkingLot) ClearDelivered(ctx context.Context, subscriber string, after, upTo int64) error {
 	db := g.batchTx(ctx)
 	if db == nil {
 		db = g.db
@@ -129,9 +128,9 @@ func (g *GormParkingLot) clearDelivered(ctx context.Context, subscriber string, 
 	return nil
 }
 
-// clearsInBatch implements deliveredClearer: true when ctx carries a
+// ClearsInBatch implements deliveredClearer: true when ctx carries a
 // batch transaction on the lot's database.
-func (g *GormParkingLot) clearsInBatch(ctx context.Context) bool {
+func (g *GormParkingLot) ClearsInBatch(ctx context.Context) bool {
 	return g.batchTx(ctx) != nil
 }
 
@@ -307,20 +306,15 @@ func (g *GormParkingLot) Replay(ctx context.Context, subscriber, eventID string,
 // Purge deletes every event parked for subscriber, through the batch
 // transaction in ctx when it belongs to this lot's database (as Park does).
 func (g *GormParkingLot) Purge(ctx context.Context, subscriber string) error {
-	if err := g.purge(ctx, subscriber); err != nil {
-		return fmt.Errorf("subscriptions: purge parked events of %q: %w", subscriber, err)
-	}
-	return nil
-}
-
-// purge is Purge without context in its errors (see rawPurger).
-func (g *GormParkingLot) purge(ctx context.Context, subscriber string) error {
 	db := g.batchTx(ctx)
 	if db == nil {
 		db = g.db
 	}
 	where, args := g.dialect.ParkedSubscriber(subscriber)
-	return db.WithContext(ctx).Exec("DELETE FROM parked_events WHERE "+where, args...).Error
+	if err := db.WithContext(ctx).Exec("DELETE FROM parked_events WHERE "+where, args...).Error; err != nil {
+		return fmt.Errorf("subscriptions: purge parked events of %q: %w", subscriber, err)
+	}
+	return nil
 }
 
 var _ ManagedParkingLot = (*GormParkingLot)(nil)
@@ -435,13 +429,13 @@ func (g *GormParkingLot) RecordReplayFailure(ctx context.Context, subscriber, ev
 	return nil
 }
 
-// clearPartitionDelivered on Postgres is one indexed DELETE, as
+// ClearPartitionDelivered on Postgres is one indexed DELETE, as
 // clearDelivered is, with the partition's hash filter (dialect.PartitionHash
 // on the entry's aggregate_id). SQLite has no MD5: the range's entries (in the
 // usual case none: only a reset makes a live batch cover a parked event)
 // are read through the batch transaction, filtered with PartitionOf, and
 // the partition's deleted by key.
-func (g *GormParkingLot) clearPartitionDelivered(ctx context.Context, subscriber string, partition, partitions int, after, upTo int64) error {
+func (g *GormParkingLot) ClearPartitionDelivered(ctx context.Context, subscriber string, partition, partitions int, after, upTo int64) error {
 	db := g.batchTx(ctx)
 	if db == nil {
 		db = g.db

@@ -40,7 +40,7 @@ func NewMemoryParkingLot() *MemoryParkingLot {
 var (
 	_ ParkingLot                = (*MemoryParkingLot)(nil)
 	_ ParkingLotPurger          = (*MemoryParkingLot)(nil)
-	_ partitionDeliveredClearer = (*MemoryParkingLot)(nil)
+	_ PartitionDeliveredClearer = (*MemoryParkingLot)(nil)
 )
 
 // Park records a poison event; parking it again updates its type,
@@ -65,11 +65,11 @@ func (m *MemoryParkingLot) Park(ctx context.Context, parked ParkedEvent) error {
 	return nil
 }
 
-var _ deliveredClearer = (*MemoryParkingLot)(nil)
+var _ DeliveredClearer = (*MemoryParkingLot)(nil)
 
-// clearDelivered removes the subscriber's entries in (after, upTo] (see
+// ClearDelivered removes the subscriber's entries in (after, upTo] (see
 // deliveredClearer), except one being replayed: the replay decides.
-func (m *MemoryParkingLot) clearDelivered(_ context.Context, subscriber string, after, upTo int64) error {
+func (m *MemoryParkingLot) ClearDelivered(_ context.Context, subscriber string, after, upTo int64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for k, e := range m.entries {
@@ -80,9 +80,9 @@ func (m *MemoryParkingLot) clearDelivered(_ context.Context, subscriber string, 
 	return nil
 }
 
-// clearsInBatch implements deliveredClearer: a MemoryParkingLot never
+// ClearsInBatch implements deliveredClearer: a MemoryParkingLot never
 // joins a batch transaction.
-func (m *MemoryParkingLot) clearsInBatch(context.Context) bool { return false }
+func (m *MemoryParkingLot) ClearsInBatch(context.Context) bool { return false }
 
 func validateParked(p ParkedEvent) error {
 	if err := validateName(p.Subscriber); err != nil {
@@ -250,9 +250,9 @@ func (m *MemoryParkingLot) RecordReplayFailure(ctx context.Context, subscriber, 
 	return nil
 }
 
-// clearPartitionDelivered removes the partition's entries in (after, upTo],
+// ClearPartitionDelivered removes the partition's entries in (after, upTo],
 // except one being replayed, as clearDelivered does.
-func (m *MemoryParkingLot) clearPartitionDelivered(_ context.Context, subscriber string, partition, partitions int, after, upTo int64) error {
+func (m *MemoryParkingLot) ClearPartitionDelivered(_ context.Context, subscriber string, partition, partitions int, after, upTo int64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for k, e := range m.entries {

@@ -73,10 +73,11 @@ func partitionMarker(name string) string { return name + "/partitions" }
 // checkpoint rows (partitionName, partitionMarker).
 var internalName = regexp.MustCompile(`/(partitions|partition-[0-9]+-of-[0-9]+)$`)
 
-// pauseKey is the name a checkpoint row is paused under (see
-// Subscriber.Pause): a partitioned subscriber's rows under the
-// subscriber's name, any other row under its own.
-func pauseKey(checkpoint string) string {
+// PauseKey is the name a checkpoint row is paused under (see Pauser): a
+// partitioned subscriber's rows (named after it, with a suffix that
+// NewSubscriber reserves) under the subscriber's name, any other row under
+// its own.
+func PauseKey(checkpoint string) string {
 	if loc := internalName.FindStringIndex(checkpoint); loc != nil {
 		return checkpoint[:loc[0]]
 	}
@@ -123,38 +124,46 @@ func (s *Subscriber) validatePartitions() error {
 	return nil
 }
 
-// partitionStore is implemented by the checkpoint stores of this module;
-// it makes the multi-partition operations one transaction. A CheckpointStore
-// without it still works with partitions, through its ordinary methods: a
-// reset then moves the partitions one after the other, and two replicas
-// starting for the first time at once may both seed the partitions.
-type partitionStore interface {
-	// positions returns the committed checkpoints of names (0 if unknown)
-	// in one read.
-	positions(ctx context.Context, names []string) ([]int64, error)
-	// resetAll sets every named checkpoint to position atomically,
+// PartitionCheckpointStore is the optional capability of a
+// CheckpointStore that reads and changes several checkpoint rows at once:
+// a partitioned subscriber's partitions and the row that records their
+// count. With it every partition's checkpoint is read in one statement
+// (the coordinator's sweep, Status, Lag), a reset or delete moves every
+// partition in one transaction, checking the recorded count inside it,
+// and replicas starting at once seed the partitions once. Without it a
+// partitioned subscriber reads the rows one by one, a reset moves them one
+// after the other (a reader may see some moved and some not; the count is
+// checked before, not inside), two replicas starting for the first time at
+// once may both seed the partitions, and ResetCheckpointWith and
+// DeleteState of a partitioned subscriber are refused
+// (errors.ErrUnsupported). This package's stores have it.
+type PartitionCheckpointStore interface {
+	// Positions returns the committed checkpoints of names (0 for a name
+	// without one) in one read; through the transaction in ctx when it is
+	// one of the store's own (a reset's guard).
+	Positions(ctx context.Context, names []string) ([]int64, error)
+	// ResetAll sets every named checkpoint to position atomically,
 	// serialized against in-flight batches as Reset is (with a nil apply)
 	// or as CheckpointResetter.ResetWith is, apply included. guard runs
-	// first once the batches are held off, on ctx with the transaction
-	// (where there is one); its error changes nothing.
-	resetAll(ctx context.Context, names []string, position int64, guard, apply func(ctx context.Context) error) error
-	// deleteAll deletes every named checkpoint and runs apply atomically,
-	// as CheckpointResetter.Delete does, guard first as for resetAll.
-	deleteAll(ctx context.Context, names []string, guard, apply func(ctx context.Context) error) error
-	// resetGuarded is Reset of one name with guard run first, as for
-	// resetAll.
-	resetGuarded(ctx context.Context, name string, position int64, guard func(ctx context.Context) error) error
-	// initPartitions records n in marker unless it already holds a count,
-	// which it then returns; on first use it seeds every partition (that
-	// has no row yet) at plain's checkpoint, in the same transaction.
-	initPartitions(ctx context.Context, marker, plain string, parts []string, n int64) (int64, error)
+	// first, once the batches are held off, on ctx with the transaction
+	// (where there is one); its error changes nothing and is returned.
+	ResetAll(ctx context.Context, names []string, position int64, guard, apply func(ctx context.Context) error) error
+	// DeleteAll deletes every named checkpoint (their attempt records and
+	// pauses too) and runs apply atomically, as CheckpointResetter.Delete
+	// does, guard first as for ResetAll, before anything is deleted.
+	DeleteAll(ctx context.Context, names []string, guard, apply func(ctx context.Context) error) error
+	// InitPartitions records n in the row marker unless it already holds a
+	// count, which it then returns (0 when it recorded n); on first use it
+	// seeds every partition of parts that has no row yet at plain's
+	// checkpoint, in the same transaction.
+	InitPartitions(ctx context.Context, marker, plain string, parts []string, n int64) (int64, error)
 }
 
 // storePositions reads the checkpoints of names through ps when the store
 // has it, one by one otherwise.
 func (s *Subscriber) storePositions(ctx context.Context, names []string) ([]int64, error) {
-	if ps, ok := s.checkpoints.(partitionStore); ok {
-		return ps.positions(ctx, names)
+	if ps, ok := s.checkpoints.(PartitionCheckpointStore); ok {
+		return ps.Positions(ctx, names)
 	}
 	out := make([]int64, len(names))
 	for i, name := range names {
@@ -173,9 +182,9 @@ func (s *Subscriber) initPartitions(ctx context.Context) error {
 	marker, n := partitionMarker(s.name), int64(s.partitions)
 	parts := s.partitionNames()
 	var existing int64
-	if ps, ok := s.checkpoints.(partitionStore); ok {
+	if ps, ok := s.checkpoints.(PartitionCheckpointStore); ok {
 		var err error
-		if existing, err = ps.initPartitions(ctx, marker, s.name, parts, n); err != nil {
+		if existing, err = ps.InitPartitions(ctx, marker, s.name, parts, n); err != nil {
 			return err
 		}
 	} else {
@@ -320,8 +329,8 @@ func (s *Subscriber) partitionedLag(ctx context.Context) (int64, error) {
 // partition moves to position in one transaction (see partitionStore).
 func (s *Subscriber) resetPartitions(ctx context.Context, position int64) error {
 	names := s.partitionNames()
-	if ps, ok := s.checkpoints.(partitionStore); ok {
-		return ps.resetAll(ctx, names, position, s.countGuard, nil)
+	if ps, ok := s.checkpoints.(PartitionCheckpointStore); ok {
+		return ps.ResetAll(ctx, names, position, s.countGuard, nil)
 	}
 	for _, name := range names {
 		if err := s.checkpoints.Reset(ctx, name, position); err != nil {
@@ -346,22 +355,22 @@ func (l partitionLot) Park(ctx context.Context, parked ParkedEvent) error {
 // resetPartitionsWith is ResetCheckpointWith for a partitioned subscriber:
 // apply and every partition's move in one transaction.
 func (s *Subscriber) resetPartitionsWith(ctx context.Context, position int64, apply func(ctx context.Context) error) error {
-	ps, ok := s.checkpoints.(partitionStore)
+	ps, ok := s.checkpoints.(PartitionCheckpointStore)
 	if !ok {
 		return fmt.Errorf("subscriptions: reset %q to %d with the application's statements: checkpoint store %T cannot move partitions atomically: %w", s.name, position, s.checkpoints, errors.ErrUnsupported)
 	}
-	return ps.resetAll(ctx, s.partitionNames(), position, s.countGuard, apply)
+	return ps.ResetAll(ctx, s.partitionNames(), position, s.countGuard, apply)
 }
 
 // deletePartitions is DeleteState's checkpoint part for a partitioned
 // subscriber: every partition's row and the partition count, with purge,
 // in one transaction.
 func (s *Subscriber) deletePartitions(ctx context.Context, purge func(ctx context.Context) error) error {
-	ps, ok := s.checkpoints.(partitionStore)
+	ps, ok := s.checkpoints.(PartitionCheckpointStore)
 	if !ok {
 		return fmt.Errorf("subscriptions: delete the state of %q: checkpoint store %T cannot delete partitions atomically: %w", s.name, s.checkpoints, errors.ErrUnsupported)
 	}
-	return ps.deleteAll(ctx, append(s.partitionNames(), partitionMarker(s.name)), s.countGuard, purge)
+	return ps.DeleteAll(ctx, append(s.partitionNames(), partitionMarker(s.name)), s.countGuard, purge)
 }
 
 // waitPartitionsCaughtUp is waitCaughtUpTo for a partitioned subscriber:

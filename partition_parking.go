@@ -20,31 +20,29 @@ import (
 //
 // It is safe for concurrent use, as its lot is.
 type partitionClearer struct {
-	lot                   partitionDeliveredClearer
+	lot                   PartitionDeliveredClearer
 	name                  string
 	partition, partitions int
 }
 
-// partitionDeliveredClearer is implemented by this package's parking lots
-// (see partitionClearer).
-type partitionDeliveredClearer interface {
-	// clearPartitionDelivered is deliveredClearer.clearDelivered
-	// restricted to the entries whose aggregate falls in partition of
-	// partitions, through the batch transaction when ctx carries one of the
-	// lot's database.
-	clearPartitionDelivered(ctx context.Context, subscriber string, partition, partitions int, after, upTo int64) error
+// PartitionDeliveredClearer is the optional capability of a
+// DeliveredClearer that removes only the entries of one partition's
+// events: a partition's batch spans positions of other partitions' events
+// (see partitionClearer). A partitioned subscriber uses it as its lot's
+// DeliveredClearer; without it, it clears nothing on live delivery (as a
+// lot without DeliveredClearer). This package's lots have it.
+type PartitionDeliveredClearer interface {
+	DeliveredClearer
+	// ClearPartitionDelivered is ClearDelivered restricted to the entries
+	// whose aggregate falls in partition of partitions (PartitionOf).
+	ClearPartitionDelivered(ctx context.Context, subscriber string, partition, partitions int, after, upTo int64) error
 }
 
-var _ deliveredClearer = partitionClearer{}
+var _ DeliveredClearer = partitionClearer{}
 
-func (c partitionClearer) clearDelivered(ctx context.Context, _ string, after, upTo int64) error {
-	return c.lot.clearPartitionDelivered(ctx, c.name, c.partition, c.partitions, after, upTo)
+func (c partitionClearer) ClearDelivered(ctx context.Context, _ string, after, upTo int64) error {
+	return c.lot.ClearPartitionDelivered(ctx, c.name, c.partition, c.partitions, after, upTo)
 }
 
-// clearsInBatch is the lot's (see deliveredClearer and runner.commit).
-func (c partitionClearer) clearsInBatch(ctx context.Context) bool {
-	if d, ok := c.lot.(interface{ clearsInBatch(context.Context) bool }); ok {
-		return d.clearsInBatch(ctx)
-	}
-	return true
-}
+// ClearsInBatch is the lot's.
+func (c partitionClearer) ClearsInBatch(ctx context.Context) bool { return c.lot.ClearsInBatch(ctx) }

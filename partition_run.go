@@ -312,7 +312,7 @@ func (s *Subscriber) partitionChild(name string, p int, index *partitionIndex, t
 	if s.parking != nil {
 		c.parking = partitionLot{ParkingLot: s.parking, name: s.name}
 	}
-	if lot, ok := s.clearer.(partitionDeliveredClearer); ok {
+	if lot, ok := s.clearer.(PartitionDeliveredClearer); ok {
 		c.clearer = partitionClearer{lot: lot, name: s.name, partition: p, partitions: s.partitions}
 	}
 	return c

@@ -7,23 +7,27 @@ import (
 	"time"
 )
 
-// pauser is the optional capability of a CheckpointStore that pauses a
-// subscriber name durably (Subscriber.Pause): GormCheckpointStore and
-// MemoryCheckpointStore have it. A paused name's batches run nothing, by
-// any replica of any process, until resume: acquiring the checkpoint of a
-// paused name fails as if another replica held it.
-type pauser interface {
-	// pause records key (see pauseKey) as paused and returns once no batch
-	// of names (the checkpoint rows paused under key) is in flight, with
-	// their checkpoints: positions no batch moves any more until resume.
-	// A batch in flight commits or rolls back; none commits after pause
-	// returned.
-	pause(ctx context.Context, key string, names []string, reason string) ([]int64, error)
-	// resume lifts key's pause; resuming a name that is not paused is not
+// Pauser is the optional capability of a CheckpointStore that pauses a
+// subscriber name durably, for Subscriber.Pause, Resume and SwitchOver
+// (without it they fail with ErrPauseUnsupported). The run loop calls
+// none of its methods: the store keeps a paused name's batches from
+// running, by any replica of any process, until Resume. Its Acquire of a
+// checkpoint row paused under its key (PauseKey) returns acquired false,
+// as if another replica held it, and its Commit of a batch whose name was
+// paused after the batch was acquired fails with ErrCheckpointMoved (the
+// batch is discarded). This package's stores have it;
+// subscriptionstest.RunPauserSuite checks a store of your own.
+type Pauser interface {
+	// Pause records key as paused and returns once no batch of names (the
+	// checkpoint rows paused under key) is in flight, with their
+	// checkpoints: positions no batch moves any more until Resume. A batch
+	// in flight commits or rolls back; none commits after Pause returned.
+	Pause(ctx context.Context, key string, names []string, reason string) ([]int64, error)
+	// Resume lifts key's pause; resuming a name that is not paused is not
 	// an error.
-	resume(ctx context.Context, key string) error
-	// pausedSince reports whether key is paused, and since when.
-	pausedSince(ctx context.Context, key string) (time.Time, bool, error)
+	Resume(ctx context.Context, key string) error
+	// PausedSince reports whether key is paused, and since when.
+	PausedSince(ctx context.Context, key string) (time.Time, bool, error)
 }
 
 // ErrPauseUnsupported is returned by Pause, Resume and SwitchOver when the
@@ -50,7 +54,7 @@ func (s *Subscriber) Pause(ctx context.Context, reason string) error {
 // pause is Pause returning the name's checkpoints as they stand once no
 // batch of it is in flight.
 func (s *Subscriber) pause(ctx context.Context, reason string) ([]int64, error) {
-	p, ok := s.checkpoints.(pauser)
+	p, ok := s.checkpoints.(Pauser)
 	if !ok {
 		return nil, fmt.Errorf("subscriptions: pause %q: checkpoint store %T: %w", s.name, s.checkpoints, ErrPauseUnsupported)
 	}
@@ -61,7 +65,7 @@ func (s *Subscriber) pause(ctx context.Context, reason string) ([]int64, error) 
 	if s.partitions > 0 {
 		names = s.partitionNames()
 	}
-	positions, err := p.pause(ctx, s.name, names, reason)
+	positions, err := p.Pause(ctx, s.name, names, reason)
 	if err != nil {
 		return nil, err // the store names the subscriber
 	}
@@ -73,11 +77,11 @@ func (s *Subscriber) pause(ctx context.Context, reason string) ([]int64, error) 
 // their next poll (or wake-up). Resuming a name that is not paused is not
 // an error.
 func (s *Subscriber) Resume(ctx context.Context) error {
-	p, ok := s.checkpoints.(pauser)
+	p, ok := s.checkpoints.(Pauser)
 	if !ok {
 		return fmt.Errorf("subscriptions: resume %q: checkpoint store %T: %w", s.name, s.checkpoints, ErrPauseUnsupported)
 	}
-	if err := p.resume(ctx, s.name); err != nil {
+	if err := p.Resume(ctx, s.name); err != nil {
 		return err // the store names the subscriber
 	}
 	s.logger.Info("subscriber resumed", "subscriber", s.name)

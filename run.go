@@ -185,7 +185,7 @@ type runner struct {
 	ownedAt       int64
 	clean         bool
 	clearOnCommit bool
-	wrote         attemptRecord
+	wrote         AttemptRecord
 	// holder names this runner in the attempt records it writes.
 	holder string
 	// countChecked: the name's partition count was read (readCheckpoint);
@@ -202,7 +202,7 @@ func newRunner(s *Subscriber, wake <-chan struct{}, drain context.Context) *runn
 }
 
 // newHolder names a runner in the attempt records it claims (see
-// attemptCounter): random, so that no other runner, in this process or
+// AttemptCounter): random, so that no other runner, in this process or
 // another, or after a restart, has the same.
 func newHolder() string {
 	var b [12]byte
@@ -554,7 +554,7 @@ func (r *runner) commit(bctx, hctx context.Context, batch Batch, start, last int
 func (r *runner) commitBatch(bctx, hctx context.Context, batch Batch, start, last int64) error {
 	if r.clearOnCommit {
 		r.clearOnCommit = false
-		if err := r.s.attempts.clearAttempt(hctx, batch, r.s.name); err != nil {
+		if err := r.s.attempts.ClearAttempt(hctx, batch, r.s.name); err != nil {
 			r.rollback(batch)
 			return staged(stageLibrary, err)
 		}
@@ -563,16 +563,16 @@ func (r *runner) commitBatch(bctx, hctx context.Context, batch Batch, start, las
 	if c == nil {
 		return batch.Commit(bctx, last)
 	}
-	if !c.clearsInBatch(hctx) {
+	if !c.ClearsInBatch(hctx) {
 		if err := batch.Commit(bctx, last); err != nil {
 			return err
 		}
-		if err := c.clearDelivered(bctx, r.s.name, start, last); err != nil {
+		if err := c.ClearDelivered(bctx, r.s.name, start, last); err != nil {
 			r.s.logger.Error("subscriber: removing the parked entries of delivered events failed; they stay listed", "subscriber", r.s.name, "from", start+1, "to", last, "error", err)
 		}
 		return nil
 	}
-	if err := c.clearDelivered(hctx, r.s.name, start, last); err != nil {
+	if err := c.ClearDelivered(hctx, r.s.name, start, last); err != nil {
 		r.rollback(batch)
 		return staged(stageLibrary, err)
 	}
@@ -798,7 +798,7 @@ func (r *runner) parkIn(tctx, bctx context.Context, batch Batch, ev domain.Event
 		AggregateID: ev.AggregateID,
 	}
 	hctx := batch.HandlerContext(tctx)
-	if err := s.attempts.clearAttempt(hctx, batch, s.name); err != nil {
+	if err := s.attempts.ClearAttempt(hctx, batch, s.name); err != nil {
 		finished = true
 		return r.abandon(batch, ev, "subscriber: clearing the attempt count of a parked event failed; it will be retried", err), err
 	}

@@ -12,7 +12,7 @@ import (
 
 // countAttempt counts the attempt batch is about to make at events (the
 // events after start), before any handler runs: in a write committed on
-// its own (see attemptCounter), so that an attempt that crashes the
+// its own (see AttemptCounter), so that an attempt that crashes the
 // process counts too, and replicas and restarts continue one count.
 //
 // A record of an earlier attempt at the same position that did not
@@ -28,7 +28,7 @@ import (
 func (r *runner) countAttempt(bctx context.Context, batch Batch, start int64, events []domain.EventEnvelope[any]) (out outcome, ok bool) {
 	s := r.s
 	first, last := events[0], events[len(events)-1]
-	rec := attemptRecord{position: start, eventID: first.ID, through: last.Position, attempts: 1, holder: r.holder}
+	rec := AttemptRecord{Position: start, EventID: first.ID, Through: last.Position, Attempts: 1, Holder: r.holder}
 	r.attemptN, r.clearOnCommit = 1, false
 	if p := r.pending; p != nil && last.Position < p.position {
 		// The events before one that failed in this runner's last batch:
@@ -36,8 +36,8 @@ func (r *runner) countAttempt(bctx context.Context, batch Batch, start int64, ev
 		// recorded for the position they commit, before any replica can
 		// attempt it there.
 		// An attempt to come, which claims nothing yet.
-		pending := attemptRecord{position: last.Position, eventID: p.eventID, through: p.position, attempts: 1, lastError: p.err.Error()}
-		if err := s.attempts.putAttempt(bctx, batch, s.name, pending); err != nil {
+		pending := AttemptRecord{Position: last.Position, EventID: p.eventID, Through: p.position, Attempts: 1, LastError: p.err.Error()}
+		if err := s.attempts.PutAttempt(bctx, batch, s.name, pending); err != nil {
 			return r.attemptNotCounted(batch, first, err), false
 		}
 		r.wrote = pending
@@ -53,17 +53,17 @@ func (r *runner) countAttempt(bctx context.Context, batch Batch, start int64, ev
 		// kills the process in such a batch runs once uncounted; every
 		// attempt after that (the first batch of a restart, any retry) is
 		// counted. See docs/design.md, "Attempt counts".
-		has, err := s.attempts.hasAttempt(bctx, batch, s.name, start)
+		has, err := s.attempts.HasAttempt(bctx, batch, s.name, start)
 		if err != nil {
 			return r.attemptNotCounted(batch, first, err), false
 		}
 		r.ownedAt = -1 // set again when this batch commits
 		if !has {
-			r.wrote, r.clean = attemptRecord{}, true
+			r.wrote, r.clean = AttemptRecord{}, true
 			return 0, true
 		}
 	}
-	prev, found, err := s.attempts.beginAttempt(bctx, batch, s.name, rec)
+	prev, found, err := s.attempts.BeginAttempt(bctx, batch, s.name, rec)
 	if err != nil {
 		return r.attemptNotCounted(batch, first, err), false
 	}
@@ -73,7 +73,7 @@ func (r *runner) countAttempt(bctx context.Context, batch Batch, start int64, ev
 	case !found:
 		r.clean = r.pending == nil && start >= r.isolateUntil
 		return 0, true
-	case prev.attempts == 0:
+	case prev.Attempts == 0:
 		return r.afterMarker(bctx, batch, events, rec, prev)
 	case !prev.single(first.Position):
 		return r.afterIncomplete(bctx, batch, events, rec, prev, own)
@@ -86,15 +86,15 @@ func (r *runner) countAttempt(bctx context.Context, batch Batch, start int64, ev
 // after the events before it had been handled. As that replica does,
 // commit those events alone, and record the failure for the position they
 // commit: the event's next attempt, by any replica, is its second.
-func (r *runner) afterMarker(bctx context.Context, batch Batch, events []domain.EventEnvelope[any], rec, prev attemptRecord) (outcome, bool) {
+func (r *runner) afterMarker(bctx context.Context, batch Batch, events []domain.EventEnvelope[any], rec, prev AttemptRecord) (outcome, bool) {
 	var before int
-	for before < len(events) && events[before].Position < prev.through {
+	for before < len(events) && events[before].Position < prev.Through {
 		before++
 	}
-	if before > 0 && before < len(events) && events[before].ID == prev.eventID {
+	if before > 0 && before < len(events) && events[before].ID == prev.EventID {
 		r.rollback(batch)
 		r.prefix = before
-		r.pending = &pendingFailure{eventID: prev.eventID, position: prev.through, err: errors.New(prev.lastError)}
+		r.pending = &pendingFailure{eventID: prev.EventID, position: prev.Through, err: errors.New(prev.LastError)}
 		return outcomeMore, false
 	}
 	// The batch does not reach the event (a smaller batch size): counted
@@ -107,18 +107,18 @@ func (r *runner) afterMarker(bctx context.Context, batch Batch, events []domain.
 // which it saw fail (own: it is still here), is no crash: counted afresh.
 // After a crash, which event is to blame is unknown: the events run one
 // per transaction.
-func (r *runner) afterIncomplete(bctx context.Context, batch Batch, events []domain.EventEnvelope[any], rec, prev, own attemptRecord) (outcome, bool) {
+func (r *runner) afterIncomplete(bctx context.Context, batch Batch, events []domain.EventEnvelope[any], rec, prev, own AttemptRecord) (outcome, bool) {
 	first := events[0]
-	crashed := own.position != prev.position || own.eventID != prev.eventID || own.through != prev.through
+	crashed := own.Position != prev.Position || own.EventID != prev.EventID || own.Through != prev.Through
 	if crashed && len(events) > 1 {
 		r.rollback(batch)
-		r.isolateUntil = max(r.isolateUntil, prev.through)
+		r.isolateUntil = max(r.isolateUntil, prev.Through)
 		r.s.logger.Warn("subscriber: an attempt at these events did not complete (process crashed or lost its lock?); running them one per transaction",
-			"subscriber", r.s.name, "from", first.Position, "to", prev.through)
+			"subscriber", r.s.name, "from", first.Position, "to", prev.Through)
 		return outcomeMore, false
 	}
 	if crashed {
-		r.isolateUntil = max(r.isolateUntil, prev.through)
+		r.isolateUntil = max(r.isolateUntil, prev.Through)
 	}
 	return r.putAttempt(bctx, batch, first, rec)
 }
@@ -127,7 +127,7 @@ func (r *runner) afterIncomplete(bctx context.Context, batch Batch, events []dom
 // attempts at the first event alone: this is the next, alone, or, with a
 // parking lot and the attempts used up, the event is parked here without
 // running its handler again.
-func (r *runner) nextAttempt(bctx context.Context, batch Batch, events []domain.EventEnvelope[any], rec, prev attemptRecord) (outcome, bool) {
+func (r *runner) nextAttempt(bctx context.Context, batch Batch, events []domain.EventEnvelope[any], rec, prev AttemptRecord) (outcome, bool) {
 	s, first := r.s, events[0]
 	if len(events) > 1 {
 		// The first event is being retried: alone.
@@ -135,20 +135,20 @@ func (r *runner) nextAttempt(bctx context.Context, batch Batch, events []domain.
 		r.isolateUntil = max(r.isolateUntil, first.Position)
 		return outcomeMore, false
 	}
-	n := prev.attempts + 1
+	n := prev.Attempts + 1
 	if s.parking != nil && n > 1+s.maxRetries {
 		// The cause is the last failure recorded; none means every attempt
 		// ended the process (or its batch) before it could fail.
-		cause := prev.lastError
+		cause := prev.LastError
 		if cause == "" {
-			cause = fmt.Sprintf("attempted %d times without completing (process crashed or lost its lock?)", prev.attempts)
+			cause = fmt.Sprintf("attempted %d times without completing (process crashed or lost its lock?)", prev.Attempts)
 		}
-		tctx, span := s.tel.startBatch(r.drain, events[:1], prev.attempts, trace.SpanContext{})
-		out, perr := r.parkIn(tctx, bctx, batch, first, prev.attempts, errors.New(cause))
+		tctx, span := s.tel.startBatch(r.drain, events[:1], prev.Attempts, trace.SpanContext{})
+		out, perr := r.parkIn(tctx, bctx, batch, first, prev.Attempts, errors.New(cause))
 		span.end(tctx, perr)
 		return out, false
 	}
-	rec.through, rec.attempts, rec.lastError = first.Position, n, prev.lastError
+	rec.Through, rec.Attempts, rec.LastError = first.Position, n, prev.LastError
 	if out, ok := r.putAttempt(bctx, batch, first, rec); !ok {
 		return out, false
 	}
@@ -158,8 +158,8 @@ func (r *runner) nextAttempt(bctx context.Context, batch Batch, events []domain.
 
 // putAttempt writes rec, the count of the attempt batch makes at ev; ok
 // is false when it could not be written and the batch was ended.
-func (r *runner) putAttempt(bctx context.Context, batch Batch, ev domain.EventEnvelope[any], rec attemptRecord) (outcome, bool) {
-	if err := r.s.attempts.putAttempt(bctx, batch, r.s.name, rec); err != nil {
+func (r *runner) putAttempt(bctx context.Context, batch Batch, ev domain.EventEnvelope[any], rec AttemptRecord) (outcome, bool) {
+	if err := r.s.attempts.PutAttempt(bctx, batch, r.s.name, rec); err != nil {
 		return r.attemptNotCounted(batch, ev, err), false
 	}
 	return 0, true
@@ -173,7 +173,7 @@ func (r *runner) attemptNotCounted(batch Batch, ev domain.EventEnvelope[any], er
 		r.known = -1
 		return outcomeMore
 	}
-	if errors.Is(err, errAttemptClaimed) {
+	if errors.Is(err, ErrAttemptClaimed) {
 		// Another replica is about to take the checkpoint back for its
 		// attempt: as if it held the checkpoint.
 		r.rollback(batch)
@@ -188,13 +188,13 @@ func (r *runner) attemptNotCounted(batch Batch, ev domain.EventEnvelope[any], er
 // failed with err, for the replica or restart that counts the next
 // attempt, and ends batch, the failed attempt's (nil when it has ended),
 // without letting another batch in before the record is written (see
-// attemptCounter.failAttempt). A failure to record it is logged: the
+// AttemptCounter.FailAttempt). A failure to record it is logged: the
 // count stands, only the cause is lost.
 func (r *runner) recordFailure(ctx context.Context, batch Batch, start int64, ev domain.EventEnvelope[any], n int, err error) {
 	s := r.s
-	rec := attemptRecord{position: start, eventID: ev.ID, through: ev.Position, attempts: n, lastError: err.Error(), holder: r.holder}
+	rec := AttemptRecord{Position: start, EventID: ev.ID, Through: ev.Position, Attempts: n, LastError: err.Error(), Holder: r.holder}
 	r.wrote, r.clean = rec, false
-	if ferr := s.attempts.failAttempt(context.WithoutCancel(ctx), batch, s.name, rec); ferr != nil {
+	if ferr := s.attempts.FailAttempt(context.WithoutCancel(ctx), batch, s.name, rec); ferr != nil {
 		s.logger.Warn("subscriber: recording the failed attempt failed", append(s.eventAttrs(ev), "attempt", n, "error", ferr)...)
 	}
 }

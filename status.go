@@ -169,8 +169,8 @@ func (s *Subscriber) lagAge(ctx context.Context, feed domain.EventStore, positio
 
 // pausedAndParked fills st.Paused (where the store can pause) and st.Parked.
 func (s *Subscriber) pausedAndParked(ctx context.Context, st *Status) error {
-	if p, ok := s.checkpoints.(pauser); ok {
-		at, paused, err := p.pausedSince(ctx, s.name)
+	if p, ok := s.checkpoints.(Pauser); ok {
+		at, paused, err := p.PausedSince(ctx, s.name)
 		if err != nil {
 			return err // the store names the subscriber
 		}
@@ -196,15 +196,18 @@ func (l liveStatus) fill(st *Status) {
 	st.ProgressAt = l.progressAt.UTC()
 }
 
-// parkedCounter is implemented by the parking lots of this package: a
-// COUNT instead of reading every row.
-type parkedCounter interface {
-	count(ctx context.Context, subscriber string) (int, error)
+// ParkedCounter is the optional capability of a ParkingLot that counts a
+// subscriber's parked events without reading them (a COUNT). Status,
+// Healthy and the parked gauge use it; without it they list the entries
+// and count them. This package's lots have it.
+type ParkedCounter interface {
+	// CountParked returns how many events are parked for subscriber.
+	CountParked(ctx context.Context, subscriber string) (int, error)
 }
 
 func countParked(ctx context.Context, lot ParkingLot, subscriber string) (int, error) {
-	if c, ok := lot.(parkedCounter); ok {
-		return c.count(ctx, subscriber)
+	if c, ok := lot.(ParkedCounter); ok {
+		return c.CountParked(ctx, subscriber)
 	}
 	parked, err := lot.List(ctx, subscriber)
 	if err != nil {

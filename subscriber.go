@@ -106,7 +106,7 @@ type Subscriber struct {
 
 	// clearer is the parking lot when it removes the entries of events a
 	// live batch delivered (this package's lots; see deliveredClearer).
-	clearer deliveredClearer
+	clearer DeliveredClearer
 
 	// partitions and concurrency are WithPartitions and WithConcurrency;
 	// 0 when not given (unpartitioned: see partition.go).
@@ -121,8 +121,8 @@ type Subscriber struct {
 	acquirer acquirer
 
 	// attempts keeps the attempt counts: the checkpoint store when it
-	// can (attemptCounter), else this subscriber's memory.
-	attempts attemptCounter
+	// can (AttemptCounter), else this subscriber's memory.
+	attempts AttemptCounter
 	// classifier tells the events' commit failures from the store's: the
 	// checkpoint store when it can (FailureClassifier).
 	classifier FailureClassifier
@@ -184,8 +184,8 @@ func NewSubscriber(name string, events domain.EventStore, checkpoints Checkpoint
 	}
 	s.tel = tel
 	s.tel.off = s.noTelemetry
-	s.clearer, _ = s.parking.(deliveredClearer)
-	if c, ok := s.checkpoints.(attemptCounter); ok {
+	s.clearer, _ = s.parking.(DeliveredClearer)
+	if c, ok := s.checkpoints.(AttemptCounter); ok {
 		s.attempts = c
 	} else {
 		s.attempts = &localAttempts{}
@@ -335,9 +335,9 @@ func (s *Subscriber) ResetCheckpoint(ctx context.Context, position int64) error 
 		}
 		return s.checkpoints.Reset(ctx, name, position)
 	}
-	if ps, ok := s.checkpoints.(partitionStore); ok {
+	if ps, ok := s.checkpoints.(PartitionCheckpointStore); ok {
 		reset = func(ctx context.Context, name string, position int64) error {
-			return ps.resetGuarded(ctx, name, position, s.countGuard)
+			return ps.ResetAll(ctx, []string{name}, position, s.countGuard, nil)
 		}
 	}
 	if s.partitions > 0 {
