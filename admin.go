@@ -108,7 +108,7 @@ type adminHandler struct {
 // JSON content type (API) or the page's anti-CSRF token (forms). The
 // token is derived from the caller identity with a key drawn per handler,
 // so a form is only accepted by the handler (process) that rendered it.
-// docs/operations.md lists the routes and their status codes.
+// docs/admin.md lists the routes and their status codes.
 //
 // The handler is safe for concurrent use; requests run on the server's
 // goroutines, and replays on the request's (at most one replay per

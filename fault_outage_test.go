@@ -35,7 +35,7 @@ const faultOutagePoll = 250 * time.Millisecond
 // growing backoff, a TCP timeout or a lease (seconds to minutes), not to
 // time the recovery: on this shared 2-core machine a second of slack was
 // exceeded by scheduling alone (1.297 s against 1.25 s at load 4.5). The
-// measured recoveries are logged; docs/operations.md reports them.
+// measured recoveries are logged.
 const faultRecoverySlack = 5 * time.Second
 
 // faultOutageRig is a subscriber and a PostgresListener on their own pool

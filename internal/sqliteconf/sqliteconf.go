@@ -3,8 +3,7 @@
 // configuration that cannot work is refused at once, with the fix, rather
 // than failing later ("database is locked") or losing data silently.
 //
-// What the module needs from SQLite, and why (docs/operations.md, SQLite,
-// has the measurements):
+// What the module needs from SQLite, and why (docs/operations.md, SQLite):
 //
 //   - A busy timeout. A batch holds SQLite's write lock while its handlers
 //     run; every other writer (an append, another subscriber's batch, a
