@@ -10,6 +10,8 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
 	"github.com/eventfeed/subscriptions/subscriptionstest"
 )
@@ -70,6 +72,24 @@ func TestCheckpointStoreContract(t *testing.T) {
 			},
 			Transactional:     true,
 			SerializesWriters: !strings.HasPrefix(b.Name, "postgres"),
+		})
+	}
+}
+
+// TestFeedSharerContract runs the FeedSharer suite against
+// GormCheckpointStore on every database, with a GormEventStore on the same
+// pool (shared) and a memory store (foreign): its batches read the feed
+// in their transaction, and on Postgres AcquireAfter reads it in the
+// acquisition's round trip.
+func TestFeedSharerContract(t *testing.T) {
+	t.Parallel()
+	for _, b := range dbtest.GormBackends() {
+		subscriptionstest.RunFeedSharerSuite(t, subscriptionstest.FeedSharerHarness{
+			Name: b.Name,
+			New: func(t *testing.T) (subscriptions.CheckpointStore, domain.EventStore, domain.EventStore) {
+				e := gormEnv(t, b.Name, b.Open(t), nil)
+				return e.Checkpoints, e.Events, infrastructure.NewMemoryStore()
+			},
 		})
 	}
 }

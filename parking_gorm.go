@@ -52,6 +52,7 @@ type GormParkingLot struct {
 var (
 	_ ParkingLot                = (*GormParkingLot)(nil)
 	_ ParkingLotPurger          = (*GormParkingLot)(nil)
+	_ ParkedCounter             = (*GormParkingLot)(nil)
 	_ PartitionDeliveredClearer = (*GormParkingLot)(nil)
 )
 
@@ -214,9 +215,9 @@ func (g *GormParkingLot) claimSQLiteReplay(subscriber, eventID string) (release 
 	}, true
 }
 
-// count returns how many events the subscriber has parked (see Status),
+// CountParked returns how many events the subscriber has parked (see Status),
 // through the index List uses.
-func (g *GormParkingLot) count(ctx context.Context, subscriber string) (int, error) {
+func (g *GormParkingLot) CountParked(ctx context.Context, subscriber string) (int, error) {
 	where, args := g.dialect.ParkedSubscriber(subscriber)
 	var n int64
 	if err := g.db.WithContext(ctx).Raw(`SELECT COUNT(*) FROM parked_events WHERE `+where, args...).Scan(&n).Error; err != nil {

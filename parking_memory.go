@@ -40,6 +40,7 @@ func NewMemoryParkingLot() *MemoryParkingLot {
 var (
 	_ ParkingLot                = (*MemoryParkingLot)(nil)
 	_ ParkingLotPurger          = (*MemoryParkingLot)(nil)
+	_ ParkedCounter             = (*MemoryParkingLot)(nil)
 	_ PartitionDeliveredClearer = (*MemoryParkingLot)(nil)
 )
 
@@ -108,8 +109,8 @@ func (m *MemoryParkingLot) List(ctx context.Context, subscriber string) ([]Parke
 	return out, nil
 }
 
-// count returns how many events the subscriber has parked (see Status).
-func (m *MemoryParkingLot) count(_ context.Context, subscriber string) (int, error) {
+// CountParked returns how many events the subscriber has parked (see Status).
+func (m *MemoryParkingLot) CountParked(_ context.Context, subscriber string) (int, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	n := 0

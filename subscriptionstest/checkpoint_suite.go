@@ -43,7 +43,9 @@ type CheckpointStoreHarness struct {
 
 // RunCheckpointStoreSuite runs the behavioural contract of
 // subscriptions.CheckpointStore against the store h builds, as subtests of
-// t named h.Name/<case>. Every case gets a fresh store from h.New. Cases
+// t named h.Name/<case>, then the suites of the optional capabilities the
+// store has (RunAttemptCounterSuite, RunPartitionCheckpointStoreSuite,
+// RunPauserSuite; CheckpointResetter's cases run within). Every case gets a fresh store from h.New. Cases
 // run one after another; a case may run goroutines of its own, all ended
 // before it returns.
 func RunCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
@@ -305,6 +307,9 @@ func RunCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
 
 		runCheckpointResetterCases(t, h)
 	})
+	RunAttemptCounterSuite(t, h)
+	RunPartitionCheckpointStoreSuite(t, h)
+	RunPauserSuite(t, h)
 }
 
 // advance sets a subscriber's checkpoint through a committed batch (not

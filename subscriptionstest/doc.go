@@ -14,9 +14,18 @@
 //		})
 //	}
 //
-// The optional interfaces subscriptions.CheckpointResetter and
-// subscriptions.ParkingLotPurger are checked by the same suites when the
-// store implements them (their cases skip otherwise).
+// Each optional capability a backend may offer has a suite of its own,
+// which skips when the store does not have it, and which the interface's
+// suite also runs: for a checkpoint store RunAttemptCounterSuite,
+// RunPartitionCheckpointStoreSuite and RunPauserSuite (and
+// CheckpointResetter's cases), and RunFeedSharerSuite for a store sharing
+// an event store's database (FeedSharer, BatchFeedReader, FeedAcquirer);
+// for an event store RunPartitionFeedSuite (PartitionFeed, FeedIndex); for
+// a parking lot RunDeliveredClearerSuite (DeliveredClearer,
+// PartitionDeliveredClearer, ParkedCounter) and ParkingLotPurger's cases.
+// A backend that passes them all gets every guarantee of package
+// subscriptions; package subscriptions' documentation says, for each
+// capability, what the run loop does with and without it.
 //
 // The suites state in code what the interfaces' documentation says in
 // words (the model is in package subscriptions' documentation); a case

@@ -95,6 +95,7 @@ func RunEventStoreSuite(t *testing.T, h EventStoreHarness) {
 			}
 		})
 	}
+	RunPartitionFeedSuite(t, h)
 }
 
 type payloadStruct struct {

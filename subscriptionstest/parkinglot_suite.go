@@ -374,4 +374,5 @@ func RunParkingLotSuite(t *testing.T, h ParkingLotHarness) {
 			t.Run("managed", func(t *testing.T) { parkManagedSuite(t, b) })
 		})
 	}
+	RunDeliveredClearerSuite(t, h)
 }
