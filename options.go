@@ -93,7 +93,7 @@ func WithParkingLot(lot ParkingLot) SubscriberOption {
 // accepted, as the original module accepts it). n < 0 is rejected; 0
 // parks on the first failure.
 func WithMaxRetries(n int) SubscriberOption {
-	return func(s *Subscriber) { s.maxRetries, s.retryGiven = n, true }
+	return func(s *Subscriber) { s.retry.maxRetries, s.retryGiven = n, true }
 }
 
 // WithRetryBackoff sets the first retry delay and its cap; the delay
@@ -107,8 +107,7 @@ func WithMaxRetries(n int) SubscriberOption {
 // otherwise).
 func WithRetryBackoff(initial, maximum time.Duration) SubscriberOption {
 	return func(s *Subscriber) {
-		s.retryBackoff = initial
-		s.maxRetryBackoff = maximum
+		s.retry.initial, s.retry.max = initial, maximum
 		s.retryGiven = true
 	}
 }

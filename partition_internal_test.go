@@ -1,8 +1,10 @@
 package subscriptions
 
 import (
+	"context"
 	"fmt"
-	"reflect"
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/infrastructure"
 	"strings"
 	"testing"
 
@@ -13,14 +15,26 @@ import (
 	"github.com/eventfeed/subscriptions/internal/dialect"
 )
 
-// TestPartitionChildCopiesEveryField: partitionChild lists Subscriber's
-// fields one by one (a struct copy would copy the running flag). A new
-// field fails this test until partitionChild says whether a partition
-// inherits it; then update the count.
-func TestPartitionChildCopiesEveryField(t *testing.T) {
-	if n := reflect.TypeFor[Subscriber]().NumField(); n != 29 {
-		t.Fatalf("Subscriber has %d fields, partitionChild was written for 29: decide whether partitionChild copies the new ones", n)
-	}
+// TestPartitionChildSharesTheConfiguration: a partition's Subscriber
+// shares its parent's configuration (no copy to keep in step) and has its
+// own name, feed view and live state, and no partitions of its own.
+func TestPartitionChildSharesTheConfiguration(t *testing.T) {
+	parent, err := NewSubscriber("parent", infrastructure.NewMemoryStore(), NewMemoryCheckpointStore(),
+		func(context.Context, domain.EventEnvelope[any]) error { return nil },
+		WithPartitions(4), WithConcurrency(2), WithBatchSize(7), WithMaxRetries(1), WithParkingLot(NewMemoryParkingLot()))
+	require.NoError(t, err)
+	tels := parent.tel.partitions(4)
+	child := parent.partitionChild(partitionName("parent", 2, 4), 2, nil, tels[2])
+	require.Same(t, parent.config, child.config)
+	require.Equal(t, 7, child.batchSize)
+	require.Equal(t, 2, child.retry.attempts())
+	require.Zero(t, child.partitions)
+	require.Zero(t, child.concurrency)
+	require.Same(t, tels[2], child.tel)
+	require.NotSame(t, parent.tel, child.tel)
+	lot, ok := child.parking.(partitionLot)
+	require.True(t, ok, "parks under the parent's name")
+	require.Equal(t, "parent", lot.name)
 }
 
 // TestPartitionOfMatchesSQL: the Go hash and the SQL filter assign every

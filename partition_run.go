@@ -261,47 +261,24 @@ func (s *Subscriber) runPartitioned(ctx context.Context) error {
 }
 
 // partitionChild is the subscriber that runs partition p: this one's
-// settings over the partition's view of the feed, its own checkpoint name,
-// parking under this subscriber's name. Every field of Subscriber is
-// listed (TestPartitionChildCopiesEveryField counts them): a copy of the
-// struct would copy its running flag.
+// configuration (shared, not copied) over the partition's view of the
+// feed, its own checkpoint name, parking under this subscriber's name,
+// and what NewSubscriber derives for a Subscriber made for the partition:
+// its live state (tel), its acquirer and its clearer. A partition is
+// unpartitioned (partitions and concurrency 0), and its runner is given no
+// wake channel (the coordinator's).
 func (s *Subscriber) partitionChild(name string, p int, index *partitionIndex, tel *telemetry) *Subscriber {
 	feed := newPartitionFeed(s.events, p, s.partitions)
 	feed.index = index
 	c := &Subscriber{
-		name:            name,
-		events:          feed,
-		checkpoints:     s.checkpoints,
-		handler:         s.handler,
-		batchSize:       s.batchSize,
-		pollInterval:    s.pollInterval,
-		logger:          s.logger,
-		maxRetries:      s.maxRetries,
-		retryBackoff:    s.retryBackoff,
-		maxRetryBackoff: s.maxRetryBackoff,
-		handlerTimeout:  s.handlerTimeout,
-		shutdownGrace:   s.shutdownGrace,
-		batchHandler:    s.batchHandler,
-		stuckThreshold:  s.stuckThreshold,
-		maxLagTime:      s.maxLagTime,
-		meterProvider:   s.meterProvider,
-		tracerProvider:  s.tracerProvider,
-		noTelemetry:     s.noTelemetry,
+		name:        name,
+		events:      feed,
+		checkpoints: s.checkpoints,
+		config:      s.config,
+		tel:         tel,
 		// Each partition has a checkpoint row, and so a record, of its own.
 		attempts:   s.attempts,
 		classifier: s.classifier,
-		// The partitions share the subscriber's instruments (metrics carry
-		// the subscriber's name); each keeps its live state (see
-		// telemetry.partitions).
-		tel: tel,
-		// Not copied: retryGiven (NewSubscriber's warning only), wake (the coordinator's), running (Run's own),
-		// partitions and concurrency (a partition is unpartitioned),
-		// acquirer (set below: the partition's read is filtered, so the
-		// ordinary one over the partition's view, or with a feed index
-		// indexedAcquirer). clearer is the partition's own
-		// (partitionClearer): a partition's batch spans
-		// positions of other partitions' events, so clearing parked
-		// entries by position range alone would remove theirs.
 	}
 	c.acquirer = readThenAcquire{events: c.events, checkpoints: c.checkpoints}
 	// The indexed acquirer reads the events in the batch's transaction:

@@ -624,7 +624,7 @@ func (r *runner) failed(ctx context.Context, start int64, ev domain.EventEnvelop
 		s.tel.fail(StateHalted, &ev, n, err)
 		return outcomeFailed
 	}
-	attempts := 1 + s.maxRetries
+	attempts := s.retry.attempts()
 	if n >= attempts {
 		// WithMaxRetries(0), or the last attempt ran in an ordinary batch
 		// (another replica's retries came first): park it.
@@ -634,7 +634,7 @@ func (r *runner) failed(ctx context.Context, start int64, ev domain.EventEnvelop
 		s.logger.Warn("subscriber: processing the event failed; retrying", append(s.eventAttrs(ev), "attempt", n, "of", attempts, "error", err)...)
 		s.tel.count(ctx, OutcomeRetried, 1) // before Status shows attempt n, as above
 		s.tel.fail(StateRetrying, &ev, n, err)
-		if !ctxsleep.Sleep(ctx, s.backoff(n)) {
+		if !ctxsleep.Sleep(ctx, s.retry.backoff(n)) {
 			return outcomeStopped
 		}
 		out, done, an, aerr := r.attempt(ctx, start, ev, first)
@@ -687,7 +687,7 @@ func (r *runner) attempt(ctx context.Context, start int64, ev domain.EventEnvelo
 		return out, true, 0, nil
 	}
 	n = r.attemptN
-	final := n >= 1+s.maxRetries
+	final := n >= s.retry.attempts()
 	finished := false
 	defer func() {
 		if !finished { // a handler panic

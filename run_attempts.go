@@ -136,7 +136,7 @@ func (r *runner) nextAttempt(bctx context.Context, batch Batch, events []domain.
 		return outcomeMore, false
 	}
 	n := prev.Attempts + 1
-	if s.parking != nil && n > 1+s.maxRetries {
+	if s.parking != nil && n > s.retry.attempts() {
 		// The cause is the last failure recorded; none means every attempt
 		// ended the process (or its batch) before it could fail.
 		cause := prev.LastError

@@ -77,58 +77,88 @@ type Subscriber struct {
 	name        string
 	events      domain.EventStore
 	checkpoints CheckpointStore
-	handler     Handler
+	// parking is WithParkingLot's lot; a partition's Subscriber parks
+	// under the partitioned subscriber's name (partitionLot).
+	parking ParkingLot
+	// partitions and concurrency are WithPartitions and WithConcurrency;
+	// 0 when not given, and for a partition's own Subscriber (see
+	// partition.go).
+	partitions, concurrency int
 
-	batchSize       int
-	pollInterval    time.Duration
-	logger          *slog.Logger
-	wake            <-chan struct{}
-	parking         ParkingLot
-	maxRetries      int
-	retryBackoff    time.Duration
-	maxRetryBackoff time.Duration
-	handlerTimeout  time.Duration
-	shutdownGrace   time.Duration
+	// config is the rest of the configuration, shared (and never written
+	// after NewSubscriber) by the Subscribers that run a partitioned
+	// subscriber's partitions.
+	*config
 
 	// running is set while Run runs (one Run at a time per Subscriber).
 	running atomic.Bool
 
-	stuckThreshold time.Duration
-	maxLagTime     time.Duration
-	meterProvider  metric.MeterProvider
-	tracerProvider trace.TracerProvider
+	// What NewSubscriber derives from the stores and the configuration,
+	// once (a partition's Subscriber has its own):
 
 	// tel is the subscriber's instrumentation and live state (telemetry.go).
 	tel *telemetry
-	// noTelemetry (tests only) turns the instruments off: the baseline the
-	// telemetry benchmarks compare with.
-	noTelemetry bool
-
 	// clearer is the parking lot when it removes the entries of events a
-	// live batch delivered (this package's lots; see deliveredClearer).
+	// live batch delivered (DeliveredClearer).
 	clearer DeliveredClearer
-
-	// partitions and concurrency are WithPartitions and WithConcurrency;
-	// 0 when not given (unpartitioned: see partition.go).
-	partitions  int
-	concurrency int
-	// batchHandler is WithBatchHandler's; handler is then its per-event
-	// adapter (see batch_handler.go).
-	batchHandler BatchHandler
-
 	// acquirer reads the feed and acquires the checkpoint for the run loop
-	// (see acquirer); decided here, once, for these two stores.
+	// (see acquirer).
 	acquirer acquirer
-
 	// attempts keeps the attempt counts: the checkpoint store when it
 	// can (AttemptCounter), else this subscriber's memory.
 	attempts AttemptCounter
 	// classifier tells the events' commit failures from the store's: the
 	// checkpoint store when it can (FailureClassifier).
 	classifier FailureClassifier
+}
+
+// config is a Subscriber's configuration as NewSubscriber's options leave
+// it (see the options for each field's meaning).
+type config struct {
+	// handler is the Handler, or with WithBatchHandler its per-event
+	// adapter (see batch_handler.go).
+	handler      Handler
+	batchHandler BatchHandler
+
+	batchSize      int
+	pollInterval   time.Duration
+	logger         *slog.Logger
+	wake           <-chan struct{}
+	retry          retryPolicy
+	handlerTimeout time.Duration
+	shutdownGrace  time.Duration
+	stuckThreshold time.Duration
+	maxLagTime     time.Duration
+	meterProvider  metric.MeterProvider
+	tracerProvider trace.TracerProvider
+
+	// noTelemetry (tests only) turns the instruments off: the baseline the
+	// telemetry benchmarks compare with.
+	noTelemetry bool
 	// retryGiven records WithMaxRetries or WithRetryBackoff, for
 	// NewSubscriber's warning when there is no parking lot to retry for.
 	retryGiven bool
+}
+
+// retryPolicy is how a failing event is retried before it is parked
+// (WithMaxRetries, WithRetryBackoff): the one home of "1 + WithMaxRetries
+// attempts in all" and of the doubling backoff.
+type retryPolicy struct {
+	maxRetries   int
+	initial, max time.Duration
+}
+
+// attempts is how many attempts an event gets before it is parked.
+func (p retryPolicy) attempts() int { return 1 + p.maxRetries }
+
+// backoff returns the delay before retry n (n >= 1): the initial delay
+// doubled per retry, capped at the maximum.
+func (p retryPolicy) backoff(n int) time.Duration {
+	d := p.initial
+	for i := 1; i < n && d < p.max; i++ {
+		d *= 2
+	}
+	return min(d, p.max)
 }
 
 // NewSubscriber creates a subscriber. name identifies the checkpoint —
@@ -140,16 +170,16 @@ type Subscriber struct {
 // is out of range.
 func NewSubscriber(name string, events domain.EventStore, checkpoints CheckpointStore, handler Handler, opts ...SubscriberOption) (*Subscriber, error) {
 	s := &Subscriber{
-		name:            name,
-		events:          events,
-		checkpoints:     checkpoints,
-		handler:         handler,
-		batchSize:       DefaultBatchSize,
-		pollInterval:    DefaultPollInterval,
-		maxRetries:      DefaultMaxRetries,
-		retryBackoff:    DefaultRetryBackoff,
-		maxRetryBackoff: DefaultMaxRetryBackoff,
-		stuckThreshold:  DefaultStuckThreshold,
+		name:        name,
+		events:      events,
+		checkpoints: checkpoints,
+		config: &config{
+			handler:        handler,
+			batchSize:      DefaultBatchSize,
+			pollInterval:   DefaultPollInterval,
+			retry:          retryPolicy{maxRetries: DefaultMaxRetries, initial: DefaultRetryBackoff, max: DefaultMaxRetryBackoff},
+			stuckThreshold: DefaultStuckThreshold,
+		},
 	}
 	for _, opt := range opts {
 		if opt != nil {
@@ -215,14 +245,14 @@ func (s *Subscriber) validate() error {
 		return fmt.Errorf("batch size %d must be positive (WithBatchSize)", s.batchSize)
 	case s.pollInterval <= 0:
 		return fmt.Errorf("poll interval %v must be positive (WithPollInterval)", s.pollInterval)
-	case s.maxRetries < 0:
-		return fmt.Errorf("max retries %d must not be negative (WithMaxRetries)", s.maxRetries)
+	case s.retry.maxRetries < 0:
+		return fmt.Errorf("max retries %d must not be negative (WithMaxRetries)", s.retry.maxRetries)
 	case s.handlerTimeout < 0:
 		return fmt.Errorf("handler timeout %v must not be negative (WithHandlerTimeout)", s.handlerTimeout)
 	case s.shutdownGrace < 0:
 		return fmt.Errorf("shutdown grace %v must not be negative (WithShutdownGrace)", s.shutdownGrace)
-	case s.retryBackoff <= 0 || s.maxRetryBackoff < s.retryBackoff:
-		return fmt.Errorf("retry backoff initial %v, maximum %v: initial must be positive and maximum at least initial (WithRetryBackoff)", s.retryBackoff, s.maxRetryBackoff)
+	case s.retry.initial <= 0 || s.retry.max < s.retry.initial:
+		return fmt.Errorf("retry backoff initial %v, maximum %v: initial must be positive and maximum at least initial (WithRetryBackoff)", s.retry.initial, s.retry.max)
 	case s.stuckThreshold <= 0:
 		return fmt.Errorf("stuck threshold %v must be positive (WithStuckThreshold)", s.stuckThreshold)
 	case s.maxLagTime < 0:
@@ -436,16 +466,6 @@ func (s *Subscriber) refuseAfterCheckpoint(ctx context.Context, event domain.Eve
 		}
 	}
 	return fmt.Errorf("subscriptions: replay event %q for %q: %w", event.ID, s.name, ErrEventNotParked)
-}
-
-// backoff returns the delay before retry n (n >= 1): the initial delay
-// doubled per retry, capped at the maximum.
-func (s *Subscriber) backoff(n int) time.Duration {
-	d := s.retryBackoff
-	for i := 1; i < n && d < s.maxRetryBackoff; i++ {
-		d *= 2
-	}
-	return min(d, s.maxRetryBackoff)
 }
 
 // eventAttrs are the log attributes that make a handler failure
