@@ -108,18 +108,20 @@ func (g *GormCheckpointStore) acquireAndRead(ctx context.Context, subscriber str
 func sendAcquireBatch(ctx context.Context, pc *pgx.Conn, subscriber string, after int64, limit int) ([]int64, []eventrow.Row, error) {
 	batch := &pgx.Batch{}
 	batch.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
-	// lockQuery, with pgx's placeholders: a paused name locks nothing here
-	// (the ordinary path then finds it paused).
-	batch.Queue("SELECT position FROM subscriber_checkpoints WHERE subscriber = $1 AND NOT EXISTS (SELECT 1 FROM subscriber_pauses WHERE subscriber = $2) FOR UPDATE SKIP LOCKED", subscriber, PauseKey(subscriber))
+	batch.Queue(lockRowPgx, subscriber, PauseKey(subscriber))
 	batch.Queue(pipelinedFeedQuery, after, limit)
 	br := pc.SendBatch(ctx, batch)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
 		return nil, nil, fmt.Errorf("begin: %w", err)
 	}
-	positions, err := pgx.CollectRows(must(br.Query()), pgx.RowTo[int64])
-	if err != nil {
+	var row lockedRow
+	if err := br.QueryRow().Scan(&row.Position, &row.Present, &row.Paused); err != nil {
 		return nil, nil, fmt.Errorf("lock row: %w", err)
+	}
+	var positions []int64
+	if row.Position != nil && !row.Paused {
+		positions = []int64{*row.Position}
 	}
 	rows, err := pgx.CollectRows(must(br.Query()), func(row pgx.CollectableRow) (eventrow.Row, error) {
 		var r eventrow.Row

@@ -30,9 +30,10 @@ type AttemptRecord struct {
 	Attempts int
 	// LastError is the last failure recorded.
 	LastError string
-	// Holder names the runner making the attempt (random per Run), or ""
-	// for a record of a failure or of an attempt to come, which claims
-	// nothing (see AttemptCounter).
+	// Holder names the runner that wrote the record for an attempt it is
+	// making or for the commit it is about to make (random per Run; see
+	// AttemptCounter), or "" for a record of a failure, which claims
+	// nothing.
 	Holder string
 }
 
@@ -68,11 +69,14 @@ func (a AttemptRecord) single(at int64) bool { return a.Through == at }
 // A store whose record is committed by ending the batch's transaction and
 // taking the checkpoint again (GormCheckpointStore on Postgres) leaves a
 // moment in which another replica can take the checkpoint and find the
-// record of an attempt that is about to run. A record with a Holder is
-// such a claim: while it is live (the store decides: its writer is still
-// there and the claim is young), BeginAttempt and PutAttempt of another
-// holder refuse with ErrAttemptClaimed, and the batch is given up as if
-// the checkpoint were held; FailAttempt of another holder leaves it alone.
+// record of an attempt that is about to run, or of the commit the batch
+// is about to make (a record past the batch's position). A record with a
+// Holder is such a claim: while it is live (the store decides: its writer
+// is still there and the claim is young) and at or past the asking
+// batch's position, BeginAttempt and PutAttempt of another holder refuse
+// with ErrAttemptClaimed, and the batch is given up as if the checkpoint
+// were held; FailAttempt of another holder leaves it alone. The batch's
+// Commit releases its claim, and so does its Rollback.
 // A store that commits the record without releasing the checkpoint (as the
 // memory store does) never returns ErrAttemptClaimed.
 type AttemptCounter interface {

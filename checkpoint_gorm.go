@@ -156,19 +156,6 @@ func gormHandle(constructor string, db *gorm.DB) (*sql.DB, *dialect.Dialect, err
 // The batch's transaction lives until Commit or Rollback; the caller owns
 // it and must end it.
 func (g *GormCheckpointStore) Acquire(ctx context.Context, subscriber string) (Batch, bool, error) {
-	return g.acquire(ctx, subscriber, false)
-}
-
-// acquireLockAndCheck is Acquire whose lock statement on Postgres also
-// tells a row another replica holds from a missing one, so that a skipped
-// lock costs no second read: for partitions, whose attempts at partitions
-// held elsewhere are many with several processes. It is not Acquire's
-// statement, so that unpartitioned subscribers keep theirs.
-func (g *GormCheckpointStore) acquireLockAndCheck(ctx context.Context, subscriber string) (Batch, bool, error) {
-	return g.acquire(ctx, subscriber, true)
-}
-
-func (g *GormCheckpointStore) acquire(ctx context.Context, subscriber string, check bool) (Batch, bool, error) {
 	if err := validateName(subscriber); err != nil {
 		return nil, false, fmt.Errorf("subscriptions: acquire: %w", err)
 	}
@@ -182,7 +169,7 @@ func (g *GormCheckpointStore) acquire(ctx context.Context, subscriber string, ch
 		g.reg.active[subscriber] = b
 		g.reg.mu.Unlock()
 	}
-	acquired, err := g.begin(ctx, b, check)
+	acquired, err := g.begin(ctx, b)
 	if err != nil || !acquired {
 		b.release()
 		return nil, false, err
@@ -190,45 +177,33 @@ func (g *GormCheckpointStore) acquire(ctx context.Context, subscriber string, ch
 	return b, true, nil
 }
 
-func (g *GormCheckpointStore) begin(ctx context.Context, b *gormBatch, check bool) (bool, error) {
+func (g *GormCheckpointStore) begin(ctx context.Context, b *gormBatch) (bool, error) {
 	if !g.dialect.RowLocks {
 		return g.beginSQLite(ctx, b)
 	}
-	acquired, exists, err := g.lockPostgres(ctx, b, check)
+	acquired, exists, err := g.lockPostgres(ctx, b)
 	if err != nil || acquired || exists {
 		return acquired, err
 	}
 	// No row yet. Create it in a statement of its own, committed at once:
 	// created inside a batch, the uncommitted row would make every other
 	// replica's first Acquire wait for that whole batch instead of skipping.
-	if err := g.db.WithContext(ctx).Exec("INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, 0, ?) ON CONFLICT (subscriber) DO NOTHING",
-		b.subscriber, time.Now().UTC()).Error; err != nil {
+	if err := g.db.WithContext(ctx).Exec(createRow, b.subscriber, time.Now().UTC()).Error; err != nil {
 		return false, fmt.Errorf("subscriptions: acquire checkpoint of %q: create row: %w", b.subscriber, err)
 	}
-	acquired, _, err = g.lockPostgres(ctx, b, check)
+	acquired, _, err = g.lockPostgres(ctx, b)
 	return acquired, err
 }
 
-// lockQuery locks the subscriber's row, skipping it when another
-// transaction holds it, and reads whether the name is paused (its
-// arguments: the row's name, the pause key; see pausedClause).
-const lockQuery = `SELECT position, ` + pausedClause + ` AS paused FROM subscriber_checkpoints WHERE subscriber = ? FOR UPDATE SKIP LOCKED`
-
-// lockAndCheckQuery is lockQuery that also tells in the same statement
-// whether the row exists (position NULL and present: held elsewhere); its
-// arguments: the row's name twice, the pause key.
-const lockAndCheckQuery = `SELECT (SELECT position FROM subscriber_checkpoints WHERE subscriber = ? FOR UPDATE SKIP LOCKED) AS position,
-	EXISTS (SELECT 1 FROM subscriber_checkpoints WHERE subscriber = ?) AS present, ` + pausedClause + ` AS paused`
-
-// lockPostgres begins the batch transaction and locks the subscriber's row,
-// skipping it when another transaction holds it. exists reports whether
-// the row exists at all, when it could not be locked; check asks for it
-// in the lock's statement (lockAndCheckQuery) instead of a read after it.
+// lockPostgres begins the batch transaction and locks the subscriber's row
+// (lockRow), skipping it when another transaction holds it or the name is
+// paused. exists reports whether the row exists at all, when it could not
+// be locked.
 //
 // The transaction is pinned to a connection for the batch's life, which
 // the batch's attempt records are written on too (renew): a batch never
 // needs a second connection.
-func (g *GormCheckpointStore) lockPostgres(ctx context.Context, b *gormBatch, check bool) (acquired, exists bool, err error) {
+func (g *GormCheckpointStore) lockPostgres(ctx context.Context, b *gormBatch) (acquired, exists bool, err error) {
 	conn, err := g.pool.Conn(ctx)
 	if err != nil {
 		return false, false, fmt.Errorf("subscriptions: acquire checkpoint of %q: connection: %w", b.subscriber, err)
@@ -244,17 +219,8 @@ func (g *GormCheckpointStore) lockPostgres(ctx context.Context, b *gormBatch, ch
 		_ = stx.Rollback()
 		_ = conn.Close()
 	}
-	key := PauseKey(b.subscriber)
-	query, args := lockQuery, []any{key, b.subscriber}
-	if check {
-		query, args = lockAndCheckQuery, []any{b.subscriber, b.subscriber, key}
-	}
-	var row struct {
-		Position *int64 // nil: no row locked
-		Present  bool   // with check: the row exists
-		Paused   bool   // the name is paused: the batch is not run
-	}
-	if err := tx.Raw(query, args...).Scan(&row).Error; err != nil {
+	var row lockedRow
+	if err := tx.Raw(lockRow, lockRowArgs(b.subscriber)...).Scan(&row).Error; err != nil {
 		end()
 		return false, false, fmt.Errorf("subscriptions: acquire checkpoint of %q: lock row: %w", b.subscriber, err)
 	}
@@ -264,19 +230,7 @@ func (g *GormCheckpointStore) lockPostgres(ctx context.Context, b *gormBatch, ch
 		return true, true, nil
 	}
 	end()
-	if row.Position != nil {
-		return false, true, nil // paused: as if held
-	}
-	if !check {
-		// Skipped because another replica holds it, or missing? A plain
-		// read tells, without waiting for anyone's lock.
-		var n int64
-		if err := g.db.WithContext(ctx).Raw("SELECT count(*) FROM subscriber_checkpoints WHERE subscriber = ?", b.subscriber).Scan(&n).Error; err != nil {
-			return false, false, fmt.Errorf("subscriptions: acquire checkpoint of %q: read row: %w", b.subscriber, err)
-		}
-		row.Present = n > 0
-	}
-	return false, row.Present, nil
+	return false, row.Present, nil // held elsewhere, paused, or missing
 }
 
 // beginSQLite begins the batch transaction on a connection pinned from the
@@ -319,25 +273,21 @@ func (g *GormCheckpointStore) beginSQLite(ctx context.Context, b *gormBatch) (bo
 	}
 	// The insert comes first so that the batch takes SQLite's write lock at
 	// once, whatever the DSN's transaction mode.
-	if err := tx.Exec("INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, 0, ?) ON CONFLICT (subscriber) DO NOTHING",
-		b.subscriber, time.Now().UTC()).Error; err != nil {
+	if err := tx.Exec(createRow, b.subscriber, time.Now().UTC()).Error; err != nil {
 		return fail("create row", err)
 	}
-	var rows []struct {
-		Position int64
-		Paused   bool
-	}
-	if err := tx.Raw("SELECT position, "+pausedClause+" AS paused FROM subscriber_checkpoints WHERE subscriber = ?", PauseKey(b.subscriber), b.subscriber).Scan(&rows).Error; err != nil {
+	var row lockedRow
+	if err := tx.Raw(readLockedRow, lockRowArgs(b.subscriber)...).Scan(&row).Error; err != nil {
 		return fail("read row", err)
 	}
-	if len(rows) == 0 {
+	if row.Position == nil {
 		return fail("read row", errors.New("row vanished"))
 	}
-	if rows[0].Paused {
+	if row.Paused {
 		b.closeConn(stx.Rollback() != nil)
 		return false, nil // as if held
 	}
-	b.position = rows[0].Position
+	b.position = *row.Position
 	return true, nil
 }
 

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"gorm.io/gorm"
@@ -278,9 +277,30 @@ func clearAttemptsIn(tx *gorm.DB, names ...string) error {
 	return nil
 }
 
+// relock takes the batch's checkpoint row again in its new transaction tx
+// (see checkpoint_gorm_lock.go): on Postgres waiting for it, up to
+// relockTimeout (the transaction's own lock timeout restored after), on
+// SQLite by taking the write lock.
+func (b *gormBatch) relock(tx *gorm.DB) (lockedRow, error) {
+	var row lockedRow
+	if !b.store.dialect.RowLocks {
+		if err := tx.Exec(takeWriteLock, b.subscriber).Error; err != nil {
+			return row, err
+		}
+		return row, tx.Raw(readLockedRow, lockRowArgs(b.subscriber)...).Scan(&row).Error
+	}
+	if err := tx.Exec("SET LOCAL lock_timeout = '" + relockTimeout + "'").Error; err != nil {
+		return row, err
+	}
+	if err := tx.Raw(relockRow, lockRowArgs(b.subscriber)...).Scan(&row).Error; err != nil {
+		return row, err
+	}
+	return row, tx.Exec("SET LOCAL lock_timeout TO DEFAULT").Error
+}
+
 // renew runs write in the batch's transaction, commits it and begins the
 // next one on the batch's pinned connection, taking the checkpoint row
-// again at once (dialect.Relock). wrote is false when write answered
+// again at once (relock). wrote is false when write answered
 // errNothingToWrite (nothing is committed then). On SQLite the batch stays
 // registered throughout, so no batch of this pool starts in between; a
 // Reset that aborts the batch meanwhile wins as usual (the batch's Commit
@@ -318,30 +338,15 @@ func (b *gormBatch) renew(ctx context.Context, write func(db *gorm.DB) error) (w
 	tx := g.db.Session(&gorm.Session{NewDB: true, Context: ctx})
 	tx.Statement.ConnPool = stx
 	b.tx = tx
-	var positions []int64
-	for _, stmt := range g.dialect.Relock() {
-		var args []any
-		if strings.Contains(stmt, "?") {
-			args = []any{b.subscriber}
-		}
-		if strings.HasPrefix(stmt, "SELECT") {
-			err = tx.Raw(stmt, args...).Scan(&positions).Error
-		} else {
-			err = tx.Exec(stmt, args...).Error
-		}
-		if err != nil {
-			return true, fmt.Errorf("take the checkpoint again: %w", err)
-		}
+	row, err := b.relock(tx)
+	if err != nil {
+		return true, fmt.Errorf("take the checkpoint again: %w", err)
 	}
-	if len(positions) != 1 || positions[0] != b.position {
+	if row.Position == nil || *row.Position != b.position {
 		b.moved.Store(true)
 		return true, errAttemptMoved
 	}
-	var paused bool
-	if err := tx.Raw("SELECT "+pausedClause, PauseKey(b.subscriber)).Scan(&paused).Error; err != nil {
-		return true, fmt.Errorf("take the checkpoint again: %w", err)
-	}
-	if paused {
+	if row.Paused {
 		return true, ErrAttemptClaimed // as if held: nothing runs while paused
 	}
 	return true, nil

@@ -100,6 +100,31 @@ func TestAttemptClaims(t *testing.T) {
 					require.NoError(t, batch.Rollback())
 				})
 			}
+			t.Run("a claimed record ahead of the checkpoint", func(t *testing.T) {
+				// runner-a committed the record of the commit its batch is
+				// about to make (to 9), and takes the row again: a batch
+				// of runner-b that took the row at 7 meanwhile must not
+				// replace it.
+				require.NoError(t, db.Exec("DELETE FROM subscriber_attempts").Error)
+				require.NoError(t, db.Exec(`INSERT INTO subscriber_attempts (subscriber, position, event_id, through, attempts, last_error, holder, holder_pid, claimed_at)
+					VALUES (?, 9, 'e10', 10, 1, 'boom', 'runner-a', `+alivePID+`, statement_timestamp())`, name).Error)
+				batch := acquire(t)
+				_, _, err := g.BeginAttempt(ctx, batch, name, rec)
+				require.ErrorIs(t, err, ErrAttemptClaimed)
+				require.NoError(t, batch.Rollback())
+				var position int64
+				require.NoError(t, db.Raw("SELECT position FROM subscriber_attempts WHERE subscriber = ?", name).Scan(&position).Error)
+				require.EqualValues(t, 9, position, "the record of the commit to come stands")
+			})
+			t.Run("a commit releases its claim", func(t *testing.T) {
+				require.NoError(t, db.Exec("DELETE FROM subscriber_attempts").Error)
+				batch := acquire(t)
+				require.NoError(t, g.PutAttempt(ctx, batch, name, AttemptRecord{Position: 9, EventID: "e10", Through: 10, Attempts: 1, LastError: "boom", Holder: "runner-a"}))
+				require.Equal(t, "runner-a", claimHolder(t, db, name))
+				require.NoError(t, batch.Commit(ctx, 9))
+				require.Empty(t, claimHolder(t, db, name), "released with the commit")
+				require.NoError(t, g.Reset(ctx, name, 7))
+			})
 			t.Run("a rolled-back batch releases its claim", func(t *testing.T) {
 				require.NoError(t, db.Exec("DELETE FROM subscriber_attempts").Error)
 				batch := acquire(t)

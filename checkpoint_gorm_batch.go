@@ -208,8 +208,16 @@ func (b *gormBatch) Commit(ctx context.Context, position int64) error {
 	// The compare-and-set also refuses while the name is paused: a batch
 	// that locked its row before a Pause committed never moves the
 	// checkpoint after Pause returned (see GormCheckpointStore.pause).
-	res := b.tx.WithContext(ctx).Exec("UPDATE subscriber_checkpoints SET position = ?, updated_at = ? WHERE subscriber = ? AND position = ? AND NOT "+pausedClause,
-		position, time.Now().UTC(), b.subscriber, b.position, PauseKey(b.subscriber))
+	update, args := "UPDATE subscriber_checkpoints SET position = ?, updated_at = ? WHERE subscriber = ? AND position = ? AND NOT "+pausedClause,
+		[]any{position, time.Now().UTC(), b.subscriber, b.position, PauseKey(b.subscriber)}
+	if b.claim != "" && b.store.dialect.Claims {
+		// The batch's attempt claim goes in the same statement (see
+		// AttemptCounter): once the commit lands, its record is a plain
+		// record of the position it committed.
+		update = "WITH released AS (UPDATE subscriber_attempts SET holder = '' WHERE subscriber = ? AND holder = ?) " + update
+		args = append([]any{b.subscriber, b.claim}, args...)
+	}
+	res := b.tx.WithContext(ctx).Exec(update, args...)
 	if res.Error != nil {
 		return fail(staged(stageLibrary, res.Error))
 	}

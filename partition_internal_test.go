@@ -59,10 +59,10 @@ func TestPartitionOfMatchesSQL(t *testing.T) {
 	}
 }
 
-// TestAcquireLockAndCheck: the partitions' acquire tells a row another
-// transaction holds (not acquired, and not created again) from a missing
-// one (created and acquired), in its lock statement, and the batch holds
-// the position.
+// TestAcquireLockAndCheck: Acquire tells a row another transaction holds
+// (not acquired, and not created again) from a missing one (created and
+// acquired), in its lock statement (lockRow), and the batch holds the
+// position.
 func TestAcquireLockAndCheck(t *testing.T) {
 	pg := dbtest.NewPostgres(t)
 	ctx := t.Context()
@@ -70,7 +70,7 @@ func TestAcquireLockAndCheck(t *testing.T) {
 	require.NoError(t, err)
 
 	// Missing: created at 0 and acquired.
-	first, ok, err := store.acquireLockAndCheck(ctx, "parts/partition-0-of-2")
+	first, ok, err := store.Acquire(ctx, "parts/partition-0-of-2")
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.EqualValues(t, 0, first.Position())
@@ -79,12 +79,12 @@ func TestAcquireLockAndCheck(t *testing.T) {
 	// pool, as a replica would be): skipped.
 	other, err := NewGormCheckpointStore(pg.Open(t))
 	require.NoError(t, err)
-	_, ok, err = other.acquireLockAndCheck(ctx, "parts/partition-0-of-2")
+	_, ok, err = other.Acquire(ctx, "parts/partition-0-of-2")
 	require.NoError(t, err)
 	require.False(t, ok)
 
 	require.NoError(t, first.Commit(ctx, 7))
-	again, ok, err := other.acquireLockAndCheck(ctx, "parts/partition-0-of-2")
+	again, ok, err := other.Acquire(ctx, "parts/partition-0-of-2")
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.EqualValues(t, 7, again.Position())

@@ -35,8 +35,11 @@ func (r *runner) countAttempt(bctx context.Context, batch Batch, start int64, ev
 		// they commit now, and the failed event's first attempt is
 		// recorded for the position they commit, before any replica can
 		// attempt it there.
-		// An attempt to come, which claims nothing yet.
-		pending := AttemptRecord{Position: last.Position, EventID: p.eventID, Through: p.position, Attempts: 1, LastError: p.err.Error()}
+		// The record of the commit this batch is about to make: claimed,
+		// so that a replica that takes the checkpoint before the commit
+		// (where the store releases it for the batch's record write) does
+		// not replace it (see AttemptCounter); the commit releases it.
+		pending := AttemptRecord{Position: last.Position, EventID: p.eventID, Through: p.position, Attempts: 1, LastError: p.err.Error(), Holder: r.holder}
 		if err := s.attempts.PutAttempt(bctx, batch, s.name, pending); err != nil {
 			return r.attemptNotCounted(batch, first, err), false
 		}

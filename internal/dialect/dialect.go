@@ -68,7 +68,6 @@ type Dialect struct {
 	partitionHash string
 	claimPID      string
 	claimNow      string
-	relock        []string
 }
 
 // MD5PartitionHash is subscriptions.PartitionOf's hash as an SQL
@@ -101,20 +100,9 @@ var (
 		partitionHash: MD5PartitionHash,
 		claimPID:      "pg_backend_pid()",
 		claimNow:      "statement_timestamp()",
-		relock: []string{
-			"SET LOCAL lock_timeout = '5s'",
-			"SELECT position FROM subscriber_checkpoints WHERE subscriber = ? FOR UPDATE",
-			"SET LOCAL lock_timeout TO DEFAULT",
-		},
 	}
 	// SQLite is the SQLite dialect.
-	SQLite = &Dialect{
-		Name: sqlschema.SQLite,
-		relock: []string{
-			"UPDATE subscriber_checkpoints SET position = position WHERE subscriber = ?",
-			"SELECT position FROM subscriber_checkpoints WHERE subscriber = ?",
-		},
-	}
+	SQLite = &Dialect{Name: sqlschema.SQLite}
 )
 
 // Of returns the dialect of db (by gorm.DB.Name()), nil for an engine the
@@ -250,25 +238,19 @@ func (d *Dialect) ClaimValues() (pid, now string) { return d.claimPID, d.claimNo
 
 // LiveClaim is a condition on the subscriber_attempts row row (a table
 // name or alias) that is true while another runner than holder claims
-// the attempt from checkpoint: the claim is younger than lease and the
-// server process that wrote it is still there. Without Claims it is false
+// it, for an attempt from checkpoint or for a commit past it (a record
+// ahead of the checkpoint, written for the commit its batch is about to
+// make): the claim is younger than lease and the server process that
+// wrote it is still there. Without Claims it is false
 // (with the same arguments).
 func (d *Dialect) LiveClaim(row, holder string, checkpoint int64, lease time.Duration) (string, []any) {
 	if !d.Claims {
 		return "(? IS NULL AND ? IS NULL)", []any{holder, checkpoint} // false, with the same arguments
 	}
-	return fmt.Sprintf(`(%[1]s.holder <> '' AND %[1]s.holder <> ? AND %[1]s.position = ?
+	return fmt.Sprintf(`(%[1]s.holder <> '' AND %[1]s.holder <> ? AND %[1]s.position >= ?
 		AND %[1]s.claimed_at > statement_timestamp() - interval '%[2]d milliseconds'
 		AND EXISTS (SELECT 1 FROM pg_stat_get_activity(%[1]s.holder_pid)))`, row, lease.Milliseconds()), []any{holder, checkpoint}
 }
-
-// Relock are the statements that take the checkpoint row of a subscriber
-// (their one argument, in each that has a placeholder) again in a new
-// transaction, waiting for it, and read its position (the one SELECT):
-// FOR UPDATE with a wait bounded to 5 s, the transaction's own lock
-// timeout restored after it (Postgres), or the database's write lock
-// (SQLite).
-func (d *Dialect) Relock() []string { return d.relock }
 
 // PositionIn selects the rows of the events table at positions, in one
 // parameter whatever their number on Postgres (a bigint[] literal: one
