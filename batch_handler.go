@@ -40,6 +40,38 @@ func WithBatchHandler(h BatchHandler) SubscriberOption {
 	return func(s *Subscriber) { s.batchHandler = h }
 }
 
+// TypedBatch adapts a batch handler of events whose payloads are T to a
+// BatchHandler, decoding each event's payload as domain.Subscribe does
+// for a per-event handler (domain.DecodeEnvelope: a map[string]any or raw
+// JSON read back from a database becomes a T through its JSON form). An
+// event whose payload cannot become a T fails the batch with an error
+// naming the event and both types, before h is called: the batch's events
+// are then handled one at a time, and that event alone is retried and
+// parked. Give it to WithBatchHandler:
+//
+//	subscriptions.WithBatchHandler(subscriptions.TypedBatch(func(ctx context.Context, deposits []domain.EventEnvelope[Deposited]) error {
+//		// one multi-row upsert of the deposits
+//	}))
+//
+// A batch of several event types wants a handler of its own per type, or
+// T = json.RawMessage and a switch on EventType.
+func TypedBatch[T any](h func(ctx context.Context, events []domain.EventEnvelope[T]) error) BatchHandler {
+	if h == nil {
+		return nil // NewSubscriber refuses it, as it refuses a nil handler
+	}
+	return func(ctx context.Context, events []domain.EventEnvelope[any]) error {
+		typed := make([]domain.EventEnvelope[T], len(events))
+		for i, ev := range events {
+			t, err := domain.DecodeEnvelope[T](ev)
+			if err != nil {
+				return err
+			}
+			typed[i] = t
+		}
+		return h(ctx, typed)
+	}
+}
+
 // perEvent adapts a BatchHandler to the per-event path (one at a time
 // after a failure, retries, parking, replay).
 func (h BatchHandler) perEvent() Handler {

@@ -188,3 +188,70 @@ func TestBatchHandlerShutdownGrace(t *testing.T) {
 		})
 	}
 }
+
+// batchDeposit is TestTypedBatch's payload.
+type batchDeposit struct {
+	Account string `json:"account"`
+	Amount  int    `json:"amount"`
+}
+
+// TestTypedBatch: TypedBatch hands a batch handler its events with their
+// payloads decoded into the handler's type, on every backend (a database
+// gives them back as JSON); an event whose payload cannot be decoded is
+// parked alone with an error naming it and both types, before the handler
+// sees it, and every other event reaches the handler.
+func TestTypedBatch(t *testing.T) {
+	t.Parallel()
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			e := b.New(t)
+			ctx := context.Background()
+			var good []string
+			var bad string
+			for i := range 9 {
+				var payload any = batchDeposit{Account: "acc", Amount: i}
+				if i == 4 {
+					payload = "not a deposit"
+				}
+				ev := domain.NewEventEnvelope[any](payload, "acc", "batch.deposited", 0)
+				require.NoError(t, e.Events.Append(ctx, "acc", -1, ev))
+				if i == 4 {
+					bad = ev.ID
+				} else {
+					good = append(good, ev.ID)
+				}
+			}
+			var mu sync.Mutex
+			total, calls := 0, map[string]int{}
+			sub, err := subscriptions.NewSubscriber("typed-batch", e.Events, e.Checkpoints, nil,
+				subscriptions.WithBatchHandler(subscriptions.TypedBatch(func(ctx context.Context, deposits []domain.EventEnvelope[batchDeposit]) error {
+					mu.Lock()
+					defer mu.Unlock()
+					for _, d := range deposits {
+						require.Equal(t, "acc", d.Payload.Account, "decoded into the handler's type")
+						total += d.Payload.Amount
+						calls[d.ID]++
+					}
+					return nil
+				})),
+				subscriptions.WithParkingLot(e.Parking), subscriptions.WithMaxRetries(0),
+				subscriptions.WithPollInterval(5*time.Millisecond), subscriptions.WithLogger(quietLogger()))
+			require.NoError(t, err)
+			run := start(t, sub)
+			parked := parkWaitParked(t, sub, 1)
+			waitCaughtUp(t, sub)
+			run.stop(t)
+			require.Equal(t, bad, parked[0].EventID)
+			require.Contains(t, parked[0].Error, "batchDeposit")
+			require.Contains(t, parked[0].Error, bad)
+			mu.Lock()
+			defer mu.Unlock()
+			for _, id := range good {
+				require.GreaterOrEqual(t, calls[id], 1, id)
+			}
+			require.Len(t, calls, len(good))
+			require.Zero(t, calls[bad])
+		})
+	}
+}

@@ -68,25 +68,38 @@ func Subscribe[T any](d *EventDispatcher, eventType string, handler EventHandler
 		pattern:  pattern,
 		typeName: typeName,
 		handle: func(ctx context.Context, env EventEnvelope[any]) error {
-			payload, err := decodePayload[T](env.Payload)
+			typed, err := DecodeEnvelope[T](env)
 			if err != nil {
-				return fmt.Errorf("%w: event %s (type %q): payload of type %T cannot be decoded into %s: %v",
-					ErrInvalidEvent, env.ID, env.EventType, env.Payload, typeName, err)
+				return err
 			}
-			return handler(ctx, EventEnvelope[T]{
-				ID:            env.ID,
-				AggregateID:   env.AggregateID,
-				EventType:     env.EventType,
-				Payload:       payload,
-				Created:       env.Created,
-				SequenceNo:    env.SequenceNo,
-				TransactionID: env.TransactionID,
-				Metadata:      env.Metadata,
-				Position:      env.Position,
-			})
+			return handler(ctx, typed)
 		},
 	})
 	return nil
+}
+
+// DecodeEnvelope returns env with its payload as a T, decoded as Subscribe
+// decodes it: directly when it already is one (or a non-nil *T), else
+// through its JSON form (a map[string]any or raw JSON read back from a
+// database). A payload that cannot become a T is an error wrapping
+// ErrInvalidEvent that names the event and both types.
+func DecodeEnvelope[T any](env EventEnvelope[any]) (EventEnvelope[T], error) {
+	payload, err := decodePayload[T](env.Payload)
+	if err != nil {
+		return EventEnvelope[T]{}, fmt.Errorf("%w: event %s (type %q): payload of type %T cannot be decoded into %s: %v",
+			ErrInvalidEvent, env.ID, env.EventType, env.Payload, reflect.TypeFor[T]().String(), err)
+	}
+	return EventEnvelope[T]{
+		ID:            env.ID,
+		AggregateID:   env.AggregateID,
+		EventType:     env.EventType,
+		Payload:       payload,
+		Created:       env.Created,
+		SequenceNo:    env.SequenceNo,
+		TransactionID: env.TransactionID,
+		Metadata:      env.Metadata,
+		Position:      env.Position,
+	}, nil
 }
 
 // SubscribeWildcard registers a handler that receives every event, in
