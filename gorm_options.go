@@ -22,7 +22,8 @@ type gormStoreConfig struct {
 // the migration file that adds it. Use it when the schema is managed by a
 // migration tool applying migrations.FS and the application's role may not
 // create tables. infrastructure.WithSchemaVerifyOnly does the same for the
-// event store.
+// event store; migrations.VerifyOnly(db) says it once for all three
+// constructors.
 func WithSchemaVerifyOnly() GormStoreOption {
 	return func(c *gormStoreConfig) { c.verifyOnly = true }
 }
@@ -36,13 +37,7 @@ func ensureSchema(constructor string, db *gorm.DB, opts []GormStoreOption) error
 			opt(&c)
 		}
 	}
-	var err error
-	if c.verifyOnly {
-		err = migrations.Verify(context.Background(), db)
-	} else {
-		err = migrations.Migrate(context.Background(), db)
-	}
-	if err != nil {
+	if err := migrations.Ensure(context.Background(), db, c.verifyOnly); err != nil {
 		return fmt.Errorf("subscriptions: %s: %w", constructor, err)
 	}
 	return nil

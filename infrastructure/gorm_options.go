@@ -50,7 +50,8 @@ func WithNotifyChannel(channel string) GormEventStoreOption {
 // (migrations.Verify) that the schema is complete, and fails with one error
 // naming whatever is missing and the migration file that adds it. Use it
 // when the schema is managed by a migration tool applying migrations.FS
-// and the application's role may not create tables.
+// and the application's role may not create tables. migrations.VerifyOnly(db)
+// says it once for this and the subscriptions package's constructors.
 func WithSchemaVerifyOnly() GormEventStoreOption {
 	return func(c *gormEventStoreConfig) { c.verifyOnly = true }
 }

@@ -112,12 +112,7 @@ func NewGormEventStore(db *gorm.DB, opts ...GormEventStoreOption) (*GormEventSto
 			return nil, err
 		}
 	}
-	if cfg.verifyOnly {
-		err = migrations.Verify(ctx, db)
-	} else {
-		err = migrations.Migrate(ctx, db)
-	}
-	if err != nil {
+	if err = migrations.Ensure(ctx, db, cfg.verifyOnly); err != nil {
 		return nil, fmt.Errorf("infrastructure: NewGormEventStore: %w", err)
 	}
 	s := &GormEventStore{db: db, dialect: d, inTx: inTransaction(db), channel: cfg.channel}

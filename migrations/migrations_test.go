@@ -10,6 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
 
+	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
 	"github.com/eventfeed/subscriptions/migrations"
 )
@@ -212,4 +214,28 @@ func TestMigrateConcurrently(t *testing.T) {
 	want, _, _, err := migrations.FilesForTest("postgres")
 	require.NoError(t, err)
 	require.Equal(t, want, versions)
+}
+
+// TestVerifyOnlyHandle: a handle marked by VerifyOnly makes every
+// constructor run no DDL, without its own option: on an empty database
+// they all refuse, naming what is missing, and create nothing; the
+// unmarked handle still migrates.
+func TestVerifyOnlyHandle(t *testing.T) {
+	for _, b := range dbtest.GormBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			db := b.Open(t)
+			marked := migrations.VerifyOnly(db)
+			_, err := infrastructure.NewGormEventStore(marked)
+			require.ErrorIs(t, err, migrations.ErrSchemaMismatch)
+			_, err = subscriptions.NewGormCheckpointStore(marked)
+			require.ErrorIs(t, err, migrations.ErrSchemaMismatch)
+			_, err = subscriptions.NewGormParkingLot(marked)
+			require.ErrorIs(t, err, migrations.ErrSchemaMismatch)
+			require.Empty(t, catalog(t, db), "no DDL ran")
+			_, err = subscriptions.NewGormCheckpointStore(db)
+			require.NoError(t, err, "the unmarked handle migrates")
+			_, err = infrastructure.NewGormEventStore(marked)
+			require.NoError(t, err, "and the marked one then verifies")
+		})
+	}
 }
