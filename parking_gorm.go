@@ -53,6 +53,7 @@ var (
 	_ ParkingLot                = (*GormParkingLot)(nil)
 	_ ParkingLotPurger          = (*GormParkingLot)(nil)
 	_ ParkedCounter             = (*GormParkingLot)(nil)
+	_ rawPurger                 = (*GormParkingLot)(nil)
 	_ PartitionDeliveredClearer = (*GormParkingLot)(nil)
 )
 
@@ -307,15 +308,20 @@ func (g *GormParkingLot) Replay(ctx context.Context, subscriber, eventID string,
 // Purge deletes every event parked for subscriber, through the batch
 // transaction in ctx when it belongs to this lot's database (as Park does).
 func (g *GormParkingLot) Purge(ctx context.Context, subscriber string) error {
+	if err := g.purge(ctx, subscriber); err != nil {
+		return fmt.Errorf("subscriptions: purge parked events of %q: %w", subscriber, err)
+	}
+	return nil
+}
+
+// purge is Purge without context in its errors (see rawPurger).
+func (g *GormParkingLot) purge(ctx context.Context, subscriber string) error {
 	db := g.batchTx(ctx)
 	if db == nil {
 		db = g.db
 	}
 	where, args := g.dialect.ParkedSubscriber(subscriber)
-	if err := db.WithContext(ctx).Exec("DELETE FROM parked_events WHERE "+where, args...).Error; err != nil {
-		return fmt.Errorf("subscriptions: purge parked events of %q: %w", subscriber, err)
-	}
-	return nil
+	return db.WithContext(ctx).Exec("DELETE FROM parked_events WHERE "+where, args...).Error
 }
 
 var _ ManagedParkingLot = (*GormParkingLot)(nil)

@@ -205,8 +205,14 @@ func (s *Subscriber) DeleteState(ctx context.Context) error {
 			return fmt.Errorf("subscriptions: delete the state of %q: parking lot %T does not implement ParkingLotPurger: %w", s.name, s.parking, errors.ErrUnsupported)
 		}
 		purge = func(ctx context.Context) error {
-			if err := p.Purge(ctx, s.name); err != nil {
-				return &stepError{step: "purge parked events", err: err} // the lot names the subscriber
+			var err error
+			if own, ok := p.(rawPurger); ok {
+				err = own.purge(ctx, s.name) // the store's error already names the subscriber
+			} else {
+				err = p.Purge(ctx, s.name)
+			}
+			if err != nil {
+				return &stepError{step: "purge parked events", err: err}
 			}
 			return nil
 		}
@@ -226,4 +232,12 @@ func (s *Subscriber) DeleteState(ctx context.Context) error {
 	}
 	s.logger.Info("subscriber state deleted", "subscriber", s.name)
 	return nil
+}
+
+// rawPurger is implemented by this package's GORM parking lot: purge is
+// Purge without the context Purge adds to its errors, which DeleteState's
+// store error already carries (a lot of another kind names the subscriber
+// twice, nothing worse).
+type rawPurger interface {
+	purge(ctx context.Context, subscriber string) error
 }
