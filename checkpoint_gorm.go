@@ -109,9 +109,17 @@ var (
 // schema migrations if the database lacks any (migrations.Migrate: safe
 // while other processes use the tables; no lock once the schema is up to
 // date). With WithSchemaVerifyOnly it runs no DDL and only checks the
-// schema. Like the event feed itself, it supports Postgres and SQLite: replica
-// coordination relies on row locking (Postgres) or serialized writers
-// (SQLite), and other engines would silently double-process events.
+// schema. Like the event feed itself, it supports Postgres and SQLite:
+// replica coordination relies on row locking (Postgres) or serialized
+// writers (SQLite), and other engines would silently double-process
+// events.
+//
+// A batch holds one connection of db's pool for its life and never waits
+// for a second (its attempt record is written on it): a pool of any size
+// works, and one with a connection for every batch, append and call the
+// process runs at once never makes one wait (the package documentation,
+// Connections, gives the budget). migrations.VerifyOnly(db) makes it, and
+// the other constructors given that handle, run no DDL.
 func NewGormCheckpointStore(db *gorm.DB, opts ...GormStoreOption) (*GormCheckpointStore, error) {
 	pool, d, err := gormHandle("NewGormCheckpointStore", db)
 	if err != nil {

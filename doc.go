@@ -232,8 +232,29 @@
 //
 // # Other backends
 //
-// CheckpointStore, ParkingLot and domain.EventStore are interfaces; package
-// subscriptionstest holds the behavioural suites that this module's
-// memory, SQLite and Postgres implementations pass, for a new backend to
-// run in its own tests.
+// CheckpointStore (with its Batch), ParkingLot and domain.EventStore are
+// interfaces, and the run loop, partitions, retries and status reach
+// their implementations through them and through optional capabilities
+// only, the way database/sql reaches a driver: a backend outside this
+// package can get every guarantee above. Each capability's documentation
+// says what the loop does with it and without it:
+//
+//   - a CheckpointStore's: CheckpointResetter (rebuilds in place),
+//     AttemptCounter (attempt counts across replicas and restarts),
+//     PartitionCheckpointStore (partitions in one statement and one
+//     transaction), Pauser (Pause, SwitchOver), FailureClassifier (commit
+//     failures blamed on events), FeedSharer, FeedAcquirer and their
+//     batches' BatchFeedReader (reading the feed on the batch's own
+//     connection);
+//   - a Batch's: TxEndChecker (a statement that ended the transaction),
+//     ResetAborter (a batch a reset ended);
+//   - a ParkingLot's: ManagedParkingLot, ParkingLotPurger,
+//     DeliveredClearer, PartitionDeliveredClearer, ParkedCounter;
+//   - a domain.EventStore's: PartitionFeed and FeedIndex (partitions read
+//     in the store's own query language).
+//
+// Package subscriptionstest holds a behavioural suite per interface and
+// per capability, which this module's memory, SQLite (both drivers) and
+// Postgres implementations pass, for a new backend to run in its own
+// tests.
 package subscriptions

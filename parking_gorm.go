@@ -63,7 +63,8 @@ var (
 // GormCheckpointStore: that is what lets Park join the batch transaction
 // and commit atomically with the checkpoint advance. A lot built on a
 // different handle still works, but parks non-transactionally through its
-// own connection.
+// own connection. Every call holds one connection at a time, and Park in a
+// batch uses the batch's.
 func NewGormParkingLot(db *gorm.DB, opts ...GormStoreOption) (*GormParkingLot, error) {
 	pool, d, err := gormHandle("NewGormParkingLot", db)
 	if err != nil {

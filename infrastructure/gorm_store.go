@@ -88,8 +88,13 @@ var _ domain.EventStore = (*GormEventStore)(nil)
 // processes append: it takes no lock when the schema is up to date, and
 // concurrent constructors take turns. With WithSchemaVerifyOnly it runs
 // no DDL and fails, wrapping migrations.ErrSchemaMismatch, when the schema
-// is not complete. Dialects other than Postgres and SQLite are refused
-// with an error wrapping domain.ErrGlobalOrderingNotSupported.
+// is not complete (or on a handle marked by migrations.VerifyOnly).
+// Dialects other than Postgres and SQLite are refused with an error
+// wrapping domain.ErrGlobalOrderingNotSupported.
+//
+// Every call holds one connection of db's pool at a time; concurrent
+// appends of one store share one (coalesced), so a pool of any size
+// works (subscriptions' documentation, Connections, gives the budget).
 func NewGormEventStore(db *gorm.DB, opts ...GormEventStoreOption) (*GormEventStore, error) {
 	if db == nil || db.Config == nil || db.Dialector == nil {
 		return nil, errors.New("infrastructure: NewGormEventStore: nil or unopened *gorm.DB (use gorm.Open)")
