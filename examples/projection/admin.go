@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/admin"
 )
 
 // serveAdmin serves the admin page for sub on -admin's address until ctx
@@ -18,8 +19,8 @@ import (
 // loopback interface may do everything, identified by its address. An
 // application plugs in its own authentication instead.
 func (ex *example) serveAdmin(ctx context.Context, sub *subscriptions.Subscriber) error {
-	h, err := subscriptions.NewAdminHandler([]*subscriptions.Subscriber{sub}, loopbackOnly,
-		subscriptions.WithAdminLogger(slog.New(slog.NewTextHandler(ex.stderr, nil)))) // audit lines at INFO
+	h, err := admin.NewHandler([]*subscriptions.Subscriber{sub}, loopbackOnly,
+		admin.WithLogger(slog.New(slog.NewTextHandler(ex.stderr, nil)))) // audit lines at INFO
 	if err != nil {
 		return err
 	}
@@ -48,9 +49,9 @@ func (ex *example) serveAdmin(ctx context.Context, sub *subscriptions.Subscriber
 	return err
 }
 
-// loopbackOnly is the example's AdminAuthorizer: loopback clients may do
+// loopbackOnly is the example's admin.Authorizer: loopback clients may do
 // everything, anyone else nothing.
-func loopbackOnly(r *http.Request, _ subscriptions.AdminAction, _ string) (string, bool) {
+func loopbackOnly(r *http.Request, _ admin.Action, _ string) (string, bool) {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if ip := net.ParseIP(host); err == nil && ip != nil && ip.IsLoopback() {
 		return "local " + r.RemoteAddr, true

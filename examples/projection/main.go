@@ -9,7 +9,7 @@
 //	go run ./examples/projection -admin 127.0.0.1:8080  # then open http://127.0.0.1:8080/admin/
 //
 // With -admin the example stops after step 4's "fix" and serves the admin
-// page (subscriptions.NewAdminHandler, mounted under /admin/) until
+// page (admin.NewHandler, mounted under /admin/) until
 // Ctrl-C, leaving the parked event for you to replay or discard there;
 // the database stays until then, so cmd/subscriptions can be pointed at it.
 //
@@ -148,7 +148,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.postgresDSN, "postgres", "", "run on this Postgres server instead of a temporary SQLite file\n(a URL or key=value DSN; the example creates its own schema and drops it at exit)")
 	fs.IntVar(&cfg.replicas, "replicas", 1, fmt.Sprintf("number of subscribers running with the same name (1-%d)", maxReplicas))
 	fs.DurationVar(&cfg.connectTimeout, "connect-timeout", 5*time.Second, "how long to wait for the Postgres server")
-	fs.StringVar(&cfg.admin, "admin", "", "after parking the event, serve the admin page (subscriptions.NewAdminHandler) on this\naddress, e.g. 127.0.0.1:8080, to replay it from a browser; stops on Ctrl-C\n(loopback clients only; the database is kept until then)")
+	fs.StringVar(&cfg.admin, "admin", "", "after parking the event, serve the admin page (admin.NewHandler) on this\naddress, e.g. 127.0.0.1:8080, to replay it from a browser; stops on Ctrl-C\n(loopback clients only; the database is kept until then)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: projection [-postgres DSN] [-replicas N] [-connect-timeout D] [-admin ADDR]\n\n")
 		fs.PrintDefaults()

@@ -1,4 +1,8 @@
-package subscriptions
+// Package admin is the operator surface of package subscriptions: an
+// http.Handler (NewHandler) with a JSON API and one server-rendered page
+// over the public API of a set of Subscribers, behind the application's
+// own authorization.
+package admin
 
 import (
 	"crypto/hmac"
@@ -15,67 +19,72 @@ import (
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/eventfeed/subscriptions"
 )
 
-// AdminAction names what an admin request wants to do, for the
-// AdminAuthorizer to decide on.
-type AdminAction string
+// Action names what an admin request wants to do, for the Authorizer
+// to decide on.
+type Action string
 
-// The actions of the admin handler. AdminRead covers every GET (status,
+// The actions of the admin handler. Read covers every GET (status,
 // parked events, one event with its payload); the others change state.
 const (
-	AdminRead    AdminAction = "read"
-	AdminReplay  AdminAction = "replay"
-	AdminDiscard AdminAction = "discard"
-	AdminReset   AdminAction = "reset"
+	Read    Action = "read"
+	Replay  Action = "replay"
+	Discard Action = "discard"
+	Reset   Action = "reset"
 )
 
-// AdminAuthorizer is the application's own authorization, asked before
+// Authorizer is the application's own authorization, asked before
 // every admin request: it returns the caller's identity (logged with every
 // action) and whether the caller may perform action on subscriber (""
 // when the request is about every subscriber: the API's list). An empty
 // caller with allowed false is answered 401, a known caller not allowed
-// 403. The page also asks it AdminRead for each subscriber it would show,
-// and shows only those allowed (see NewAdminHandler). It is called on the
+// 403. The page also asks it Read for each subscriber it would show, and
+// shows only those allowed (see NewHandler). It is called on the
 // request's goroutine, possibly several times per request, and must be
 // safe for concurrent use.
-type AdminAuthorizer func(r *http.Request, action AdminAction, subscriber string) (caller string, allowed bool)
+type Authorizer func(r *http.Request, action Action, subscriber string) (caller string, allowed bool)
 
-// AdminOption configures NewAdminHandler.
-type AdminOption func(*adminConfig)
+// Option configures NewHandler.
+type Option func(*config)
 
-type adminConfig struct {
+type config struct {
 	logger  *slog.Logger
 	redact  bool
 	origins []string
 }
 
-// WithAdminLogger sets the logger of the admin handler's audit lines
+// WithLogger sets the logger of the admin handler's audit lines
 // (default slog.Default()).
-func WithAdminLogger(l *slog.Logger) AdminOption {
-	return func(c *adminConfig) { c.logger = l }
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) { c.logger = l }
 }
 
-// WithAdminRedactedPayloads hides event payloads and metadata from the
+// WithRedactedPayloads hides event payloads and metadata from the
 // API and the page (they may hold personal data); types, positions,
 // aggregate IDs and errors are still shown.
-func WithAdminRedactedPayloads() AdminOption {
-	return func(c *adminConfig) { c.redact = true }
+func WithRedactedPayloads() Option {
+	return func(c *config) { c.redact = true }
 }
 
-// WithAdminTrustedOrigins lists origins (scheme://host[:port]) besides the
+// WithTrustedOrigins lists origins (scheme://host[:port]) besides the
 // request's own host from which state-changing requests are accepted —
 // for a handler behind a proxy that rewrites Host.
-func WithAdminTrustedOrigins(origins ...string) AdminOption {
-	return func(c *adminConfig) { c.origins = append(c.origins, origins...) }
+func WithTrustedOrigins(origins ...string) Option {
+	return func(c *config) { c.origins = append(c.origins, origins...) }
 }
 
-// adminHandler serves the admin API and page; see NewAdminHandler.
-type adminHandler struct {
-	subs     map[string]*Subscriber
+// Handler is the admin handler: an http.Handler serving the admin API and
+// page over a fixed set of subscribers (see NewHandler). It is safe for
+// concurrent use: its fields are set by NewHandler and then only read,
+// except replayMu, a sync.Map of per-subscriber locks.
+type Handler struct {
+	subs     map[string]*subscriptions.Subscriber
 	names    []string
-	auth     AdminAuthorizer
-	cfg      adminConfig
+	auth     Authorizer
+	cfg      config
 	origins  map[string]bool
 	csrfKey  []byte
 	mux      *http.ServeMux
@@ -83,54 +92,56 @@ type adminHandler struct {
 	replayMu sync.Map // subscriber name -> *sync.Mutex, held by a replay
 }
 
-// NewAdminHandler returns an http.Handler for operators: a JSON API under
+// NewHandler returns the admin handler for operators: a JSON API under
 // api/ and, at its root, an HTML page (server-rendered, no external
 // assets, works without JavaScript) to see each subscriber's position,
 // lag and parked events (a partitioned subscriber's partitions on a
 // click, and without one when a partition is failing or stuck), look at a
-// parked event, replay or discard it, and reset a checkpoint. Mount it under any prefix with the standard
-// ServeMux:
+// parked event, replay or discard it, and reset a checkpoint. It reads
+// the subscribers through package subscriptions' public API only. Mount
+// it under any prefix with the standard ServeMux:
 //
 //	mux.Handle("/admin/subscriptions/", http.StripPrefix("/admin/subscriptions", h))
 //
 // Security is not optional. authorize is required and asked before every
 // request; every action is logged with the caller it returns (and every
 // refusal too). What a caller may read is decided per subscriber: the
-// page lists only the subscribers on which authorize allows AdminRead —
-// on every render, including the one after a failed replay or discard —
-// so an operator who may read some subscribers gets a page of those (the
+// page lists only the subscribers on which authorize allows Read — on
+// every render, including the one after a failed replay or discard — so
+// an operator who may read some subscribers gets a page of those (the
 // page is refused only to a caller who may read none), while the API's
 // list, GET api/subscribers, is about every subscriber, asks about "" and
 // is answered 403 unless that is allowed (such a caller reads
-// api/subscribers/{name} instead). State-changing requests are POST or DELETE only, refuse
-// cross-site requests (Sec-Fetch-Site, and Origin or Referer must match
-// the request's host or WithAdminTrustedOrigins), and must carry either a
-// JSON content type (API) or the page's anti-CSRF token (forms). The
-// token is derived from the caller identity with a key drawn per handler,
-// so a form is only accepted by the handler (process) that rendered it.
-// docs/operations.md lists the routes and their status codes.
+// api/subscribers/{name} instead). State-changing requests are POST or
+// DELETE only, refuse cross-site requests (Sec-Fetch-Site, and Origin or
+// Referer must match the request's host or WithTrustedOrigins), and must
+// carry either a JSON content type (API) or the page's anti-CSRF token
+// (forms). The token is derived from the caller identity with a key drawn
+// per handler, so a form is only accepted by the handler (process) that
+// rendered it. docs/operations.md lists the routes and their status
+// codes.
 //
 // The handler is safe for concurrent use; requests run on the server's
 // goroutines, and replays on the request's (at most one replay per
 // subscriber at a time: another is answered 409). It returns an error for
 // a nil authorizer, no subscribers, or two subscribers with one name.
-func NewAdminHandler(subscribers []*Subscriber, authorize AdminAuthorizer, opts ...AdminOption) (http.Handler, error) {
+func NewHandler(subscribers []*subscriptions.Subscriber, authorize Authorizer, opts ...Option) (*Handler, error) {
 	if authorize == nil {
-		return nil, errors.New("subscriptions: NewAdminHandler: authorize: nil authorizer (the handler never serves without one)")
+		return nil, errors.New("admin: NewHandler: authorize: nil authorizer (the handler never serves without one)")
 	}
 	if len(subscribers) == 0 {
-		return nil, errors.New("subscriptions: NewAdminHandler: subscribers: none given")
+		return nil, errors.New("admin: NewHandler: subscribers: none given")
 	}
-	h := &adminHandler{subs: map[string]*Subscriber{}, auth: authorize, origins: map[string]bool{}}
+	h := &Handler{subs: map[string]*subscriptions.Subscriber{}, auth: authorize, origins: map[string]bool{}}
 	for i, s := range subscribers {
 		if s == nil {
-			return nil, fmt.Errorf("subscriptions: NewAdminHandler: subscribers[%d] is nil", i)
+			return nil, fmt.Errorf("admin: NewHandler: subscribers[%d] is nil", i)
 		}
-		if _, dup := h.subs[s.name]; dup {
-			return nil, fmt.Errorf("subscriptions: NewAdminHandler: subscribers: two named %q (give one Subscriber per name)", s.name)
+		if _, dup := h.subs[s.Name()]; dup {
+			return nil, fmt.Errorf("admin: NewHandler: subscribers: two named %q (give one Subscriber per name)", s.Name())
 		}
-		h.subs[s.name] = s
-		h.names = append(h.names, s.name)
+		h.subs[s.Name()] = s
+		h.names = append(h.names, s.Name())
 	}
 	sort.Strings(h.names)
 	for _, opt := range opts {
@@ -144,44 +155,46 @@ func NewAdminHandler(subscribers []*Subscriber, authorize AdminAuthorizer, opts 
 	for _, o := range h.cfg.origins {
 		u, err := url.Parse(o)
 		if err != nil || u.Scheme == "" || u.Host == "" {
-			return nil, fmt.Errorf("subscriptions: NewAdminHandler: WithAdminTrustedOrigins: %q is not scheme://host[:port]", o)
+			return nil, fmt.Errorf("admin: NewHandler: WithTrustedOrigins: %q is not scheme://host[:port]", o)
 		}
 		h.origins[strings.ToLower(u.Scheme+"://"+u.Host)] = true
 	}
 	h.csrfKey = make([]byte, 32)
 	if _, err := rand.Read(h.csrfKey); err != nil {
-		return nil, fmt.Errorf("subscriptions: NewAdminHandler: draw the anti-CSRF key: %w", err)
+		return nil, fmt.Errorf("admin: NewHandler: draw the anti-CSRF key: %w", err)
 	}
 	var err error
-	if h.page, err = parseAdminPage(); err != nil {
-		return nil, fmt.Errorf("subscriptions: NewAdminHandler: page template: %w", err)
+	if h.page, err = parsePage(); err != nil {
+		return nil, fmt.Errorf("admin: NewHandler: page template: %w", err)
 	}
 	h.routes()
 	return h, nil
 }
 
-func (h *adminHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// ServeHTTP serves one admin request (see NewHandler), on the caller's
+// goroutine; safe for concurrent use.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("X-Frame-Options", "DENY")
 	w.Header().Set("Cache-Control", "no-store")
 	h.mux.ServeHTTP(w, r)
 }
 
-// adminRefusal is a request refused before it reached its action.
-type adminRefusal struct {
+// refusal is a request refused before it reached its action.
+type refusal struct {
 	status int
 	reason string
 }
 
 // authorize asks the application, logs a refusal and returns the caller.
-func (h *adminHandler) authorize(r *http.Request, action AdminAction, subscriber string) (string, *adminRefusal) {
+func (h *Handler) authorize(r *http.Request, action Action, subscriber string) (string, *refusal) {
 	caller, ok := h.auth(r, action, subscriber)
 	if ok {
 		return caller, nil
 	}
-	ref := &adminRefusal{status: http.StatusForbidden, reason: "not allowed"}
+	ref := &refusal{status: http.StatusForbidden, reason: "not allowed"}
 	if caller == "" {
-		ref = &adminRefusal{status: http.StatusUnauthorized, reason: "not authenticated"}
+		ref = &refusal{status: http.StatusUnauthorized, reason: "not authenticated"}
 	}
 	h.cfg.logger.Warn("admin request refused", "reason", ref.reason, "action", string(action), "caller", caller,
 		"subscriber", subscriber, "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
@@ -192,9 +205,9 @@ func (h *adminHandler) authorize(r *http.Request, action AdminAction, subscriber
 // browser marks it with Sec-Fetch-Site and always sends Origin (or at
 // least Referer) on a cross-origin POST or DELETE. Requests without
 // either header come from non-browser clients, which CSRF cannot drive.
-func (h *adminHandler) sameOrigin(r *http.Request) *adminRefusal {
+func (h *Handler) sameOrigin(r *http.Request) *refusal {
 	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" && site != "none" {
-		return &adminRefusal{http.StatusForbidden, "cross-site request (Sec-Fetch-Site: " + site + ")"}
+		return &refusal{http.StatusForbidden, "cross-site request (Sec-Fetch-Site: " + site + ")"}
 	}
 	origin := r.Header.Get("Origin")
 	if origin == "" {
@@ -211,39 +224,39 @@ func (h *adminHandler) sameOrigin(r *http.Request) *adminRefusal {
 	}
 	u, err := url.Parse(origin)
 	if err != nil || u.Host == "" {
-		return &adminRefusal{http.StatusForbidden, "cross-origin request (Origin " + origin + ")"}
+		return &refusal{http.StatusForbidden, "cross-origin request (Origin " + origin + ")"}
 	}
 	if strings.EqualFold(u.Host, r.Host) || h.origins[strings.ToLower(u.Scheme+"://"+u.Host)] {
 		return nil
 	}
-	return &adminRefusal{http.StatusForbidden, "cross-origin request (Origin " + origin + ")"}
+	return &refusal{http.StatusForbidden, "cross-origin request (Origin " + origin + ")"}
 }
 
 // jsonBody refuses an API mutation without a JSON content type: an HTML
 // form cannot send one, and a cross-site script cannot without a CORS
 // preflight this handler never answers.
-func jsonBody(r *http.Request) *adminRefusal {
+func jsonBody(r *http.Request) *refusal {
 	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if err != nil || mt != "application/json" {
-		return &adminRefusal{http.StatusUnsupportedMediaType, "state-changing API requests need Content-Type: application/json"}
+		return &refusal{http.StatusUnsupportedMediaType, "state-changing API requests need Content-Type: application/json"}
 	}
 	return nil
 }
 
 // csrfToken is the page's anti-CSRF token for caller.
-func (h *adminHandler) csrfToken(caller string) string {
+func (h *Handler) csrfToken(caller string) string {
 	m := hmac.New(sha256.New, h.csrfKey)
 	m.Write([]byte(caller))
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
-func (h *adminHandler) validToken(caller, token string) bool {
+func (h *Handler) validToken(caller, token string) bool {
 	return hmac.Equal([]byte(h.csrfToken(caller)), []byte(token))
 }
 
 // replayLock is held by a replay of subscriber; ok false means another
 // replay runs.
-func (h *adminHandler) replayLock(subscriber string) (unlock func(), ok bool) {
+func (h *Handler) replayLock(subscriber string) (unlock func(), ok bool) {
 	v, _ := h.replayMu.LoadOrStore(subscriber, &sync.Mutex{})
 	mu := v.(*sync.Mutex)
 	if !mu.TryLock() {
@@ -253,7 +266,7 @@ func (h *adminHandler) replayLock(subscriber string) (unlock func(), ok bool) {
 }
 
 // audit logs an action with its caller and outcome.
-func (h *adminHandler) audit(r *http.Request, caller string, action AdminAction, subscriber string, err error, attrs ...any) {
+func (h *Handler) audit(r *http.Request, caller string, action Action, subscriber string, err error, attrs ...any) {
 	attrs = append([]any{"action", string(action), "caller", caller, "subscriber", subscriber, "remote", r.RemoteAddr}, attrs...)
 	if err != nil {
 		h.cfg.logger.Warn("admin action failed", append(attrs, "error", err)...)

@@ -1,4 +1,4 @@
-package subscriptions_test
+package admin_test
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/admin"
 	"github.com/eventfeed/subscriptions/domain"
 )
 
@@ -37,7 +38,7 @@ func TestAdminPagePartitionsInBrowser(t *testing.T) {
 	r := start(t, sub)
 	waitCaughtUp(t, sub)
 	r.stop(t)
-	h, err := subscriptions.NewAdminHandler([]*subscriptions.Subscriber{sub}, func(*http.Request, subscriptions.AdminAction, string) (string, bool) {
+	h, err := admin.NewHandler([]*subscriptions.Subscriber{sub}, func(*http.Request, admin.Action, string) (string, bool) {
 		return "browser", true
 	})
 	require.NoError(t, err)
