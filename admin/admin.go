@@ -19,6 +19,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/eventfeed/subscriptions"
 )
@@ -51,9 +52,11 @@ type Authorizer func(r *http.Request, action Action, subscriber string) (caller 
 type Option func(*config)
 
 type config struct {
-	logger  *slog.Logger
-	redact  bool
-	origins []string
+	logger      *slog.Logger
+	redact      bool
+	origins     []string
+	sampleEvery time.Duration
+	clock       clock
 }
 
 // WithLogger sets the logger of the admin handler's audit lines
@@ -77,9 +80,11 @@ func WithTrustedOrigins(origins ...string) Option {
 }
 
 // Handler is the admin handler: an http.Handler serving the admin API and
-// page over a fixed set of subscribers (see NewHandler). It is safe for
-// concurrent use: its fields are set by NewHandler and then only read,
-// except replayMu, a sync.Map of per-subscriber locks.
+// page over a fixed set of subscribers (see NewHandler), and the owner of
+// the goroutine that samples them for the page's charts (see Close). It
+// is safe for concurrent use: its fields are set by NewHandler and then
+// only read, except replayMu, a sync.Map of per-subscriber locks, and
+// history, which has a mutex of its own.
 type Handler struct {
 	subs     map[string]*subscriptions.Subscriber
 	names    []string
@@ -90,6 +95,8 @@ type Handler struct {
 	mux      *http.ServeMux
 	page     *template.Template
 	replayMu sync.Map // subscriber name -> *sync.Mutex, held by a replay
+	history  *history // the samples the charts are drawn from
+	sampler  *sampler // the goroutine taking them
 }
 
 // NewHandler returns the admin handler for operators: a JSON API under
@@ -97,9 +104,16 @@ type Handler struct {
 // assets, works without JavaScript) to see each subscriber's position,
 // lag and parked events (a partitioned subscriber's partitions on a
 // click, and without one when a partition is failing or stuck), look at a
-// parked event, replay or discard it, and reset a checkpoint. It reads
-// the subscribers through package subscriptions' public API only. Mount
-// it under any prefix with the standard ServeMux:
+// parked event, replay or discard it, and reset a checkpoint. Beside each
+// subscriber's lag (in events and in time) and throughput (events handled
+// per minute) the page draws the last hour of them as small charts
+// (inline SVG, rendered on the server) from samples the handler takes
+// itself: NewHandler starts a goroutine that reads every subscriber's
+// Status at once and then every WithSampleInterval (15 s by default),
+// keeping an hour in memory, until Close, which the caller must call when
+// it no longer serves the handler. The handler reads the subscribers
+// through package subscriptions' public API only. Mount it under any
+// prefix with the standard ServeMux:
 //
 //	mux.Handle("/admin/subscriptions/", http.StripPrefix("/admin/subscriptions", h))
 //
@@ -123,8 +137,10 @@ type Handler struct {
 //
 // The handler is safe for concurrent use; requests run on the server's
 // goroutines, and replays on the request's (at most one replay per
-// subscriber at a time: another is answered 409). It returns an error for
-// a nil authorizer, no subscribers, or two subscribers with one name.
+// subscriber at a time: another is answered 409); the sampler runs on its
+// own goroutine, one Status call at a time. It returns an error for a nil
+// authorizer, no subscribers, two subscribers with one name, or an
+// option out of its range.
 func NewHandler(subscribers []*subscriptions.Subscriber, authorize Authorizer, opts ...Option) (*Handler, error) {
 	if authorize == nil {
 		return nil, errors.New("admin: NewHandler: authorize: nil authorizer (the handler never serves without one)")
@@ -163,11 +179,16 @@ func NewHandler(subscribers []*subscriptions.Subscriber, authorize Authorizer, o
 	if _, err := rand.Read(h.csrfKey); err != nil {
 		return nil, fmt.Errorf("admin: NewHandler: draw the anti-CSRF key: %w", err)
 	}
+	if err := h.cfg.validateSampling(); err != nil {
+		return nil, fmt.Errorf("admin: NewHandler: %w", err)
+	}
 	var err error
 	if h.page, err = parsePage(); err != nil {
 		return nil, fmt.Errorf("admin: NewHandler: page template: %w", err)
 	}
 	h.routes()
+	h.history = newHistory(h.cfg.sampleEvery)
+	h.startSampler() // last: no error return after it, which would leak it
 	return h, nil
 }
 

@@ -83,9 +83,8 @@ func newAdminFixture(t *testing.T, e *env, opts ...admin.Option) *adminFixture {
 	f.other = other
 	logger, logs := newLogger()
 	f.logs = logs
-	handler, err := admin.NewHandler([]*subscriptions.Subscriber{f.sub, other}, adminAuth,
+	handler := newHandler(t, []*subscriptions.Subscriber{f.sub, other}, adminAuth,
 		append([]admin.Option{admin.WithLogger(logger)}, opts...)...)
-	require.NoError(t, err)
 	f.mux = http.NewServeMux()
 	f.mux.Handle("/ops/", http.StripPrefix("/ops", handler))
 	return f
@@ -146,6 +145,7 @@ func TestNewHandlerRefusesBadArguments(t *testing.T) {
 		"nil subscriber":  {[]*subscriptions.Subscriber{a, nil}, adminAuth, nil, "subscribers[1]"},
 		"duplicate names": {[]*subscriptions.Subscriber{a, a2}, adminAuth, nil, `two named "admin-a"`},
 		"bad origin":      {[]*subscriptions.Subscriber{a}, adminAuth, []admin.Option{admin.WithTrustedOrigins("admin.test")}, "WithTrustedOrigins"},
+		"sample interval": {[]*subscriptions.Subscriber{a}, adminAuth, []admin.Option{admin.WithSampleInterval(time.Millisecond)}, "WithSampleInterval: 1ms is below 100ms"},
 	} {
 		h, err := admin.NewHandler(c.subs, c.auth, c.opts...)
 		require.Error(t, err, name)
@@ -404,8 +404,7 @@ func TestAdminHostileNames(t *testing.T) {
 		subs = append(subs, parkSubscriber(t, e, n, nop, subscriptions.WithParkingLot(e.Parking)))
 		require.NoError(t, e.Parking.Park(context.Background(), subscriptions.ParkedEvent{Subscriber: n, EventID: "<b>ev</b>/1", Position: 1, Error: "<img src=x onerror=alert(1)>"}))
 	}
-	h, err := admin.NewHandler(subs, adminAuth)
-	require.NoError(t, err)
+	h := newHandler(t, subs, adminAuth)
 	f := &adminFixture{mux: http.NewServeMux()}
 	f.mux.Handle("/ops/", http.StripPrefix("/ops", h))
 	for _, n := range names {
@@ -474,9 +473,8 @@ func TestAdminPageShowsOnlyReadableSubscribers(t *testing.T) {
 					return user, false
 				}
 			}
-			handler, err := admin.NewHandler([]*subscriptions.Subscriber{f.sub, hidden, f.other}, auth,
+			handler := newHandler(t, []*subscriptions.Subscriber{f.sub, hidden, f.other}, auth,
 				admin.WithLogger(quietLogger()))
-			require.NoError(t, err)
 			f.mux = http.NewServeMux()
 			f.mux.Handle("/ops/", http.StripPrefix("/ops", handler))
 
@@ -579,8 +577,7 @@ func TestAdminPagePartitions(t *testing.T) {
 				t.Fatal("partition 0's handler never ran")
 			}
 
-			handler, err := admin.NewHandler([]*subscriptions.Subscriber{orders, quiet, plain}, adminAuth)
-			require.NoError(t, err)
+			handler := newHandler(t, []*subscriptions.Subscriber{orders, quiet, plain}, adminAuth)
 			f := &adminFixture{mux: http.NewServeMux()}
 			f.mux.Handle("/ops/", http.StripPrefix("/ops", handler))
 			// rowOf is subscriber's row of the subscribers table, with the

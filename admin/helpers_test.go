@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/admin"
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
@@ -192,3 +193,13 @@ func newLogger() (*slog.Logger, *logBuffer) {
 
 // quietLogger discards everything.
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// newHandler is admin.NewHandler, closed (its sampler stopped) at the
+// test's cleanup.
+func newHandler(t testing.TB, subs []*subscriptions.Subscriber, auth admin.Authorizer, opts ...admin.Option) *admin.Handler {
+	t.Helper()
+	h, err := admin.NewHandler(subs, auth, opts...)
+	require.NoError(t, err)
+	t.Cleanup(h.Close)
+	return h
+}

@@ -16,13 +16,8 @@ var pageHTML string
 
 func parsePage() (*template.Template, error) {
 	return template.New("admin").Funcs(template.FuncMap{
-		"seconds": func(s float64) string {
-			if s <= 0 {
-				return "0s"
-			}
-			return time.Duration(s * float64(time.Second)).Round(time.Millisecond).String()
-		},
-		"when": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
+		"seconds": formatSeconds,
+		"when":    func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
 		"query": func(kv ...string) string {
 			v := url.Values{}
 			for i := 0; i+1 < len(kv); i += 2 {
@@ -38,6 +33,10 @@ type pageData struct {
 	Caller      string
 	Token       string
 	Subscribers []statusRow
+	// SampleEvery is the sampler's interval and ChartSpan how far back the
+	// charts go ("" for a single sample), for the charts' legend.
+	SampleEvery time.Duration
+	ChartSpan   string
 	Selected    string
 	Parked      *subscriptions.ParkedPage
 	ParkedError string
@@ -122,12 +121,15 @@ func (h *Handler) renderPage(w http.ResponseWriter, r *http.Request, caller stri
 		q = url.Values{"subscriber": {r.PostFormValue("subscriber")}}
 	}
 	var subs []statusRow
+	now := h.cfg.clock.Now()
 	for _, name := range h.names {
 		if h.readable(r, name) {
-			subs = append(subs, readStatus(ctx, h.subs[name]))
+			row := readStatus(ctx, h.subs[name])
+			row.Charts = buildCharts(h.history.samples(name, now), now)
+			subs = append(subs, row)
 		}
 	}
-	d := pageData{Caller: caller, Token: h.csrfToken(caller), Subscribers: subs, Notice: notice, Failure: failure}
+	d := pageData{Caller: caller, Token: h.csrfToken(caller), Subscribers: subs, SampleEvery: h.cfg.sampleEvery, ChartSpan: h.chartSpan(now), Notice: notice, Failure: failure}
 	if name := q.Get("subscriber"); name != "" {
 		s, ok := h.subs[name]
 		switch {

@@ -23,6 +23,9 @@ type statusRow struct {
 	// PartitionCount is WithPartitions' count (0 unpartitioned), for the
 	// page to show even when Status could not be read.
 	PartitionCount int `json:"-"`
+	// Charts are the page's sparklines of the subscriber (nil before its
+	// first sample, and in the API).
+	Charts *charts `json:"-"`
 	// stuckFor is how long each stuck partition's checkpoint has stood
 	// still.
 	stuckFor map[int]time.Duration

@@ -13,17 +13,23 @@ import (
 	"github.com/eventfeed/subscriptions/admin"
 )
 
-// serveAdmin serves the admin page for sub on -admin's address until ctx
-// is cancelled (Ctrl-C), with the subscribers still running, so the page
-// shows them live. Its authorizer is the demo's: every client on the
-// loopback interface may do everything, identified by its address. An
-// application plugs in its own authentication instead.
-func (ex *example) serveAdmin(ctx context.Context, sub *subscriptions.Subscriber) error {
-	h, err := admin.NewHandler([]*subscriptions.Subscriber{sub}, loopbackOnly,
-		admin.WithLogger(slog.New(slog.NewTextHandler(ex.stderr, nil)))) // audit lines at INFO
-	if err != nil {
-		return err
-	}
+// newAdmin returns the admin handler for sub, made as soon as the
+// subscribers run so that its charts show the catch-up. Its authorizer is
+// the demo's: every client on the loopback interface may do everything,
+// identified by its address; an application plugs in its own
+// authentication instead. It samples every second, so that the charts
+// fill while you look (an application keeps the default, 15 s). The
+// caller closes it, which stops its sampler.
+func (ex *example) newAdmin(sub *subscriptions.Subscriber) (*admin.Handler, error) {
+	return admin.NewHandler([]*subscriptions.Subscriber{sub}, loopbackOnly,
+		admin.WithLogger(slog.New(slog.NewTextHandler(ex.stderr, nil))), // audit lines at INFO
+		admin.WithSampleInterval(time.Second))
+}
+
+// serveAdmin serves h on -admin's address until ctx is cancelled
+// (Ctrl-C), with the subscribers still running, so the page shows them
+// live.
+func (ex *example) serveAdmin(ctx context.Context, h *admin.Handler) error {
 	mux := http.NewServeMux()
 	mux.Handle("/admin/", http.StripPrefix("/admin", h))
 	ln, err := net.Listen("tcp", ex.cfg.admin)

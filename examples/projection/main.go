@@ -80,6 +80,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/admin"
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/dsn"
@@ -509,6 +510,18 @@ func (ex *example) run(ctx context.Context) error {
 	defer stopAll()
 	fmt.Fprintf(out, "subscribers: %d running as %q (same name: they share one checkpoint)\n", len(subs), subscriberName)
 
+	// With -admin, the admin handler samples from now on: its charts show
+	// the catch-up below.
+	var adminHandler *admin.Handler
+	if ex.cfg.admin != "" {
+		h, err := ex.newAdmin(subs[0])
+		if err != nil {
+			return err
+		}
+		defer h.Close()
+		adminHandler = h
+	}
+
 	// Append the events, one commit per line of the script.
 	ids, err := ex.appendScript(ctx)
 	if err != nil {
@@ -537,7 +550,7 @@ func (ex *example) run(ctx context.Context) error {
 	if ex.cfg.admin != "" {
 		ex.fixed.Store(true)
 		fmt.Fprintln(out, "fixing the handler (overdrafts are allowed now); the parked event is left for you to replay")
-		return ex.serveAdmin(ctx, first)
+		return ex.serveAdmin(ctx, adminHandler)
 	}
 	fmt.Fprintln(out, "fixing the handler (overdrafts are allowed now) and replaying the parked event")
 	ex.fixed.Store(true)
