@@ -326,17 +326,15 @@ func (h *Handler) apiReset(w http.ResponseWriter, r *http.Request, s *subscripti
 		writeJSONError(w, http.StatusBadRequest, `position: want {"position": N} with N >= 0`)
 		return
 	}
-	// A checkpoint past the head would skip every event appended until the
-	// feed gets there (Status then reports ErrCheckpointAhead): refused.
-	head, err := s.Head(r.Context())
-	if err != nil {
-		err = fmt.Errorf("subscriptions: reset of %q: read the feed head: %w", s.Name(), err)
+	var beyond *BeyondHeadError
+	err := CheckReset(r.Context(), s, *req.Position)
+	switch {
+	case errors.As(err, &beyond):
+		writeJSONError(w, http.StatusBadRequest, "position: "+err.Error())
+		return
+	case err != nil:
 		h.audit(r, caller, Reset, s.Name(), err, "position", *req.Position)
 		writeJSONError(w, errorStatus(err, false), err.Error())
-		return
-	}
-	if *req.Position > head {
-		writeJSONError(w, http.StatusBadRequest, fmt.Sprintf("position: %d is beyond the feed head %d (the subscriber would skip the events appended until the feed reaches it); nothing was changed", *req.Position, head))
 		return
 	}
 	err = s.ResetCheckpoint(r.Context(), *req.Position)
