@@ -48,10 +48,10 @@ type point struct {
 	gap bool
 }
 
-// buildCharts draws name's samples as the page shows them at now: the x
-// axis runs from the oldest sample kept (at most window ago) to now, so a
-// sampler that stopped shows as a line that ends before the right edge.
-// nil when there is no sample yet.
+// buildCharts draws a subscriber's samples ss as the page shows them at
+// now: the x axis runs from the oldest sample kept (at most window ago)
+// to now, so a sampler that stopped shows as a line that ends before the
+// right edge. nil when there is no sample yet.
 func buildCharts(ss []sample, now time.Time) *charts {
 	if len(ss) == 0 {
 		return nil

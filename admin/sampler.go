@@ -27,10 +27,9 @@ const (
 
 // WithSampleInterval sets how often the handler samples each subscriber's
 // Status for the page's charts (default 15 s, also for 0; at least
-// 100 ms). Each
-// sample is one Status call per subscriber (three or four indexed
-// statements); the handler keeps an hour of them, window/d per subscriber,
-// in memory.
+// 100 ms). Each sample is one Status call per subscriber (three or four
+// indexed statements); the handler keeps an hour of them in memory, 3600 s
+// / d per subscriber (240 by default).
 func WithSampleInterval(d time.Duration) Option {
 	return func(c *config) { c.sampleEvery = d }
 }
@@ -178,8 +177,10 @@ func (h *Handler) sampleAll(ctx context.Context) {
 // Close stops the handler's sampler, the goroutine NewHandler started for
 // the page's charts, and waits for it to return (an in-flight Status read
 // is cancelled). The handler still serves after Close; its charts only
-// stop growing. Close is idempotent and safe for concurrent use; call it
-// when the handler is no longer served (it owns no other resource).
+// stop growing. Close is idempotent and safe for concurrent use. Call it
+// when the handler is no longer served: the goroutine has no other end,
+// and a handler never closed keeps it, and its samples, for the life of
+// the process (it owns no other resource).
 func (h *Handler) Close() {
 	h.sampler.once.Do(h.sampler.cancel)
 	<-h.sampler.done
