@@ -53,7 +53,7 @@
 // with ErrReplayInProgress, on every ParkingLot, so the handler runs once
 // (a discard meanwhile is refused the same way). With a ManagedParkingLot
 // they can also be paged and filtered, replayed in bulk and discarded;
-// NewAdminHandler and cmd/subscriptions put these calls in front of
+// package admin and cmd/subscriptions put these calls in front of
 // operators.
 //
 // A batch whose handlers all succeeded can still fail to commit because of

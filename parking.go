@@ -73,7 +73,7 @@ type ParkedEvent struct {
 // ParkingLot stores poison events so one unprocessable event never blocks
 // the events behind it: the subscriber parks it and advances the
 // checkpoint past it. ManagedParkingLot adds what operators need
-// (NewAdminHandler and cmd/subscriptions are surfaces over both).
+// (package admin and cmd/subscriptions are surfaces over both).
 //
 // Implementations are safe for concurrent use.
 type ParkingLot interface {

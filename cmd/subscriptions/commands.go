@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/admin"
 	"github.com/eventfeed/subscriptions/migrations"
 )
 
@@ -225,11 +226,11 @@ func (c *cli) findParked(ctx context.Context, d *database, eventID string) (*sub
 }
 
 func (c *cli) parkedShow(ctx context.Context, d *database, eventID string) error {
-	_, p, err := c.findParked(ctx, d, eventID)
+	sub, p, err := c.findParked(ctx, d, eventID)
 	if err != nil {
 		return err
 	}
-	ev, evErr := d.events.GetEventByID(ctx, eventID)
+	ev, evErr := sub.Event(ctx, eventID)
 	if c.json {
 		out := map[string]any{"parked": p}
 		if evErr != nil {
@@ -299,14 +300,14 @@ func (c *cli) reset(ctx context.Context, d *database, name, positionArg string) 
 	if err != nil {
 		return err
 	}
-	// A checkpoint past the head would skip every event appended until the
-	// feed gets there (and Status reports it as ErrCheckpointAhead).
-	head, err := d.events.HeadPosition(ctx)
+	sub, err := d.subscriber(g, c.logger())
 	if err != nil {
-		return fmt.Errorf("read the feed head: %w", err)
+		return err
 	}
-	if position > head {
-		return fmt.Errorf("reset: position %d is beyond the feed head %d: subscriber %q would skip the events appended until the feed reaches it; nothing was changed", position, head, name)
+	// The admin handler's rule: not beyond the feed head, which would skip
+	// every event appended until the feed gets there.
+	if err := admin.CheckReset(ctx, sub, position); err != nil {
+		return fmt.Errorf("reset: %w", err)
 	}
 	from, current := "", int64(0)
 	if g.partitions > 0 {
@@ -328,10 +329,6 @@ func (c *cli) reset(ctx context.Context, d *database, name, positionArg string) 
 	}
 	if err := c.confirm(fmt.Sprintf("Reset subscriber %q from %s to %d? Events after %d will be processed again.",
 		name, from, position, position)); err != nil {
-		return err
-	}
-	sub, err := d.subscriber(g, c.logger())
-	if err != nil {
 		return err
 	}
 	if err := sub.ResetCheckpoint(ctx, position); err != nil {

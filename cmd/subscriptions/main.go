@@ -24,7 +24,7 @@
 // the command's arguments.
 //
 // Replaying a parked event needs the application's handler, so the CLI
-// cannot do it: use the admin handler (subscriptions.NewAdminHandler)
+// cannot do it: use the admin handler (admin.NewHandler)
 // mounted in the application, or Subscriber.ReplayParked.
 //
 // Exit status: 0 on success, 1 on an error (each with a message on
@@ -76,7 +76,7 @@ flags (anywhere on the line):
   -yes         do not ask for confirmation
 
 Replaying a parked event runs the application's handler, which this program does not have:
-mount the admin handler (subscriptions.NewAdminHandler) in the application, or call
+mount the admin handler (admin.NewHandler) in the application, or call
 Subscriber.ReplayParked. Exit status: 0 ok, 1 error, 2 usage, 3 confirmation declined.
 `
 
@@ -226,7 +226,7 @@ func (c *cli) dispatch(ctx context.Context, args []string, getenv func(string) s
 			}
 		case "replay":
 			return errors.New("parked replay: replaying runs the application's event handler, which this program does not have.\n" +
-				"Replay from the application: mount subscriptions.NewAdminHandler (its page has a Replay button, its API\n" +
+				"Replay from the application: mount admin.NewHandler (its page has a Replay button, its API\n" +
 				"POST .../api/subscribers/{name}/parked/{id}/replay) or call Subscriber.ReplayParked")
 		default:
 			return usageError{fmt.Sprintf("parked %s: unknown; want list, show or discard", sub)}

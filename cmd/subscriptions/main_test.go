@@ -247,7 +247,7 @@ func TestEndToEnd(t *testing.T) {
 
 			r = run("", "parked", "replay", ev.EventID)
 			require.Equal(t, 1, r.code)
-			require.Contains(t, r.stderr, "NewAdminHandler")
+			require.Contains(t, r.stderr, "admin.NewHandler")
 
 			// Discard: declined, then confirmed.
 			r = run("n\n", "parked", "discard", ev.EventID)

@@ -10,19 +10,26 @@ import (
 	"time"
 
 	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/admin"
 )
 
-// serveAdmin serves the admin page for sub on -admin's address until ctx
-// is cancelled (Ctrl-C), with the subscribers still running, so the page
-// shows them live. Its authorizer is the demo's: every client on the
-// loopback interface may do everything, identified by its address. An
-// application plugs in its own authentication instead.
-func (ex *example) serveAdmin(ctx context.Context, sub *subscriptions.Subscriber) error {
-	h, err := subscriptions.NewAdminHandler([]*subscriptions.Subscriber{sub}, loopbackOnly,
-		subscriptions.WithAdminLogger(slog.New(slog.NewTextHandler(ex.stderr, nil)))) // audit lines at INFO
-	if err != nil {
-		return err
-	}
+// newAdmin returns the admin handler for sub, made as soon as the
+// subscribers run so that its charts show the catch-up. Its authorizer is
+// the demo's: every client on the loopback interface may do everything,
+// identified by its address; an application plugs in its own
+// authentication instead. It samples every second, so that the charts
+// fill while you look (an application keeps the default, 15 s). The
+// caller closes it, which stops its sampler.
+func (ex *example) newAdmin(sub *subscriptions.Subscriber) (*admin.Handler, error) {
+	return admin.NewHandler([]*subscriptions.Subscriber{sub}, loopbackOnly,
+		admin.WithLogger(slog.New(slog.NewTextHandler(ex.stderr, nil))), // audit lines at INFO
+		admin.WithSampleInterval(time.Second))
+}
+
+// serveAdmin serves h on -admin's address until ctx is cancelled
+// (Ctrl-C), with the subscribers still running, so the page shows them
+// live.
+func (ex *example) serveAdmin(ctx context.Context, h *admin.Handler) error {
 	mux := http.NewServeMux()
 	mux.Handle("/admin/", http.StripPrefix("/admin", h))
 	ln, err := net.Listen("tcp", ex.cfg.admin)
@@ -48,9 +55,9 @@ func (ex *example) serveAdmin(ctx context.Context, sub *subscriptions.Subscriber
 	return err
 }
 
-// loopbackOnly is the example's AdminAuthorizer: loopback clients may do
+// loopbackOnly is the example's admin.Authorizer: loopback clients may do
 // everything, anyone else nothing.
-func loopbackOnly(r *http.Request, _ subscriptions.AdminAction, _ string) (string, bool) {
+func loopbackOnly(r *http.Request, _ admin.Action, _ string) (string, bool) {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if ip := net.ParseIP(host); err == nil && ip != nil && ip.IsLoopback() {
 		return "local " + r.RemoteAddr, true

@@ -2,8 +2,12 @@ package main
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,8 +28,9 @@ const screenshotEnv = "SUBSCRIPTIONS_BROWSER_SCREENSHOT"
 
 // TestAdminPageInBrowser runs the example on Postgres with -admin and
 // drives its admin page in headless Chromium, as an operator would: open
-// the page, pick the subscriber, click Replay on the parked event, and
-// see the tables update.
+// the page, see the charts drawn from the handler's samples, pick the
+// subscriber, click Replay on the parked event, and see the tables
+// update.
 func TestAdminPageInBrowser(t *testing.T) {
 	if os.Getenv(BrowserEnv) != "1" {
 		t.Skipf("set %s=1 (with chromium installed) to run the browser test", BrowserEnv)
@@ -64,6 +69,39 @@ func TestAdminPageInBrowser(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`#subscribers tr[data-subscriber="balances"]`)),
 	))
 	require.Equal(t, "1", text(ctx2, `tr[data-subscriber="balances"] td.parked-count`), "the example parks one event")
+
+	// The charts: the example's handler samples every second from before
+	// the events were appended. Once the page shows a few samples (read
+	// without the browser, then reloaded in it), each chart is drawn.
+	samples := regexp.MustCompile(`<svg class="spark spark-lag"[^>]*data-samples="(\d+)"`)
+	client := &http.Client{Timeout: time.Minute}
+	t.Cleanup(client.CloseIdleConnections)
+	require.Eventually(t, func() bool {
+		resp, err := client.Get(adminURL)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return false
+		}
+		m := samples.FindSubmatch(body)
+		if m == nil {
+			return false
+		}
+		n, err := strconv.Atoi(string(m[1]))
+		return err == nil && n >= 5
+	}, 2*time.Minute, 100*time.Millisecond, "the page never showed 5 samples")
+	require.NoError(t, chromedp.Do(ctx2, chromedp.Reload()))
+	for _, kind := range []string{"lag", "lag-time", "throughput"} {
+		sel := `tr[data-subscriber="balances"] svg.spark-` + kind + ` polyline`
+		require.NoError(t, chromedp.Do(ctx2, chromedp.WaitVisible(chromedp.CSS(sel))), kind)
+		n, err := chromedp.Run(ctx2, chromedp.Evaluate[int](`document.querySelector('`+sel+`').points.numberOfItems`))
+		require.NoError(t, err, kind)
+		require.GreaterOrEqual(t, n, 4, "%s: a line through the samples (the throughput's from the second)", kind)
+	}
+	require.Contains(t, text(ctx2, `#charts-legend`), "every 1s")
 	require.NoError(t, chromedp.Do(ctx2,
 		chromedp.Click(chromedp.CSS(`tr[data-subscriber="balances"] a`)),
 		chromedp.WaitVisible(chromedp.CSS(`#parked button[name="replay"]`)),

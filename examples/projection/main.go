@@ -9,7 +9,7 @@
 //	go run ./examples/projection -admin 127.0.0.1:8080  # then open http://127.0.0.1:8080/admin/
 //
 // With -admin the example stops after step 4's "fix" and serves the admin
-// page (subscriptions.NewAdminHandler, mounted under /admin/) until
+// page (admin.NewHandler, mounted under /admin/) until
 // Ctrl-C, leaving the parked event for you to replay or discard there;
 // the database stays until then, so cmd/subscriptions can be pointed at it.
 //
@@ -80,6 +80,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/admin"
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/dsn"
@@ -148,7 +149,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.postgresDSN, "postgres", "", "run on this Postgres server instead of a temporary SQLite file\n(a URL or key=value DSN; the example creates its own schema and drops it at exit)")
 	fs.IntVar(&cfg.replicas, "replicas", 1, fmt.Sprintf("number of subscribers running with the same name (1-%d)", maxReplicas))
 	fs.DurationVar(&cfg.connectTimeout, "connect-timeout", 5*time.Second, "how long to wait for the Postgres server")
-	fs.StringVar(&cfg.admin, "admin", "", "after parking the event, serve the admin page (subscriptions.NewAdminHandler) on this\naddress, e.g. 127.0.0.1:8080, to replay it from a browser; stops on Ctrl-C\n(loopback clients only; the database is kept until then)")
+	fs.StringVar(&cfg.admin, "admin", "", "after parking the event, serve the admin page (admin.NewHandler) on this\naddress, e.g. 127.0.0.1:8080, to replay it from a browser; stops on Ctrl-C\n(loopback clients only; the database is kept until then)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: projection [-postgres DSN] [-replicas N] [-connect-timeout D] [-admin ADDR]\n\n")
 		fs.PrintDefaults()
@@ -509,6 +510,18 @@ func (ex *example) run(ctx context.Context) error {
 	defer stopAll()
 	fmt.Fprintf(out, "subscribers: %d running as %q (same name: they share one checkpoint)\n", len(subs), subscriberName)
 
+	// With -admin, the admin handler samples from now on: its charts show
+	// the catch-up below.
+	var adminHandler *admin.Handler
+	if ex.cfg.admin != "" {
+		h, err := ex.newAdmin(subs[0])
+		if err != nil {
+			return err
+		}
+		defer h.Close()
+		adminHandler = h
+	}
+
 	// Append the events, one commit per line of the script.
 	ids, err := ex.appendScript(ctx)
 	if err != nil {
@@ -537,7 +550,7 @@ func (ex *example) run(ctx context.Context) error {
 	if ex.cfg.admin != "" {
 		ex.fixed.Store(true)
 		fmt.Fprintln(out, "fixing the handler (overdrafts are allowed now); the parked event is left for you to replay")
-		return ex.serveAdmin(ctx, first)
+		return ex.serveAdmin(ctx, adminHandler)
 	}
 	fmt.Fprintln(out, "fixing the handler (overdrafts are allowed now) and replaying the parked event")
 	ex.fixed.Store(true)

@@ -1,18 +1,20 @@
-package subscriptions
+package admin
 
 import (
 	"context"
 	"time"
+
+	"github.com/eventfeed/subscriptions"
 )
 
-// adminStatus is one row of the admin surfaces' status table: the
+// statusRow is one row of the admin surfaces' status table: the
 // subscriber's Status, with the error that reading it met (the Status is
 // then as far as it got; a table shows every subscriber, including the
 // ones it cannot read), and which of its partitions are stuck, since
 // Status itself says how long ago each last progressed but not whether
 // that is too long.
-type adminStatus struct {
-	Status
+type statusRow struct {
+	subscriptions.Status
 	Error string `json:"error,omitempty"`
 	// StuckPartitions are the partitions Healthy would report stuck
 	// (events wait, and the checkpoint stood still longer than
@@ -21,40 +23,38 @@ type adminStatus struct {
 	// PartitionCount is WithPartitions' count (0 unpartitioned), for the
 	// page to show even when Status could not be read.
 	PartitionCount int `json:"-"`
+	// Charts are the page's sparklines of the subscriber (nil before its
+	// first sample, and in the API).
+	Charts *charts `json:"-"`
 	// stuckFor is how long each stuck partition's checkpoint has stood
 	// still.
 	stuckFor map[int]time.Duration
 }
 
-// adminSubscriberStatus reads s.Status for the admin surfaces.
-func adminSubscriberStatus(ctx context.Context, s *Subscriber) adminStatus {
-	st, progress, err := s.status(ctx)
-	out := adminStatus{Status: st, PartitionCount: s.partitions}
+// readStatus reads s's status for the admin surfaces, with the stuck
+// partitions by the root's own rule (Subscriber.StatusStuck, Healthy's).
+func readStatus(ctx context.Context, s *subscriptions.Subscriber) statusRow {
+	st, stuck, err := s.StatusStuck(ctx)
+	out := statusRow{Status: st, PartitionCount: s.Partitions()}
 	if err != nil {
-		out.Subscriber, out.Error = s.name, err.Error()
+		out.Subscriber, out.Error = s.Name(), err.Error()
 	}
-	if len(progress) != len(st.Partitions) {
-		return out
-	}
-	for i, p := range st.Partitions {
-		// Stopped: Run is not here to be stuck; halted: shown as failing.
-		if p.State == StateStopped || p.State == StateHalted {
-			continue
+	for _, c := range stuck {
+		if c.Partition < 0 {
+			continue // an unpartitioned subscriber's checkpoint
 		}
-		if still, _, stuck := s.stuckFor(p, progress[i]); stuck {
-			if out.stuckFor == nil {
-				out.stuckFor = map[int]time.Duration{}
-			}
-			out.StuckPartitions = append(out.StuckPartitions, p.Partition)
-			out.stuckFor[p.Partition] = still.Round(time.Millisecond)
+		if out.stuckFor == nil {
+			out.stuckFor = map[int]time.Duration{}
 		}
+		out.StuckPartitions = append(out.StuckPartitions, c.Partition)
+		out.stuckFor[c.Partition] = c.Still.Round(time.Millisecond)
 	}
 	return out
 }
 
 // StuckFor is how long partition p's checkpoint has stood still, as the
 // page shows it, or "" when p is not stuck.
-func (a adminStatus) StuckFor(p int) string {
+func (a statusRow) StuckFor(p int) string {
 	if d, ok := a.stuckFor[p]; ok {
 		return d.String()
 	}
@@ -63,10 +63,10 @@ func (a adminStatus) StuckFor(p int) string {
 
 // FailingPartitions counts the partitions halted or retrying on an
 // event, for the page's summary of a partitioned subscriber.
-func (a adminStatus) FailingPartitions() int {
+func (a statusRow) FailingPartitions() int {
 	n := 0
 	for _, p := range a.Partitions {
-		if p.State == StateHalted || p.State == StateRetrying || p.Failing != nil {
+		if p.State == subscriptions.StateHalted || p.State == subscriptions.StateRetrying || p.Failing != nil {
 			n++
 		}
 	}
@@ -75,14 +75,14 @@ func (a adminStatus) FailingPartitions() int {
 
 // PartitionsNeedAttention reports whether a partition is failing or stuck:
 // the page then shows the partitions without being asked.
-func (a adminStatus) PartitionsNeedAttention() bool {
+func (a statusRow) PartitionsNeedAttention() bool {
 	return len(a.StuckPartitions) > 0 || a.FailingPartitions() > 0
 }
 
-func (h *adminHandler) statuses(ctx context.Context) []adminStatus {
-	out := make([]adminStatus, 0, len(h.names))
+func (h *Handler) statuses(ctx context.Context) []statusRow {
+	out := make([]statusRow, 0, len(h.names))
 	for _, name := range h.names {
-		out = append(out, adminSubscriberStatus(ctx, h.subs[name]))
+		out = append(out, readStatus(ctx, h.subs[name]))
 	}
 	return out
 }

@@ -1,4 +1,4 @@
-package subscriptions_test
+package admin_test
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/admin"
 	"github.com/eventfeed/subscriptions/domain"
 )
 
@@ -37,15 +38,15 @@ type adminFixture struct {
 
 // adminAuth: header X-User names the caller; X-Role "reader" may only
 // read; no X-User is unauthenticated.
-func adminAuth(r *http.Request, action subscriptions.AdminAction, _ string) (string, bool) {
+func adminAuth(r *http.Request, action admin.Action, _ string) (string, bool) {
 	user := r.Header.Get("X-User")
 	if user == "" {
 		return "", false
 	}
-	return user, action == subscriptions.AdminRead || r.Header.Get("X-Role") != "reader"
+	return user, action == admin.Read || r.Header.Get("X-Role") != "reader"
 }
 
-func newAdminFixture(t *testing.T, e *env, opts ...subscriptions.AdminOption) *adminFixture {
+func newAdminFixture(t *testing.T, e *env, opts ...admin.Option) *adminFixture {
 	t.Helper()
 	ctx := context.Background()
 	f := &adminFixture{e: e}
@@ -82,9 +83,8 @@ func newAdminFixture(t *testing.T, e *env, opts ...subscriptions.AdminOption) *a
 	f.other = other
 	logger, logs := newLogger()
 	f.logs = logs
-	handler, err := subscriptions.NewAdminHandler([]*subscriptions.Subscriber{f.sub, other}, adminAuth,
-		append([]subscriptions.AdminOption{subscriptions.WithAdminLogger(logger)}, opts...)...)
-	require.NoError(t, err)
+	handler := newHandler(t, []*subscriptions.Subscriber{f.sub, other}, adminAuth,
+		append([]admin.Option{admin.WithLogger(logger)}, opts...)...)
 	f.mux = http.NewServeMux()
 	f.mux.Handle("/ops/", http.StripPrefix("/ops", handler))
 	return f
@@ -128,7 +128,7 @@ func decodeJSON[T any](t *testing.T, w *httptest.ResponseRecorder) T {
 	return v
 }
 
-func TestNewAdminHandlerRefusesBadArguments(t *testing.T) {
+func TestNewHandlerRefusesBadArguments(t *testing.T) {
 	t.Parallel()
 	e := envBackends()[0].New(t)
 	nop := func(context.Context, domain.EventEnvelope[any]) error { return nil }
@@ -136,17 +136,18 @@ func TestNewAdminHandlerRefusesBadArguments(t *testing.T) {
 	a2 := parkSubscriber(t, e, "admin-a", nop)
 	for name, c := range map[string]struct {
 		subs []*subscriptions.Subscriber
-		auth subscriptions.AdminAuthorizer
-		opts []subscriptions.AdminOption
+		auth admin.Authorizer
+		opts []admin.Option
 		want string
 	}{
 		"nil authorizer":  {[]*subscriptions.Subscriber{a}, nil, nil, "authorize"},
 		"no subscribers":  {nil, adminAuth, nil, "subscribers"},
 		"nil subscriber":  {[]*subscriptions.Subscriber{a, nil}, adminAuth, nil, "subscribers[1]"},
 		"duplicate names": {[]*subscriptions.Subscriber{a, a2}, adminAuth, nil, `two named "admin-a"`},
-		"bad origin":      {[]*subscriptions.Subscriber{a}, adminAuth, []subscriptions.AdminOption{subscriptions.WithAdminTrustedOrigins("admin.test")}, "WithAdminTrustedOrigins"},
+		"bad origin":      {[]*subscriptions.Subscriber{a}, adminAuth, []admin.Option{admin.WithTrustedOrigins("admin.test")}, "WithTrustedOrigins"},
+		"sample interval": {[]*subscriptions.Subscriber{a}, adminAuth, []admin.Option{admin.WithSampleInterval(time.Millisecond)}, "WithSampleInterval: 1ms is below 100ms"},
 	} {
-		h, err := subscriptions.NewAdminHandler(c.subs, c.auth, c.opts...)
+		h, err := admin.NewHandler(c.subs, c.auth, c.opts...)
 		require.Error(t, err, name)
 		require.Nil(t, h, name)
 		require.Contains(t, err.Error(), c.want, name)
@@ -307,7 +308,7 @@ func jsonInt(n int64) string { b, _ := json.Marshal(n); return string(b) }
 // never leaves the handler, in the API or on the page.
 func TestAdminRedactsPayloads(t *testing.T) {
 	t.Parallel()
-	f := newAdminFixture(t, envBackends()[0].New(t), subscriptions.WithAdminRedactedPayloads())
+	f := newAdminFixture(t, envBackends()[0].New(t), admin.WithRedactedPayloads())
 	w := f.do("GET", adminPath("admin-sub", "parked", f.poison[0].ID), "alice", "", "", nil)
 	require.Equal(t, 200, w.Code)
 	require.NotContains(t, w.Body.String(), "card-4242")
@@ -403,8 +404,7 @@ func TestAdminHostileNames(t *testing.T) {
 		subs = append(subs, parkSubscriber(t, e, n, nop, subscriptions.WithParkingLot(e.Parking)))
 		require.NoError(t, e.Parking.Park(context.Background(), subscriptions.ParkedEvent{Subscriber: n, EventID: "<b>ev</b>/1", Position: 1, Error: "<img src=x onerror=alert(1)>"}))
 	}
-	h, err := subscriptions.NewAdminHandler(subs, adminAuth)
-	require.NoError(t, err)
+	h := newHandler(t, subs, adminAuth)
 	f := &adminFixture{mux: http.NewServeMux()}
 	f.mux.Handle("/ops/", http.StripPrefix("/ops", h))
 	for _, n := range names {
@@ -428,7 +428,7 @@ func TestAdminHostileNames(t *testing.T) {
 // may act (a proxy rewrote Host); any other origin is still refused.
 func TestAdminTrustedOrigins(t *testing.T) {
 	t.Parallel()
-	f := newAdminFixture(t, envBackends()[0].New(t), subscriptions.WithAdminTrustedOrigins("https://ops.example.com"))
+	f := newAdminFixture(t, envBackends()[0].New(t), admin.WithTrustedOrigins("https://ops.example.com"))
 	reset := adminPath("admin-sub", "reset")
 	hdr := func(origin string) map[string]string {
 		return map[string]string{"Content-Type": "application/json", "Origin": origin}
@@ -463,7 +463,7 @@ func TestAdminPageShowsOnlyReadableSubscribers(t *testing.T) {
 			require.Contains(t, st.LastError, secretErr)
 			require.Positive(t, st.Lag)
 
-			auth := func(r *http.Request, action subscriptions.AdminAction, subscriber string) (string, bool) {
+			auth := func(r *http.Request, action admin.Action, subscriber string) (string, bool) {
 				switch user := r.Header.Get("X-User"); user {
 				case "alice":
 					return user, true
@@ -473,9 +473,8 @@ func TestAdminPageShowsOnlyReadableSubscribers(t *testing.T) {
 					return user, false
 				}
 			}
-			handler, err := subscriptions.NewAdminHandler([]*subscriptions.Subscriber{f.sub, hidden, f.other}, auth,
-				subscriptions.WithAdminLogger(quietLogger()))
-			require.NoError(t, err)
+			handler := newHandler(t, []*subscriptions.Subscriber{f.sub, hidden, f.other}, auth,
+				admin.WithLogger(quietLogger()))
 			f.mux = http.NewServeMux()
 			f.mux.Handle("/ops/", http.StripPrefix("/ops", handler))
 
@@ -545,7 +544,7 @@ func TestAdminPagePartitions(t *testing.T) {
 			e := b.New(t)
 			ctx := context.Background()
 			const n = 3
-			hung, bad, good := statusAggregateIn(0, n, "hung"), statusAggregateIn(1, n, "bad"), statusAggregateIn(2, n, "good")
+			hung, bad, good := aggregateIn(0, n, "hung"), aggregateIn(1, n, "bad"), aggregateIn(2, n, "good")
 			for _, agg := range []string{hung, bad, good, good} {
 				ev := domain.NewEventEnvelope[any](map[string]any{}, agg, "part."+strings.TrimRight(agg, "-0123456789"), 0)
 				require.NoError(t, e.Events.Append(ctx, agg, -1, ev))
@@ -578,8 +577,7 @@ func TestAdminPagePartitions(t *testing.T) {
 				t.Fatal("partition 0's handler never ran")
 			}
 
-			handler, err := subscriptions.NewAdminHandler([]*subscriptions.Subscriber{orders, quiet, plain}, adminAuth)
-			require.NoError(t, err)
+			handler := newHandler(t, []*subscriptions.Subscriber{orders, quiet, plain}, adminAuth)
 			f := &adminFixture{mux: http.NewServeMux()}
 			f.mux.Handle("/ops/", http.StripPrefix("/ops", handler))
 			// rowOf is subscriber's row of the subscribers table, with the

@@ -1,4 +1,4 @@
-package subscriptions_test
+package admin_test
 
 import (
 	"context"
@@ -15,14 +15,16 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/admin"
 	"github.com/eventfeed/subscriptions/domain"
 )
 
 // TestAdminPagePartitionsInBrowser opens the admin page in headless
 // Chromium with JavaScript disabled (SUBSCRIPTIONS_BROWSER=1, as
 // examples/projection's browser test): a caught-up partitioned
-// subscriber's partitions are hidden until its summary is clicked, then
-// each partition's row is shown.
+// subscriber's charts are drawn (lag and throughput from three samples),
+// its partitions are hidden until its summary is clicked, then each
+// partition's row is shown.
 func TestAdminPagePartitionsInBrowser(t *testing.T) {
 	if os.Getenv("SUBSCRIPTIONS_BROWSER") != "1" {
 		t.Skip("set SUBSCRIPTIONS_BROWSER=1 (with chromium installed) to run the browser test")
@@ -37,12 +39,31 @@ func TestAdminPagePartitionsInBrowser(t *testing.T) {
 	r := start(t, sub)
 	waitCaughtUp(t, sub)
 	r.stop(t)
-	h, err := subscriptions.NewAdminHandler([]*subscriptions.Subscriber{sub}, func(*http.Request, subscriptions.AdminAction, string) (string, bool) {
+	// Three samples, taken on a clock the test moves: caught up, 3 events
+	// behind, caught up again by a reset to the head (3 events in 15 s).
+	clock := admin.NewFakeClock(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	h := newHandler(t, []*subscriptions.Subscriber{sub}, func(*http.Request, admin.Action, string) (string, bool) {
 		return "browser", true
-	})
-	require.NoError(t, err)
+	}, admin.WithClock(clock), admin.WithSampleInterval(15*time.Second))
 	srv := httptest.NewServer(h)
 	defer srv.Close()
+	samples := func(n int) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "http://admin.test/", nil))
+			return sparks(t, w.Body.String())["lag"].samples == n
+		}, 30*time.Second, time.Millisecond, "the page never showed %d samples", n)
+	}
+	samples(1)
+	appendN(t, e.Events, "browser.more", 6, 3)
+	clock.Advance(15 * time.Second)
+	samples(2)
+	head, err := sub.Head(context.Background())
+	require.NoError(t, err)
+	require.NoError(t, sub.ResetCheckpoint(context.Background(), head))
+	clock.Advance(15 * time.Second)
+	samples(3)
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(chromium),
@@ -68,6 +89,25 @@ func TestAdminPagePartitionsInBrowser(t *testing.T) {
 
 	row := `#subscribers tr[data-subscriber="orders-p"]`
 	require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(row+` .partition-count`))))
+
+	// The charts: each drawn at its size, the lag's line through the three
+	// samples, the throughput's latest rate beside its chart.
+	for _, kind := range []string{"lag", "lag-time", "throughput"} {
+		sel := row + ` svg.spark-` + kind
+		require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(sel))), kind)
+		size, err := chromedp.Run(ctx, chromedp.Evaluate[[]float64](fmt.Sprintf(`(() => { const r = document.querySelector('%s').getBoundingClientRect(); return [r.width, r.height]; })()`, sel)))
+		require.NoError(t, err, kind)
+		require.Equal(t, []float64{120, 28}, size, "%s chart's size", kind)
+	}
+	points, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelector('`+row+` svg.spark-lag polyline').points.numberOfItems`))
+	require.NoError(t, err)
+	require.Equal(t, 3, points, "the lag chart's line joins the three samples")
+	lineBox, err := chromedp.Run(ctx, chromedp.Evaluate[[]float64](`(() => { const r = document.querySelector('`+row+` svg.spark-lag polyline').getBoundingClientRect(); return [r.width, r.height]; })()`))
+	require.NoError(t, err)
+	require.Greater(t, lineBox[0], 100.0, "the line spans the chart: %v", lineBox)
+	require.Greater(t, lineBox[1], 10.0, "and rises to the peak of 3: %v", lineBox)
+	require.Equal(t, "12/min", text(row+` td.throughput .value`))
+	require.Equal(t, "max 3", text(row+` td.lag .spark-max`))
 	require.Equal(t, "3", text(row+` .partition-count`))
 	// Not shown until asked. checkVisibility, not the rows' geometry: a
 	// closed details element hides its content with content-visibility,

@@ -1,4 +1,4 @@
-package subscriptions
+package admin
 
 import (
 	"context"
@@ -10,26 +10,27 @@ import (
 	"strings"
 	"time"
 
+	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
 )
 
-// adminMaxBody caps a request body: the API's bodies are a few fields.
-const adminMaxBody = 64 << 10
+// maxBody caps a request body: the API's bodies are a few fields.
+const maxBody = 64 << 10
 
-func (h *adminHandler) routes() {
+func (h *Handler) routes() {
 	m := http.NewServeMux()
 	m.HandleFunc("GET /{$}", h.servePage)
-	m.HandleFunc("POST /ui/replay", h.uiAction(AdminReplay))
-	m.HandleFunc("POST /ui/discard", h.uiAction(AdminDiscard))
+	m.HandleFunc("POST /ui/replay", h.uiAction(Replay))
+	m.HandleFunc("POST /ui/discard", h.uiAction(Discard))
 
 	m.HandleFunc("GET /api/subscribers", h.apiSubscribers)
-	m.HandleFunc("GET /api/subscribers/{name}", h.api(AdminRead, h.apiSubscriber))
-	m.HandleFunc("GET /api/subscribers/{name}/parked", h.api(AdminRead, h.apiParkedList))
-	m.HandleFunc("GET /api/subscribers/{name}/parked/{id}", h.api(AdminRead, h.apiParkedShow))
-	m.HandleFunc("POST /api/subscribers/{name}/parked/{id}/replay", h.api(AdminReplay, h.apiReplayOne))
-	m.HandleFunc("DELETE /api/subscribers/{name}/parked/{id}", h.api(AdminDiscard, h.apiDiscard))
-	m.HandleFunc("POST /api/subscribers/{name}/replay", h.api(AdminReplay, h.apiReplayMatching))
-	m.HandleFunc("POST /api/subscribers/{name}/reset", h.api(AdminReset, h.apiReset))
+	m.HandleFunc("GET /api/subscribers/{name}", h.api(Read, h.apiSubscriber))
+	m.HandleFunc("GET /api/subscribers/{name}/parked", h.api(Read, h.apiParkedList))
+	m.HandleFunc("GET /api/subscribers/{name}/parked/{id}", h.api(Read, h.apiParkedShow))
+	m.HandleFunc("POST /api/subscribers/{name}/parked/{id}/replay", h.api(Replay, h.apiReplayOne))
+	m.HandleFunc("DELETE /api/subscribers/{name}/parked/{id}", h.api(Discard, h.apiDiscard))
+	m.HandleFunc("POST /api/subscribers/{name}/replay", h.api(Replay, h.apiReplayMatching))
+	m.HandleFunc("POST /api/subscribers/{name}/reset", h.api(Reset, h.apiReset))
 	m.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
 		// Reached when no route has this method and path: tell a wrong
 		// method (405) from a wrong path (404), in JSON.
@@ -51,8 +52,8 @@ func (h *adminHandler) routes() {
 	h.mux = m
 }
 
-// adminError is the JSON body of every API error.
-type adminError struct {
+// apiError is the JSON body of every API error.
+type apiError struct {
 	Error string `json:"error"`
 }
 
@@ -63,15 +64,15 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func writeJSONError(w http.ResponseWriter, status int, msg string) {
-	writeJSON(w, status, adminError{Error: msg})
+	writeJSON(w, status, apiError{Error: msg})
 }
 
 // apiFunc is an API endpoint past authorization and CSRF checks.
-type apiFunc func(w http.ResponseWriter, r *http.Request, s *Subscriber, caller string)
+type apiFunc func(w http.ResponseWriter, r *http.Request, s *subscriptions.Subscriber, caller string)
 
 // api wraps an endpoint about one subscriber: 404 for an unknown name,
 // authorization, and for actions the cross-site and content-type checks.
-func (h *adminHandler) api(action AdminAction, f apiFunc) http.HandlerFunc {
+func (h *Handler) api(action Action, f apiFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		name := r.PathValue("name")
 		caller, ref := h.authorize(r, action, name)
@@ -79,7 +80,7 @@ func (h *adminHandler) api(action AdminAction, f apiFunc) http.HandlerFunc {
 			writeJSONError(w, ref.status, ref.reason)
 			return
 		}
-		if action != AdminRead {
+		if action != Read {
 			if ref := h.sameOrigin(r); ref != nil {
 				h.refused(w, r, caller, action, name, ref)
 				return
@@ -88,21 +89,21 @@ func (h *adminHandler) api(action AdminAction, f apiFunc) http.HandlerFunc {
 				h.refused(w, r, caller, action, name, ref)
 				return
 			}
-			r.Body = http.MaxBytesReader(w, r.Body, adminMaxBody)
+			r.Body = http.MaxBytesReader(w, r.Body, maxBody)
 		}
 		s, ok := h.subs[name]
 		if !ok {
 			writeJSONError(w, http.StatusNotFound, "unknown subscriber "+strconv.Quote(name))
 			return
 		}
-		if action == AdminRead {
+		if action == Read {
 			h.cfg.logger.Debug("admin read", "caller", caller, "subscriber", name, "path", r.URL.Path, "remote", r.RemoteAddr)
 		}
 		f(w, r, s, caller)
 	}
 }
 
-func (h *adminHandler) refused(w http.ResponseWriter, r *http.Request, caller string, action AdminAction, name string, ref *adminRefusal) {
+func (h *Handler) refused(w http.ResponseWriter, r *http.Request, caller string, action Action, name string, ref *refusal) {
 	h.cfg.logger.Warn("admin request refused", "reason", ref.reason, "action", string(action), "caller", caller,
 		"subscriber", name, "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
 	writeJSONError(w, ref.status, ref.reason)
@@ -112,13 +113,13 @@ func (h *adminHandler) refused(w http.ResponseWriter, r *http.Request, caller st
 // replay (where "not parked" is a conflict with the request) from a read.
 func errorStatus(err error, replay bool) int {
 	switch {
-	case errors.Is(err, ErrReplayInProgress):
+	case errors.Is(err, subscriptions.ErrReplayInProgress):
 		return http.StatusConflict
-	case errors.Is(err, ErrEventNotParked) && replay, errors.Is(err, ErrParkedAfterCheckpoint):
+	case errors.Is(err, subscriptions.ErrEventNotParked) && replay, errors.Is(err, subscriptions.ErrParkedAfterCheckpoint):
 		return http.StatusConflict
-	case errors.Is(err, ErrEventNotParked), errors.Is(err, domain.ErrEventNotFound):
+	case errors.Is(err, subscriptions.ErrEventNotParked), errors.Is(err, domain.ErrEventNotFound):
 		return http.StatusNotFound
-	case errors.Is(err, ErrNoParkingLot), errors.Is(err, ErrParkingLotNotManaged):
+	case errors.Is(err, subscriptions.ErrNoParkingLot), errors.Is(err, subscriptions.ErrParkingLotNotManaged):
 		return http.StatusConflict
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return http.StatusServiceUnavailable
@@ -126,23 +127,23 @@ func errorStatus(err error, replay bool) int {
 	return http.StatusInternalServerError
 }
 
-func (h *adminHandler) apiSubscribers(w http.ResponseWriter, r *http.Request) {
-	if _, ref := h.authorize(r, AdminRead, ""); ref != nil {
+func (h *Handler) apiSubscribers(w http.ResponseWriter, r *http.Request) {
+	if _, ref := h.authorize(r, Read, ""); ref != nil {
 		writeJSONError(w, ref.status, ref.reason)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"subscribers": h.statuses(r.Context())})
 }
 
-func (h *adminHandler) apiSubscriber(w http.ResponseWriter, r *http.Request, s *Subscriber, _ string) {
-	writeJSON(w, http.StatusOK, adminSubscriberStatus(r.Context(), s))
+func (h *Handler) apiSubscriber(w http.ResponseWriter, r *http.Request, s *subscriptions.Subscriber, _ string) {
+	writeJSON(w, http.StatusOK, readStatus(r.Context(), s))
 }
 
 // parkedFilter reads a ParkedFilter from the query string; a malformed
 // number is a 400.
-func parkedFilter(r *http.Request) (ParkedFilter, error) {
+func parkedFilter(r *http.Request) (subscriptions.ParkedFilter, error) {
 	q := r.URL.Query()
-	f := ParkedFilter{EventType: q.Get("event_type"), AggregateID: q.Get("aggregate_id"), Limit: 100}
+	f := subscriptions.ParkedFilter{EventType: q.Get("event_type"), AggregateID: q.Get("aggregate_id"), Limit: 100}
 	var err error
 	if v := q.Get("after"); v != "" {
 		if f.AfterPosition, err = strconv.ParseInt(v, 10, 64); err != nil {
@@ -157,7 +158,7 @@ func parkedFilter(r *http.Request) (ParkedFilter, error) {
 	return f, nil
 }
 
-func (h *adminHandler) apiParkedList(w http.ResponseWriter, r *http.Request, s *Subscriber, _ string) {
+func (h *Handler) apiParkedList(w http.ResponseWriter, r *http.Request, s *subscriptions.Subscriber, _ string) {
 	f, err := parkedFilter(r)
 	if err != nil {
 		writeJSONError(w, http.StatusBadRequest, err.Error())
@@ -171,8 +172,8 @@ func (h *adminHandler) apiParkedList(w http.ResponseWriter, r *http.Request, s *
 	writeJSON(w, http.StatusOK, page)
 }
 
-// adminEvent is the stored event shown beside a parked entry.
-type adminEvent struct {
+// storedEvent is the stored event shown beside a parked entry.
+type storedEvent struct {
 	ID          string         `json:"id"`
 	Type        string         `json:"type"`
 	Position    int64          `json:"position"`
@@ -184,21 +185,21 @@ type adminEvent struct {
 	Redacted    bool           `json:"redacted,omitempty"`
 }
 
-// adminParkedDetail is one parked event with its stored event (nil, with
+// parkedDetail is one parked event with its stored event (nil, with
 // EventError, when the store no longer has it).
-type adminParkedDetail struct {
-	Parked     ParkedEvent `json:"parked"`
-	Event      *adminEvent `json:"event"`
-	EventError string      `json:"event_error,omitempty"`
+type parkedDetail struct {
+	Parked     subscriptions.ParkedEvent `json:"parked"`
+	Event      *storedEvent              `json:"event"`
+	EventError string                    `json:"event_error,omitempty"`
 }
 
-func (h *adminHandler) parkedDetail(ctx context.Context, s *Subscriber, id string) (adminParkedDetail, error) {
+func (h *Handler) detail(ctx context.Context, s *subscriptions.Subscriber, id string) (parkedDetail, error) {
 	p, err := s.GetParked(ctx, id)
 	if err != nil {
-		return adminParkedDetail{}, err
+		return parkedDetail{}, err
 	}
-	d := adminParkedDetail{Parked: p}
-	ev, err := s.events.GetEventByID(ctx, id)
+	d := parkedDetail{Parked: p}
+	ev, err := s.Event(ctx, id)
 	if err != nil {
 		d.EventError = err.Error()
 		return d, nil
@@ -207,8 +208,8 @@ func (h *adminHandler) parkedDetail(ctx context.Context, s *Subscriber, id strin
 	return d, nil
 }
 
-func (h *adminHandler) eventView(ev domain.EventEnvelope[any]) *adminEvent {
-	out := &adminEvent{ID: ev.ID, Type: ev.EventType, Position: ev.Position, AggregateID: ev.AggregateID,
+func (h *Handler) eventView(ev domain.EventEnvelope[any]) *storedEvent {
+	out := &storedEvent{ID: ev.ID, Type: ev.EventType, Position: ev.Position, AggregateID: ev.AggregateID,
 		SequenceNo: ev.SequenceNo, Created: ev.Created, Payload: ev.Payload, Metadata: ev.Metadata}
 	if h.cfg.redact {
 		out.Payload, out.Metadata, out.Redacted = "[redacted]", nil, true
@@ -216,8 +217,8 @@ func (h *adminHandler) eventView(ev domain.EventEnvelope[any]) *adminEvent {
 	return out
 }
 
-func (h *adminHandler) apiParkedShow(w http.ResponseWriter, r *http.Request, s *Subscriber, _ string) {
-	d, err := h.parkedDetail(r.Context(), s, r.PathValue("id"))
+func (h *Handler) apiParkedShow(w http.ResponseWriter, r *http.Request, s *subscriptions.Subscriber, _ string) {
+	d, err := h.detail(r.Context(), s, r.PathValue("id"))
 	if err != nil {
 		writeJSONError(w, errorStatus(err, false), err.Error())
 		return
@@ -227,16 +228,16 @@ func (h *adminHandler) apiParkedShow(w http.ResponseWriter, r *http.Request, s *
 
 // replayOne replays one parked event under the subscriber's replay lock,
 // with an audit line; status is the HTTP status of the outcome.
-func (h *adminHandler) replayOne(r *http.Request, s *Subscriber, caller, id string) (status int, err error) {
-	unlock, ok := h.replayLock(s.name)
+func (h *Handler) replayOne(r *http.Request, s *subscriptions.Subscriber, caller, id string) (status int, err error) {
+	unlock, ok := h.replayLock(s.Name())
 	if !ok {
-		err = fmt.Errorf("subscriptions: replay event %q for %q: another replay of this subscriber is running: %w", id, s.name, ErrReplayInProgress)
-		h.audit(r, caller, AdminReplay, s.name, err, "event_id", id)
+		err = fmt.Errorf("subscriptions: replay event %q for %q: another replay of this subscriber is running: %w", id, s.Name(), subscriptions.ErrReplayInProgress)
+		h.audit(r, caller, Replay, s.Name(), err, "event_id", id)
 		return http.StatusConflict, err
 	}
 	defer unlock()
 	err = s.ReplayParked(r.Context(), id)
-	h.audit(r, caller, AdminReplay, s.name, err, "event_id", id)
+	h.audit(r, caller, Replay, s.Name(), err, "event_id", id)
 	switch {
 	case err == nil:
 		return http.StatusOK, nil
@@ -248,7 +249,7 @@ func (h *adminHandler) replayOne(r *http.Request, s *Subscriber, caller, id stri
 	return http.StatusUnprocessableEntity, err
 }
 
-func (h *adminHandler) apiReplayOne(w http.ResponseWriter, r *http.Request, s *Subscriber, caller string) {
+func (h *Handler) apiReplayOne(w http.ResponseWriter, r *http.Request, s *subscriptions.Subscriber, caller string) {
 	id := r.PathValue("id")
 	if status, err := h.replayOne(r, s, caller, id); err != nil {
 		writeJSONError(w, status, err.Error())
@@ -257,8 +258,8 @@ func (h *adminHandler) apiReplayOne(w http.ResponseWriter, r *http.Request, s *S
 	writeJSON(w, http.StatusOK, map[string]string{"replayed": id})
 }
 
-// adminReplayRequest is the body of POST .../replay.
-type adminReplayRequest struct {
+// replayRequest is the body of POST .../replay.
+type replayRequest struct {
 	EventType       string `json:"event_type"`
 	AggregateID     string `json:"aggregate_id"`
 	ContinueOnError bool   `json:"continue_on_error"`
@@ -274,21 +275,21 @@ func decodeBody(r *http.Request, v any) error {
 	return nil
 }
 
-func (h *adminHandler) apiReplayMatching(w http.ResponseWriter, r *http.Request, s *Subscriber, caller string) {
-	var req adminReplayRequest
+func (h *Handler) apiReplayMatching(w http.ResponseWriter, r *http.Request, s *subscriptions.Subscriber, caller string) {
+	var req replayRequest
 	if err := decodeBody(r, &req); err != nil {
 		writeJSONError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	unlock, ok := h.replayLock(s.name)
+	unlock, ok := h.replayLock(s.Name())
 	if !ok {
-		writeJSONError(w, http.StatusConflict, "a replay of "+strconv.Quote(s.name)+" is already in progress")
+		writeJSONError(w, http.StatusConflict, "a replay of "+strconv.Quote(s.Name())+" is already in progress")
 		return
 	}
 	defer unlock()
-	f := ParkedFilter{EventType: req.EventType, AggregateID: req.AggregateID, Limit: req.Limit}
+	f := subscriptions.ParkedFilter{EventType: req.EventType, AggregateID: req.AggregateID, Limit: req.Limit}
 	res, err := s.ReplayParkedMatching(r.Context(), f, req.ContinueOnError)
-	h.audit(r, caller, AdminReplay, s.name, err, "filter_event_type", f.EventType, "filter_aggregate_id", f.AggregateID,
+	h.audit(r, caller, Replay, s.Name(), err, "filter_event_type", f.EventType, "filter_aggregate_id", f.AggregateID,
 		"continue_on_error", req.ContinueOnError, "replayed", len(res.Replayed), "failed", len(res.Failed))
 	status := http.StatusOK
 	if err != nil {
@@ -299,10 +300,10 @@ func (h *adminHandler) apiReplayMatching(w http.ResponseWriter, r *http.Request,
 	writeJSON(w, status, res)
 }
 
-func (h *adminHandler) apiDiscard(w http.ResponseWriter, r *http.Request, s *Subscriber, caller string) {
+func (h *Handler) apiDiscard(w http.ResponseWriter, r *http.Request, s *subscriptions.Subscriber, caller string) {
 	id := r.PathValue("id")
 	p, err := s.DiscardParked(r.Context(), id, caller)
-	h.audit(r, caller, AdminDiscard, s.name, err, "event_id", id, "event_type", p.EventType, "position", p.Position, "parked_error", p.Error)
+	h.audit(r, caller, Discard, s.Name(), err, "event_id", id, "event_type", p.EventType, "position", p.Position, "parked_error", p.Error)
 	if err != nil {
 		writeJSONError(w, errorStatus(err, false), err.Error())
 		return
@@ -310,13 +311,13 @@ func (h *adminHandler) apiDiscard(w http.ResponseWriter, r *http.Request, s *Sub
 	writeJSON(w, http.StatusOK, map[string]any{"discarded": p})
 }
 
-// adminResetRequest is the body of POST .../reset.
-type adminResetRequest struct {
+// resetRequest is the body of POST .../reset.
+type resetRequest struct {
 	Position *int64 `json:"position"`
 }
 
-func (h *adminHandler) apiReset(w http.ResponseWriter, r *http.Request, s *Subscriber, caller string) {
-	var req adminResetRequest
+func (h *Handler) apiReset(w http.ResponseWriter, r *http.Request, s *subscriptions.Subscriber, caller string) {
+	var req resetRequest
 	if err := decodeBody(r, &req); err != nil {
 		writeJSONError(w, http.StatusBadRequest, err.Error())
 		return
@@ -325,24 +326,22 @@ func (h *adminHandler) apiReset(w http.ResponseWriter, r *http.Request, s *Subsc
 		writeJSONError(w, http.StatusBadRequest, `position: want {"position": N} with N >= 0`)
 		return
 	}
-	// A checkpoint past the head would skip every event appended until the
-	// feed gets there (Status then reports ErrCheckpointAhead): refused.
-	head, err := s.events.HeadPosition(r.Context())
-	if err != nil {
-		err = fmt.Errorf("subscriptions: reset of %q: read the feed head: %w", s.name, err)
-		h.audit(r, caller, AdminReset, s.name, err, "position", *req.Position)
-		writeJSONError(w, errorStatus(err, false), err.Error())
+	var beyond *BeyondHeadError
+	err := CheckReset(r.Context(), s, *req.Position)
+	switch {
+	case errors.As(err, &beyond):
+		writeJSONError(w, http.StatusBadRequest, "position: "+err.Error())
 		return
-	}
-	if *req.Position > head {
-		writeJSONError(w, http.StatusBadRequest, fmt.Sprintf("position: %d is beyond the feed head %d (the subscriber would skip the events appended until the feed reaches it); nothing was changed", *req.Position, head))
+	case err != nil:
+		h.audit(r, caller, Reset, s.Name(), err, "position", *req.Position)
+		writeJSONError(w, errorStatus(err, false), err.Error())
 		return
 	}
 	err = s.ResetCheckpoint(r.Context(), *req.Position)
-	h.audit(r, caller, AdminReset, s.name, err, "position", *req.Position)
+	h.audit(r, caller, Reset, s.Name(), err, "position", *req.Position)
 	if err != nil {
 		writeJSONError(w, errorStatus(err, false), err.Error())
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"subscriber": s.name, "position": *req.Position})
+	writeJSON(w, http.StatusOK, map[string]any{"subscriber": s.Name(), "position": *req.Position})
 }

@@ -1,4 +1,4 @@
-package subscriptions
+package admin
 
 import (
 	_ "embed"
@@ -7,20 +7,17 @@ import (
 	"net/http"
 	"net/url"
 	"time"
+
+	"github.com/eventfeed/subscriptions"
 )
 
-//go:embed admin_page.html
-var adminPageHTML string
+//go:embed page.html
+var pageHTML string
 
-func parseAdminPage() (*template.Template, error) {
+func parsePage() (*template.Template, error) {
 	return template.New("admin").Funcs(template.FuncMap{
-		"seconds": func(s float64) string {
-			if s <= 0 {
-				return "0s"
-			}
-			return time.Duration(s * float64(time.Second)).Round(time.Millisecond).String()
-		},
-		"when": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
+		"seconds": formatSeconds,
+		"when":    func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
 		"query": func(kv ...string) string {
 			v := url.Values{}
 			for i := 0; i+1 < len(kv); i += 2 {
@@ -28,26 +25,30 @@ func parseAdminPage() (*template.Template, error) {
 			}
 			return "?" + v.Encode()
 		},
-	}).Parse(adminPageHTML)
+	}).Parse(pageHTML)
 }
 
-// adminPageData is what the page template renders.
-type adminPageData struct {
+// pageData is what the page template renders.
+type pageData struct {
 	Caller      string
 	Token       string
-	Subscribers []adminStatus
+	Subscribers []statusRow
+	// SampleEvery is the sampler's interval and ChartSpan how far back the
+	// charts go ("" for a single sample), for the charts' legend.
+	SampleEvery time.Duration
+	ChartSpan   string
 	Selected    string
-	Parked      *ParkedPage
+	Parked      *subscriptions.ParkedPage
 	ParkedError string
-	Detail      *adminParkedDetail
+	Detail      *parkedDetail
 	Payload     string
 	Notice      string
 	Failure     string
 }
 
-// adminNotices are the fixed messages a redirect after an action may
+// notices are the fixed messages a redirect after an action may
 // show (the query names one; no text from the URL is echoed).
-var adminNotices = map[string]string{
+var notices = map[string]string{
 	"replayed":  "Replayed: the event is no longer parked.",
 	"discarded": "Discarded: the event was removed from the parking lot (audit-logged).",
 }
@@ -56,12 +57,12 @@ var adminNotices = map[string]string{
 // allowed to read NAME; without, to read at least one subscriber (an
 // unauthenticated caller is answered 401, a caller who may read none 403).
 // Either way renderPage shows only the subscribers the caller may read.
-func (h *adminHandler) servePage(w http.ResponseWriter, r *http.Request) {
+func (h *Handler) servePage(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	var caller string
-	var ref *adminRefusal
+	var ref *refusal
 	if name := q.Get("subscriber"); name != "" {
-		caller, ref = h.authorize(r, AdminRead, name)
+		caller, ref = h.authorize(r, Read, name)
 	} else {
 		caller, ref = h.authorizeAnyRead(r)
 	}
@@ -69,7 +70,7 @@ func (h *adminHandler) servePage(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, ref.reason, ref.status)
 		return
 	}
-	h.renderPage(w, r, caller, http.StatusOK, adminNotices[q.Get("done")], "")
+	h.renderPage(w, r, caller, http.StatusOK, notices[q.Get("done")], "")
 }
 
 // authorizeAnyRead authorizes the page without a selected subscriber: the
@@ -77,10 +78,10 @@ func (h *adminHandler) servePage(w http.ResponseWriter, r *http.Request) {
 // subscriber, not about "" as the API's list does, so that a caller
 // allowed to read some subscribers only gets a page of those instead of a
 // refusal.
-func (h *adminHandler) authorizeAnyRead(r *http.Request) (string, *adminRefusal) {
+func (h *Handler) authorizeAnyRead(r *http.Request) (string, *refusal) {
 	var caller string
 	for _, name := range h.names {
-		c, ok := h.auth(r, AdminRead, name)
+		c, ok := h.auth(r, Read, name)
 		if ok {
 			return c, nil
 		}
@@ -88,11 +89,11 @@ func (h *adminHandler) authorizeAnyRead(r *http.Request) (string, *adminRefusal)
 			caller = c
 		}
 	}
-	ref := &adminRefusal{status: http.StatusForbidden, reason: "not allowed to read any subscriber"}
+	ref := &refusal{status: http.StatusForbidden, reason: "not allowed to read any subscriber"}
 	if caller == "" {
-		ref = &adminRefusal{status: http.StatusUnauthorized, reason: "not authenticated"}
+		ref = &refusal{status: http.StatusUnauthorized, reason: "not authenticated"}
 	}
-	h.cfg.logger.Warn("admin request refused", "reason", ref.reason, "action", string(AdminRead), "caller", caller,
+	h.cfg.logger.Warn("admin request refused", "reason", ref.reason, "action", string(Read), "caller", caller,
 		"subscriber", "", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
 	return caller, ref
 }
@@ -101,31 +102,34 @@ func (h *adminHandler) authorizeAnyRead(r *http.Request) (string, *adminRefusal)
 // page asks it for every subscriber it renders, whichever request (a GET,
 // or the re-render after a failed form) got it there. A "no" hides the
 // subscriber and is not a refused request, so it is not logged.
-func (h *adminHandler) readable(r *http.Request, subscriber string) bool {
-	_, ok := h.auth(r, AdminRead, subscriber)
+func (h *Handler) readable(r *http.Request, subscriber string) bool {
+	_, ok := h.auth(r, Read, subscriber)
 	return ok
 }
 
 // renderPage renders the page for the request's query (selected
 // subscriber, after cursor, shown event) with a notice or a failure. It
 // renders only what the caller may read: the rows of the subscribers the
-// authorizer allows AdminRead on, and the selected subscriber's parked
+// authorizer allows Read on, and the selected subscriber's parked
 // events only if it is one of them, so no path to the page (a GET, or a
 // form's re-render, which was authorized for its action only) shows
 // another subscriber's status, error or lag.
-func (h *adminHandler) renderPage(w http.ResponseWriter, r *http.Request, caller string, status int, notice, failure string) {
+func (h *Handler) renderPage(w http.ResponseWriter, r *http.Request, caller string, status int, notice, failure string) {
 	ctx := r.Context()
 	q := r.URL.Query()
 	if r.Method == http.MethodPost {
 		q = url.Values{"subscriber": {r.PostFormValue("subscriber")}}
 	}
-	var subs []adminStatus
+	var subs []statusRow
+	now := h.cfg.clock.Now()
 	for _, name := range h.names {
 		if h.readable(r, name) {
-			subs = append(subs, adminSubscriberStatus(ctx, h.subs[name]))
+			row := readStatus(ctx, h.subs[name])
+			row.Charts = buildCharts(h.history.samples(name, now), now)
+			subs = append(subs, row)
 		}
 	}
-	d := adminPageData{Caller: caller, Token: h.csrfToken(caller), Subscribers: subs, Notice: notice, Failure: failure}
+	d := pageData{Caller: caller, Token: h.csrfToken(caller), Subscribers: subs, SampleEvery: h.cfg.sampleEvery, ChartSpan: h.chartSpan(now), Notice: notice, Failure: failure}
 	if name := q.Get("subscriber"); name != "" {
 		s, ok := h.subs[name]
 		switch {
@@ -138,7 +142,7 @@ func (h *adminHandler) renderPage(w http.ResponseWriter, r *http.Request, caller
 			d.Selected = name
 			f, err := parkedFilter(r)
 			if err == nil {
-				var page ParkedPage
+				var page subscriptions.ParkedPage
 				if page, err = s.ListParkedPage(ctx, f); err == nil {
 					d.Parked = &page
 				}
@@ -147,7 +151,7 @@ func (h *adminHandler) renderPage(w http.ResponseWriter, r *http.Request, caller
 				d.ParkedError = err.Error()
 			}
 			if id := q.Get("event"); id != "" {
-				det, err := h.parkedDetail(ctx, s, id)
+				det, err := h.detail(ctx, s, id)
 				if err != nil {
 					d.ParkedError = err.Error()
 				} else {
@@ -171,14 +175,14 @@ func (h *adminHandler) renderPage(w http.ResponseWriter, r *http.Request, caller
 // uiAction serves the page's replay and discard forms: authorization,
 // the cross-site checks and the anti-CSRF token, then Post/Redirect/Get
 // on success, or the page with the failure (and its status) otherwise.
-func (h *adminHandler) uiAction(action AdminAction) http.HandlerFunc {
+func (h *Handler) uiAction(action Action) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		r.Body = http.MaxBytesReader(w, r.Body, adminMaxBody)
+		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
 		name, id := r.PostFormValue("subscriber"), r.PostFormValue("event_id")
 		caller, ref := h.authorize(r, action, name)
 		if ref == nil {
 			if ref = h.sameOrigin(r); ref == nil && !h.validToken(caller, r.PostFormValue("csrf")) {
-				ref = &adminRefusal{http.StatusForbidden, "missing or invalid anti-CSRF token (reload the page)"}
+				ref = &refusal{http.StatusForbidden, "missing or invalid anti-CSRF token (reload the page)"}
 			}
 			if ref != nil {
 				h.cfg.logger.Warn("admin request refused", "reason", ref.reason, "action", string(action), "caller", caller,
@@ -197,18 +201,18 @@ func (h *adminHandler) uiAction(action AdminAction) http.HandlerFunc {
 		var err error
 		status := http.StatusOK
 		switch action {
-		case AdminReplay:
+		case Replay:
 			status, err = h.replayOne(r, s, caller, id)
-		case AdminDiscard:
+		case Discard:
 			// The form's checkbox is required by the browser; a request
 			// without it (a misfired script, an old page) changes nothing.
 			if r.PostFormValue("confirm") != "yes" {
 				h.renderPage(w, r, caller, http.StatusBadRequest, "", "Not discarded: tick \"sure\" next to Discard to confirm.")
 				return
 			}
-			var p ParkedEvent
+			var p subscriptions.ParkedEvent
 			p, err = s.DiscardParked(r.Context(), id, caller)
-			h.audit(r, caller, AdminDiscard, s.name, err, "event_id", id, "event_type", p.EventType, "position", p.Position, "parked_error", p.Error)
+			h.audit(r, caller, Discard, s.Name(), err, "event_id", id, "event_type", p.EventType, "position", p.Position, "parked_error", p.Error)
 			if err != nil {
 				status = errorStatus(err, false)
 			}
@@ -217,7 +221,7 @@ func (h *adminHandler) uiAction(action AdminAction) http.HandlerFunc {
 			h.renderPage(w, r, caller, status, "", err.Error())
 			return
 		}
-		done := map[AdminAction]string{AdminReplay: "replayed", AdminDiscard: "discarded"}[action]
+		done := map[Action]string{Replay: "replayed", Discard: "discarded"}[action]
 		// Relative on purpose: http.Redirect would resolve it against the
 		// path below the mount prefix.
 		w.Header().Set("Location", "../?"+(url.Values{"subscriber": {name}, "done": {done}}).Encode())
