@@ -3,9 +3,11 @@ package subscriptions
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/internal/ident"
 )
 
 // ErrEventNotParked is returned by Replay when the event is not parked for
@@ -112,4 +114,16 @@ type ParkingLotPurger interface {
 	// written through it, so it commits or rolls back with that
 	// transaction.
 	Purge(ctx context.Context, subscriber string) error
+}
+
+// validateParked refuses an entry no parking lot could keep exactly: every
+// lot checks it before parking.
+func validateParked(p ParkedEvent) error {
+	if err := validateName(p.Subscriber); err != nil {
+		return fmt.Errorf("subscriptions: park event %q: %w", p.EventID, err)
+	}
+	if err := ident.Check("event ID", p.EventID); err != nil {
+		return fmt.Errorf("subscriptions: park for %q: %w", p.Subscriber, err)
+	}
+	return nil
 }

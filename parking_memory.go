@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/eventfeed/subscriptions/domain"
-	"github.com/eventfeed/subscriptions/internal/ident"
 )
 
 // MemoryParkingLot is an in-memory ParkingLot for tests and single-process
@@ -84,16 +83,6 @@ func (m *MemoryParkingLot) ClearDelivered(_ context.Context, subscriber string, 
 // ClearsInBatch implements deliveredClearer: a MemoryParkingLot never
 // joins a batch transaction.
 func (m *MemoryParkingLot) ClearsInBatch(context.Context) bool { return false }
-
-func validateParked(p ParkedEvent) error {
-	if err := validateName(p.Subscriber); err != nil {
-		return fmt.Errorf("subscriptions: park event %q: %w", p.EventID, err)
-	}
-	if err := ident.Check("event ID", p.EventID); err != nil {
-		return fmt.Errorf("subscriptions: park for %q: %w", p.Subscriber, err)
-	}
-	return nil
-}
 
 // List returns the subscriber's parked events ordered by position.
 func (m *MemoryParkingLot) List(ctx context.Context, subscriber string) ([]ParkedEvent, error) {
