@@ -94,6 +94,44 @@ func TestFeedSharerContract(t *testing.T) {
 	}
 }
 
+// TestBatchFailureContract runs the batch-failure suite against
+// MemoryCheckpointStore and GormCheckpointStore on every database: on
+// SQLite a trigger's RAISE(ROLLBACK) ends a batch's transaction, on
+// Postgres a deferred foreign key makes its commit fail.
+func TestBatchFailureContract(t *testing.T) {
+	t.Parallel()
+	subscriptionstest.RunBatchFailureSuite(t, subscriptionstest.BatchFailureHarness{
+		Name: "memory",
+		New:  func(*testing.T) subscriptions.CheckpointStore { return subscriptions.NewMemoryCheckpointStore() },
+	})
+	for _, b := range dbtest.GormBackends() {
+		h := subscriptionstest.BatchFailureHarness{
+			Name: b.Name,
+			New: func(t *testing.T) subscriptions.CheckpointStore {
+				db := b.Open(t)
+				if b.Postgres {
+					require.NoError(t, db.Exec("CREATE TABLE fc_parent (id integer PRIMARY KEY)").Error)
+					require.NoError(t, db.Exec("CREATE TABLE fc_child (pid integer REFERENCES fc_parent (id) DEFERRABLE INITIALLY DEFERRED)").Error)
+				} else {
+					require.NoError(t, db.Exec("CREATE TABLE end_guard (v text)").Error)
+					require.NoError(t, db.Exec("CREATE TRIGGER end_guard_refuse BEFORE INSERT ON end_guard BEGIN SELECT RAISE(ROLLBACK, 'refused'); END").Error)
+				}
+				return coreCheckpointStore(t, db)
+			},
+		}
+		if b.Postgres {
+			h.FailCommit = func(t *testing.T, ctx context.Context) {
+				require.NoError(t, subscriptions.TxFromContext(ctx).Exec("INSERT INTO fc_child (pid) VALUES (42)").Error)
+			}
+		} else {
+			h.EndTx = func(t *testing.T, ctx context.Context) {
+				_ = subscriptions.TxFromContext(ctx).Exec("INSERT INTO end_guard (v) VALUES ('x')").Error // swallowed
+			}
+		}
+		subscriptionstest.RunBatchFailureSuite(t, h)
+	}
+}
+
 // coreCheckpointStore is a GormCheckpointStore on db.
 func coreCheckpointStore(t *testing.T, db *gorm.DB) subscriptions.CheckpointStore {
 	t.Helper()

@@ -22,7 +22,9 @@
 // an event store's database (FeedSharer, BatchFeedReader, FeedAcquirer);
 // for an event store RunPartitionFeedSuite (PartitionFeed, FeedIndex); for
 // a parking lot RunDeliveredClearerSuite (DeliveredClearer,
-// PartitionDeliveredClearer, ParkedCounter) and ParkingLotPurger's cases.
+// PartitionDeliveredClearer, ParkedCounter) and ParkingLotPurger's cases;
+// for a batch's failures RunBatchFailureSuite (TxEndChecker, ResetAborter,
+// FailureClassifier).
 // A backend that passes them all gets every guarantee of package
 // subscriptions; package subscriptions' documentation says, for each
 // capability, what the run loop does with and without it.
