@@ -123,7 +123,7 @@ func sendAcquireBatch(ctx context.Context, pc *pgx.Conn, subscriber string, afte
 	if row.Position != nil && !row.Paused {
 		positions = []int64{*row.Position}
 	}
-	rows, err := pgx.CollectRows(must(br.Query()), func(row pgx.CollectableRow) (eventrow.Row, error) {
+	rows, err := pgx.CollectRows(pgxRows(br.Query()), func(row pgx.CollectableRow) (eventrow.Row, error) {
 		var r eventrow.Row
 		err := row.Scan(r.Targets()...)
 		return r, err
@@ -134,9 +134,9 @@ func sendAcquireBatch(ctx context.Context, pc *pgx.Conn, subscriber string, afte
 	return positions, rows, br.Close()
 }
 
-// must adapts BatchResults.Query, whose error is also reported by the
+// pgxRows adapts BatchResults.Query, whose error is also reported by the
 // rows it returns, to CollectRows.
-func must(rows pgx.Rows, _ error) pgx.Rows { return rows }
+func pgxRows(rows pgx.Rows, _ error) pgx.Rows { return rows }
 
 // pinnedTx is the GORM connection pool of a pipelined batch: a connection
 // pinned from the pool whose session holds the transaction the pipeline
