@@ -16,8 +16,8 @@ import (
 	"github.com/eventfeed/subscriptions/internal/eventrow"
 	"github.com/eventfeed/subscriptions/internal/sqlerr"
 	"github.com/eventfeed/subscriptions/internal/sqliteconf"
-	"github.com/eventfeed/subscriptions/internal/sqlschema"
 	"github.com/eventfeed/subscriptions/migrations"
+	"github.com/eventfeed/subscriptions/migrations/schema"
 )
 
 // GormEventStore is a domain.EventStore on Postgres or SQLite through GORM.
@@ -129,7 +129,7 @@ func NewGormEventStore(db *gorm.DB, opts ...GormEventStoreOption) (*GormEventSto
 		if err != nil || qualified == "" {
 			return nil, fmt.Errorf("infrastructure: resolve the events table's schema: %v", err)
 		}
-		s.lockKey = sqlschema.Key("append", qualified)
+		s.lockKey = schema.LockKey("append", qualified)
 	}
 	// On a caller's transaction every append must join it: the pipelined
 	// path would take a connection of its own and commit outside it.

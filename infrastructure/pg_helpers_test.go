@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/eventfeed/subscriptions/internal/dbtest"
-	"github.com/eventfeed/subscriptions/internal/sqlschema"
+	"github.com/eventfeed/subscriptions/migrations/schema"
 )
 
 // pgConnect opens a single raw connection on dsn, closed at cleanup: a
@@ -24,7 +24,7 @@ func pgConnect(t testing.TB, dsn string) *pgx.Conn {
 }
 
 // appendLockKey is the advisory-lock key GormEventStore takes for appends
-// to the events table of conn's search_path: sqlschema.Key of the table's
+// to the events table of conn's search_path: schema.LockKey of the table's
 // schema-qualified name as quote_ident gives it.
 func appendLockKey(t testing.TB, conn *pgx.Conn) int64 {
 	t.Helper()
@@ -32,7 +32,7 @@ func appendLockKey(t testing.TB, conn *pgx.Conn) int64 {
 	require.NoError(t, conn.QueryRow(testCtx(t), `SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.oid = to_regclass('events')`).Scan(&qualified))
-	return sqlschema.Key("append", qualified)
+	return schema.LockKey("append", qualified)
 }
 
 // advisoryLocks counts the advisory locks on key in the current database,
@@ -73,7 +73,7 @@ type appendGate struct {
 func newAppendGate(t testing.TB, pg *dbtest.Postgres) *appendGate {
 	t.Helper()
 	ctx := testCtx(t)
-	g := &appendGate{conn: pgConnect(t, pg.DSN), key: sqlschema.Key("test-gate", pg.Schema)}
+	g := &appendGate{conn: pgConnect(t, pg.DSN), key: schema.LockKey("test-gate", pg.Schema)}
 	_, err := g.conn.Exec(ctx, fmt.Sprintf(`CREATE FUNCTION hold_append() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
 			PERFORM pg_advisory_xact_lock_shared(%d);

@@ -11,7 +11,7 @@ import (
 
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
-	"github.com/eventfeed/subscriptions/internal/sqlschema"
+	"github.com/eventfeed/subscriptions/migrations/schema"
 )
 
 // TestAppendInsideACallersTransaction builds a store on a caller's
@@ -58,7 +58,7 @@ func TestAppendInsideACallersTransaction(t *testing.T) {
 							require.NoError(t, db.Raw(`SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
 								FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 								WHERE c.oid = to_regclass('events')`).Scan(&qualified).Error)
-							key := sqlschema.Key("append", qualified)
+							key := schema.LockKey("append", qualified)
 							var waiting int
 							require.NoError(t, db.Raw(`SELECT COUNT(*) FROM pg_locks
 								WHERE locktype = 'advisory' AND NOT granted

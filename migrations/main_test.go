@@ -1,7 +1,10 @@
 package migrations_test
 
 import (
+	"io/fs"
 	"log/slog"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/eventfeed/subscriptions/internal/dbtest"
@@ -16,9 +19,25 @@ func quietLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 // applies to a database that has none of them recorded.
 func fileCount(t *testing.T, dialect string) int {
 	t.Helper()
-	versions, _, _, err := migrations.FilesForTest(dialect)
+	return len(fileVersions(t, dialect))
+}
+
+// fileVersions are the versions of a dialect's migration files, in order,
+// read from FS as a migration tool reads them.
+func fileVersions(t *testing.T, dialect string) []int64 {
+	t.Helper()
+	entries, err := fs.ReadDir(migrations.FS, dialect)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return len(versions)
+	var out []int64
+	for _, e := range entries {
+		prefix, _, _ := strings.Cut(e.Name(), "_")
+		v, err := strconv.ParseInt(prefix, 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, v)
+	}
+	return out
 }

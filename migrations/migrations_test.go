@@ -2,7 +2,6 @@ package migrations_test
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -22,93 +21,11 @@ func testCtx(t testing.TB) context.Context {
 	return ctx
 }
 
-// TestStatements: the splitter runs files the way goose does: the Up
-// section only, a statement per semicolon-terminated run of lines,
-// StatementBegin/End blocks whole, comment lines dropped.
-func TestStatements(t *testing.T) {
-	cases := []struct {
-		name string
-		sql  string
-		want []string
-	}{
-		{"plain", "-- +goose Up\nCREATE TABLE a (x int);\nCREATE INDEX i ON a (x);\n", []string{"CREATE TABLE a (x int);", "CREATE INDEX i ON a (x);"}},
-		{"multi-line with comments", "-- +goose Up\n-- a comment\nCREATE TABLE a (\n\tx int, -- trailing\n\ty int\n);\n\n-- another\nINSERT INTO a VALUES (1, 2);\n",
-			[]string{"CREATE TABLE a (\n\tx int, -- trailing\n\ty int\n);", "INSERT INTO a VALUES (1, 2);"}},
-		{"block", "-- +goose Up\n-- +goose StatementBegin\nDO $$ BEGIN\n  PERFORM 1;\nEND $$;\n-- +goose StatementEnd\nSELECT 1;\n",
-			[]string{"DO $$ BEGIN\n  PERFORM 1;\nEND $$;", "SELECT 1;"}},
-		{"down section ignored", "-- +goose Up\nSELECT 1;\n-- +goose Down\nDROP TABLE a;\n", []string{"SELECT 1;"}},
-		{"no trailing semicolon", "-- +goose Up\nSELECT 1", []string{"SELECT 1"}},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			require.Equal(t, c.want, migrations.StatementsForTest(c.sql))
-		})
-	}
-}
-
-// TestFilesAreToolReadable: every file is NNNNN_name.up.sql with goose's
-// Up annotation first (goose, golang-migrate and atlas read that), ends by
-// recording its own version, and the two engines have the same versions.
-func TestFilesAreToolReadable(t *testing.T) {
-	pgVersions, pgNames, pgBodies, err := migrations.FilesForTest("postgres")
-	require.NoError(t, err)
-	liteVersions, liteNames, liteBodies, err := migrations.FilesForTest("sqlite")
-	require.NoError(t, err)
-	require.Equal(t, pgVersions, liteVersions, "both engines have the same migrations")
-	require.Equal(t, pgNames, liteNames)
-	for i, v := range pgVersions {
-		require.EqualValues(t, i+1, v, "versions are 1, 2, 3, ... without gaps")
-		for _, body := range []string{pgBodies[i], liteBodies[i]} {
-			require.Regexp(t, `^\d{5}_[a-z0-9_]+\.up\.sql$`, pgNames[i])
-			require.True(t, strings.HasPrefix(body, "-- +goose Up\n"), "%s starts with the goose annotation", pgNames[i])
-			stmts := migrations.StatementsForTest(body)
-			for _, stmt := range stmts {
-				// Migrate runs statements through GORM, which reads ? and @name
-				// as placeholders.
-				require.NotContains(t, stmt, "?", "%s: a ? would be taken for a placeholder", pgNames[i])
-				require.NotRegexp(t, `@[A-Za-z_]`, stmt, "%s: an @name would be taken for a placeholder", pgNames[i])
-			}
-			require.Equal(t, fmt.Sprintf("INSERT INTO %s (version) VALUES (%d) ON CONFLICT DO NOTHING;", migrations.VersionTable, v),
-				stmts[len(stmts)-1], "%s records its version last", pgNames[i])
-		}
-	}
-	_, err = migrations.Dir("mysql")
-	require.Error(t, err)
-}
-
 // TestBadHandles: a nil or unopened handle is an error, never a panic.
 func TestBadHandles(t *testing.T) {
 	for _, db := range []*gorm.DB{nil, {}} {
 		require.ErrorContains(t, migrations.Migrate(context.Background(), db), "unopened")
 		require.ErrorContains(t, migrations.Verify(context.Background(), db), "unopened")
-	}
-}
-
-func catalog(t testing.TB, db *gorm.DB) []string { return dbtest.Catalog(t, db) }
-
-// TestManifestMatchesFiles: applying the files one at a time to an empty
-// database, each creates exactly the objects Verify expects of it, no
-// more, no fewer: Verify's list and the files cannot drift apart.
-func TestManifestMatchesFiles(t *testing.T) {
-	for _, b := range dbtest.GormBackends() {
-		t.Run(b.Name, func(t *testing.T) {
-			db := b.Open(t)
-			require.Empty(t, catalog(t, db))
-			versions, names, bodies, err := migrations.FilesForTest(db.Name())
-			require.NoError(t, err)
-			manifest := migrations.ManifestForTest(db.Name())
-			var want []string
-			for i, v := range versions {
-				for _, stmt := range migrations.StatementsForTest(bodies[i]) {
-					require.NoError(t, db.Exec(stmt).Error, "%s: %s", names[i], stmt)
-				}
-				_, listed := manifest[v]
-				require.True(t, listed, "%s has no manifest entry", names[i])
-				want = append(want, manifest[v]...)
-				require.ElementsMatch(t, want, catalog(t, db), "after %s", names[i])
-			}
-			require.Len(t, manifest, len(versions), "a manifest entry without a file")
-		})
 	}
 }
 
@@ -211,9 +128,7 @@ func TestMigrateConcurrently(t *testing.T) {
 	require.NoError(t, migrations.Verify(testCtx(t), pg.DB))
 	var versions []int64
 	require.NoError(t, pg.DB.Raw("SELECT version FROM "+migrations.VersionTable+" ORDER BY version").Scan(&versions).Error)
-	want, _, _, err := migrations.FilesForTest("postgres")
-	require.NoError(t, err)
-	require.Equal(t, want, versions)
+	require.Equal(t, fileVersions(t, "postgres"), versions)
 }
 
 // TestVerifyOnlyHandle: a handle marked by VerifyOnly makes every
@@ -239,3 +154,5 @@ func TestVerifyOnlyHandle(t *testing.T) {
 		})
 	}
 }
+
+func catalog(t testing.TB, db *gorm.DB) []string { return dbtest.Catalog(t, db) }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
-	"github.com/eventfeed/subscriptions/internal/sqlschema"
+	"github.com/eventfeed/subscriptions/migrations/schema"
 )
 
 // appendLockKey is the key GormEventStore takes for appends to the events
@@ -23,7 +23,7 @@ func appendLockKey(ctx context.Context, db *gorm.DB) (int64, error) {
 	if err != nil || qualified == "" {
 		return 0, fmt.Errorf("resolve the events table: %v", err)
 	}
-	return sqlschema.Key("append", qualified), nil
+	return schema.LockKey("append", qualified), nil
 }
 
 // previousAppend reproduces the store's Postgres append as it was before

@@ -21,7 +21,7 @@ import (
 
 	"gorm.io/gorm"
 
-	"github.com/eventfeed/subscriptions/internal/sqlschema"
+	"github.com/eventfeed/subscriptions/migrations/schema"
 )
 
 // Dialect is one engine's SQL and capabilities. Postgres and SQLite are
@@ -80,7 +80,7 @@ const MD5PartitionHash = `('x' || substr(md5(aggregate_id), 1, 8))::bit(32)::big
 var (
 	// Postgres is the Postgres dialect.
 	Postgres = &Dialect{
-		Name:             sqlschema.Postgres,
+		Name:             schema.Postgres,
 		RowLocks:         true,
 		Notify:           true,
 		AdvisoryLocks:    true,
@@ -102,16 +102,16 @@ var (
 		claimNow:      "statement_timestamp()",
 	}
 	// SQLite is the SQLite dialect.
-	SQLite = &Dialect{Name: sqlschema.SQLite}
+	SQLite = &Dialect{Name: schema.SQLite}
 )
 
 // Of returns the dialect of db (by gorm.DB.Name()), nil for an engine the
 // module does not support.
 func Of(db *gorm.DB) *Dialect {
 	switch db.Name() {
-	case sqlschema.Postgres:
+	case schema.Postgres:
 		return Postgres
-	case sqlschema.SQLite:
+	case schema.SQLite:
 		return SQLite
 	}
 	return nil

@@ -1,14 +1,10 @@
-package migrations
+package schema
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"strings"
-
-	"gorm.io/gorm"
-
-	"github.com/eventfeed/subscriptions/internal/sqlschema"
 )
 
 // ErrSchemaMismatch is wrapped by Verify's error when the database lacks
@@ -65,7 +61,7 @@ func unique(table string, columns ...string) []object {
 // checks that each adds exactly its entry, so the two cannot drift apart.
 // A new migration file adds an entry here.
 var manifest = map[string]map[int64][]object{
-	sqlschema.Postgres: {
+	Postgres: {
 		1: concat(
 			columns(VersionTable, "version", "applied_at"),
 			unique(VersionTable, "version"),
@@ -96,7 +92,7 @@ var manifest = map[string]map[int64][]object{
 			unique("subscriber_pauses", "subscriber"),
 		),
 	},
-	sqlschema.SQLite: {
+	SQLite: {
 		1: concat(
 			columns(VersionTable, "version", "applied_at"),
 			columns("events", "id", "aggregate_id", "event_type", "sequence_no", "transaction_id", "position", "payload", "metadata", "created_at"),
@@ -141,27 +137,27 @@ func concat(parts ...[]object) []object {
 //
 // It reads the catalog only, so any role that can read the tables can run
 // it; it is safe for concurrent use.
-func Verify(ctx context.Context, db *gorm.DB) error {
-	if db == nil || db.Config == nil || db.Dialector == nil {
-		return fmt.Errorf("migrations: Verify: nil or unopened *gorm.DB (use gorm.Open)")
+func Verify(ctx context.Context, db DB) error {
+	if db == nil {
+		return fmt.Errorf("migrations: Verify: nil handle")
 	}
-	all, err := load(db.Name())
+	dialect := db.Dialect()
+	all, err := load(dialect)
 	if err != nil {
 		return err
 	}
-	db = db.WithContext(ctx)
-	done, err := applied(db)
+	done, err := applied(ctx, db)
 	if err != nil {
 		return fmt.Errorf("migrations: %w", err)
 	}
 	var problems []string
 	missingTables := map[string]bool{}
 	for _, m := range all {
-		for _, o := range manifest[db.Name()][m.version] {
+		for _, o := range manifest[dialect][m.version] {
 			if o.kind != "table" && missingTables[o.table] {
 				continue // the table's absence says it all
 			}
-			ok, err := exists(db, o)
+			ok, err := exists(ctx, db, o)
 			if err != nil {
 				return fmt.Errorf("migrations: verify %s: %w", o, err)
 			}
@@ -169,26 +165,26 @@ func Verify(ctx context.Context, db *gorm.DB) error {
 				if o.kind == "table" {
 					missingTables[o.name] = true
 				}
-				problems = append(problems, fmt.Sprintf("missing %s (added by %s/%s)", o, db.Name(), m.file))
+				problems = append(problems, fmt.Sprintf("missing %s (added by %s/%s)", o, dialect, m.file))
 			}
 		}
 		if !done[m.version] {
-			problems = append(problems, fmt.Sprintf("migration %s/%s is not recorded in %s", db.Name(), m.file, VersionTable))
+			problems = append(problems, fmt.Sprintf("migration %s/%s is not recorded in %s", dialect, m.file, VersionTable))
 		}
 	}
 	if len(problems) == 0 {
 		return nil
 	}
 	return fmt.Errorf("migrations: %w: %s; apply the files in migrations.FS directory %q with your migration tool, or call migrations.Migrate with a role allowed to create tables",
-		ErrSchemaMismatch, strings.Join(problems, "; "), db.Name())
+		ErrSchemaMismatch, strings.Join(problems, "; "), dialect)
 }
 
 // exists looks one object up in the catalog, through the search path on
 // Postgres (where the module's own statements will find their tables).
-func exists(db *gorm.DB, o object) (bool, error) {
+func exists(ctx context.Context, db DB, o object) (bool, error) {
 	var q string
 	args := []any{o.table, o.name}
-	postgres := db.Name() == sqlschema.Postgres
+	postgres := db.Dialect() == Postgres
 	switch {
 	case postgres && o.kind == "table":
 		q, args = "SELECT count(*) FROM pg_class WHERE oid = to_regclass(?) AND relkind IN ('r', 'p')", []any{o.name}
@@ -210,9 +206,8 @@ func exists(db *gorm.DB, o object) (bool, error) {
 		q = `SELECT count(*) FROM pragma_index_list(?) l WHERE l."unique" = 1 AND l.partial = 0
 			AND (SELECT group_concat(name, ',') FROM (SELECT name FROM pragma_index_info(l.name) ORDER BY seqno)) = ?`
 	default:
-		return false, fmt.Errorf("no catalog check for %s on %s", o.kind, db.Name())
+		return false, fmt.Errorf("no catalog check for %s on %s", o.kind, db.Dialect())
 	}
-	var n int64
-	err := db.Raw(q, args...).Scan(&n).Error
+	n, err := count(ctx, db, q, args...)
 	return n > 0, err
 }

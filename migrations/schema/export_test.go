@@ -1,4 +1,4 @@
-package migrations
+package schema
 
 // StatementsForTest exposes the file splitter.
 func StatementsForTest(sql string) []string { return statements(sql) }
