@@ -24,6 +24,7 @@ import (
 
 	glebarez "github.com/glebarez/sqlite"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"gorm.io/driver/postgres"
 	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
@@ -270,4 +271,23 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// OpenPgx returns a new pgx pool on the test's schema, as another process
+// would have (at most 8 connections, like Open's), closed at cleanup.
+func (p *Postgres) OpenPgx(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(p.DSN)
+	if err != nil {
+		t.Fatalf("dbtest: parse dsn: %v", err)
+	}
+	cfg.MaxConns = 8
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("dbtest: open pgx pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }
