@@ -34,7 +34,7 @@ func runCheckpointResetterCases(t *testing.T, h CheckpointStoreHarness) {
 		calls := 0
 		require.NoError(t, r.ResetWith(ctx, name, 2, func(ctx context.Context) error {
 			calls++
-			require.Equal(t, h.Transactional, subscriptions.TxFromContext(ctx) != nil, "the transaction is in apply's context")
+			require.Equal(t, h.Transactional, h.inTx(ctx), "the transaction is in apply's context")
 			return nil
 		}))
 		require.Equal(t, 1, calls)

@@ -28,6 +28,12 @@ type CheckpointStoreHarness struct {
 	// handed to handlers through subscriptions.TxFromContext on
 	// Batch.HandlerContext.
 	Transactional bool
+	// InTx reports whether ctx carries a usable transaction of the
+	// backend (a SELECT 1 through it succeeds): the one handed to
+	// handlers, resets and replays. Nil means subscriptions.TxFromContext,
+	// the *gorm.DB of this module's GORM backend; a backend whose handlers
+	// get another kind of transaction (pgxstore's pgx.Tx) sets it.
+	InTx func(ctx context.Context) bool
 	// SerializesWriters reports that one batch in flight blocks every
 	// other batch, whatever its subscriber (SQLite's single write lock):
 	// the suite then does not check that another name is independent.
@@ -225,15 +231,8 @@ func RunCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
 			cps, _ := h.New(t)
 			batch := mustAcquire(t, cps, "handler-context")
 			defer func() { require.NoError(t, batch.Rollback()) }()
-			tx := subscriptions.TxFromContext(batch.HandlerContext(ctx))
-			if !h.Transactional {
-				require.Nil(t, tx, "a store without transactions hands out none")
-				return
-			}
-			require.NotNil(t, tx)
-			var one int
-			require.NoError(t, tx.Raw("SELECT 1").Scan(&one).Error)
-			require.Equal(t, 1, one)
+			require.Equal(t, h.Transactional, h.inTx(batch.HandlerContext(ctx)),
+				"a transactional store hands its transaction to handlers, and a store without transactions hands out none")
 		})
 
 		t.Run("Savepoints", func(t *testing.T) {
@@ -338,4 +337,20 @@ func requirePosition(t *testing.T, cps subscriptions.CheckpointStore, name strin
 	pos, err := cps.Position(context.Background(), name)
 	require.NoError(t, err)
 	require.EqualValues(t, want, pos)
+}
+
+// inTx reports whether ctx carries the backend's transaction (InTx).
+func (h CheckpointStoreHarness) inTx(ctx context.Context) bool { return inTx(h.InTx, ctx) }
+
+// inTx is InTx, or the GORM transaction's check when the harness has none.
+func inTx(f func(ctx context.Context) bool, ctx context.Context) bool {
+	if f != nil {
+		return f(ctx)
+	}
+	tx := subscriptions.TxFromContext(ctx)
+	if tx == nil {
+		return false
+	}
+	var one int
+	return tx.Raw("SELECT 1").Scan(&one).Error == nil && one == 1
 }

@@ -30,6 +30,12 @@ type ParkingLotHarness struct {
 	// free text as valid UTF-8 without NUL characters, and Replay hands
 	// the handler its transaction (subscriptions.TxFromContext).
 	Transactional bool
+	// InTx reports whether ctx carries a usable transaction of the
+	// backend (a SELECT 1 through it succeeds): the one handed to
+	// handlers, resets and replays. Nil means subscriptions.TxFromContext,
+	// the *gorm.DB of this module's GORM backend; a backend whose handlers
+	// get another kind of transaction (pgxstore's pgx.Tx) sets it.
+	InTx func(ctx context.Context) bool
 	// Parallel runs this backend's cases alongside the test binary's other
 	// parallel tests (t.Parallel on the Name subtest, so that the suites of
 	// several backends overlap while each waits on its database). Set it
@@ -44,6 +50,7 @@ type parkLotBackend struct {
 	name string
 	new  func(t *testing.T) subscriptions.ParkingLot
 	db   bool
+	inTx func(ctx context.Context) bool
 }
 
 // parkIncompressible returns n printable bytes that no compressor can
@@ -94,7 +101,7 @@ func parkRequireSame(t *testing.T, want, got subscriptions.ParkedEvent) {
 func RunParkingLotSuite(t *testing.T, h ParkingLotHarness) {
 	ctx := context.Background()
 	// One backend; the loop keeps the cases where they were written.
-	for _, b := range []parkLotBackend{{name: h.Name, new: h.New, db: h.Transactional}} {
+	for _, b := range []parkLotBackend{{name: h.Name, new: h.New, db: h.Transactional, inTx: h.InTx}} {
 		t.Run(b.name, func(t *testing.T) {
 			if h.Parallel {
 				t.Parallel()
@@ -338,7 +345,7 @@ func RunParkingLotSuite(t *testing.T, h ParkingLotHarness) {
 				var seen domain.EventEnvelope[any]
 				var hadTx bool
 				require.NoError(t, lot.Replay(ctx, "park-a", "ev-1", ev, func(hctx context.Context, e domain.EventEnvelope[any]) error {
-					seen, hadTx = e, subscriptions.TxFromContext(hctx) != nil
+					seen, hadTx = e, inTx(b.inTx, hctx)
 					return nil
 				}))
 				require.Equal(t, ev, seen)
