@@ -86,11 +86,18 @@ var (
 // whose entries are limited in size).
 const MaxSubscriberNameBytes = ident.MaxBytes
 
-// validateName rejects subscriber names that a checkpoint store could not
-// keep exactly.
-func validateName(name string) error {
+// CheckSubscriberName rejects a subscriber name that a checkpoint store
+// could not keep exactly: empty, longer than MaxSubscriberNameBytes, not
+// valid UTF-8, or containing a NUL character. This package's stores apply
+// it to every name they are given; a store of one's own (see the package
+// documentation, Other backends) applies it too, so that every backend
+// takes the same names.
+func CheckSubscriberName(name string) error {
 	return ident.Check("subscriber name", name)
 }
+
+// validateName is CheckSubscriberName.
+func validateName(name string) error { return CheckSubscriberName(name) }
 
 func validatePosition(subscriber string, position int64) error {
 	if position < 0 {

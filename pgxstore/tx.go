@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // ErrTxOwnedByBatch is wrapped by the error Commit and Rollback return on
@@ -47,6 +48,7 @@ func withTx(ctx context.Context, tx *handlerTx) context.Context {
 // through, Commit and Rollback are refused and recorded.
 type handlerTx struct {
 	pgx.Tx
+	pool *pgxpool.Pool // the pool the transaction was begun on
 
 	mu     sync.Mutex
 	misuse error
@@ -54,7 +56,17 @@ type handlerTx struct {
 
 var _ pgx.Tx = (*handlerTx)(nil)
 
-func newHandlerTx(tx pgx.Tx) *handlerTx { return &handlerTx{Tx: tx} }
+func newHandlerTx(tx pgx.Tx, pool *pgxpool.Pool) *handlerTx { return &handlerTx{Tx: tx, pool: pool} }
+
+// txForPool returns the context's batch transaction (the handler's view)
+// only when it was begun on pool: a parking lot on another database must
+// not write through it.
+func txForPool(ctx context.Context, pool *pgxpool.Pool) *handlerTx {
+	if t, ok := ctx.Value(txKey{}).(*handlerTx); ok && t.pool == pool && pool != nil {
+		return t
+	}
+	return nil
+}
 
 // Commit refuses to commit the batch transaction from a handler.
 func (h *handlerTx) Commit(context.Context) error { return h.refuse("Commit") }
@@ -77,6 +89,14 @@ func (h *handlerTx) misused() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.misuse
+}
+
+// forget drops the recorded misuse: it went with the attempt a
+// savepoint rolled back.
+func (h *handlerTx) forget() {
+	h.mu.Lock()
+	h.misuse = nil
+	h.mu.Unlock()
 }
 
 // ended reports whether the transaction is over on the server: a

@@ -1,0 +1,341 @@
+package pgxstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/eventfeed/subscriptions"
+)
+
+// CheckpointStore is a subscriptions.CheckpointStore on pgx. Each batch is
+// one transaction on one connection of the pool, holding the subscriber's
+// checkpoint row locked FOR UPDATE SKIP LOCKED, so replicas of one
+// subscriber, in any process and with this backend or the GORM one, take
+// turns: one runs each cycle, the others skip. Handlers get the
+// transaction from TxFromContext; their writes commit with the checkpoint
+// advance (exactly-once).
+//
+// Every Commit is a compare-and-set on the position the batch started
+// from, which also refuses while the name is paused: a checkpoint moved by
+// a Reset, or paused, under a batch makes its Commit fail with
+// subscriptions.ErrCheckpointMoved instead of overwriting the change.
+//
+// CheckpointStore is safe for concurrent use. It does not own the pool.
+type CheckpointStore struct {
+	pool *pgxpool.Pool
+}
+
+var (
+	_ subscriptions.CheckpointStore    = (*CheckpointStore)(nil)
+	_ subscriptions.CheckpointResetter = (*CheckpointStore)(nil)
+	_ subscriptions.Pauser             = (*CheckpointStore)(nil)
+)
+
+// NewCheckpointStore applies the module's schema migrations the database
+// lacks (schema.Migrate; with WithSchemaVerifyOnly it only checks them)
+// and returns a store on pool.
+func NewCheckpointStore(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*CheckpointStore, error) {
+	if err := ensureSchema(ctx, "NewCheckpointStore", pool, newConfig(opts)); err != nil {
+		return nil, err
+	}
+	return &CheckpointStore{pool: pool}, nil
+}
+
+// The statements of the checkpoint row, the same as the GORM Postgres
+// backend's, so that replicas of both kinds coordinate on one row.
+const (
+	// pausedClause is true while the pause key $2 has a row.
+	pausedClause = `EXISTS (SELECT 1 FROM subscriber_pauses WHERE subscriber = $2)`
+	// lockRow locks the row of $1 unless another transaction holds it,
+	// and reads whether it exists and whether its name is paused.
+	lockRow = `SELECT (SELECT position FROM subscriber_checkpoints WHERE subscriber = $1 FOR UPDATE SKIP LOCKED),
+		EXISTS (SELECT 1 FROM subscriber_checkpoints WHERE subscriber = $1), ` + pausedClause
+	// createRow creates the row at 0, committed on its own: created inside
+	// a batch, the uncommitted row would make every other replica's first
+	// Acquire wait for that whole batch instead of skipping.
+	createRow = `INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES ($1, 0, $2) ON CONFLICT (subscriber) DO NOTHING`
+	// commitRow is the compare-and-set of Commit: $1 the new position, $3
+	// the row, $4 the position the batch started from, $5 the pause key.
+	commitRow = `UPDATE subscriber_checkpoints SET position = $1, updated_at = $2
+		WHERE subscriber = $3 AND position = $4 AND NOT EXISTS (SELECT 1 FROM subscriber_pauses WHERE subscriber = $5)`
+)
+
+// txOptions pins batches to READ COMMITTED whatever the server's default:
+// SKIP LOCKED and the compare-and-set are designed for it, and a stricter
+// level would turn replica contention into serialization failures.
+var txOptions = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+
+// Acquire begins a batch transaction holding the subscriber's checkpoint
+// row; acquired is false when another transaction holds it or the name is
+// paused. The caller owns the batch and must end it.
+func (s *CheckpointStore) Acquire(ctx context.Context, subscriber string) (subscriptions.Batch, bool, error) {
+	if err := subscriptions.CheckSubscriberName(subscriber); err != nil {
+		return nil, false, fmt.Errorf("pgxstore: acquire: %w", err)
+	}
+	b, exists, err := s.lock(ctx, subscriber)
+	if err != nil || b != nil || exists {
+		return batchOrNil(b), b != nil, err
+	}
+	if _, err := s.pool.Exec(ctx, createRow, subscriber, time.Now().UTC()); err != nil {
+		return nil, false, fmt.Errorf("pgxstore: acquire checkpoint of %q: create row: %w", subscriber, err)
+	}
+	b, _, err = s.lock(ctx, subscriber)
+	return batchOrNil(b), b != nil, err
+}
+
+// batchOrNil keeps a nil *batch from becoming a non-nil interface.
+func batchOrNil(b *batch) subscriptions.Batch {
+	if b == nil {
+		return nil
+	}
+	return b
+}
+
+// lock begins the batch transaction on a connection of its own and locks
+// the row. exists reports, when it could not, whether the row exists.
+func (s *CheckpointStore) lock(ctx context.Context, subscriber string) (b *batch, exists bool, err error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, false, fmt.Errorf("pgxstore: acquire checkpoint of %q: connection: %w", subscriber, err)
+	}
+	tx, err := conn.BeginTx(ctx, txOptions)
+	if err != nil {
+		conn.Release()
+		return nil, false, fmt.Errorf("pgxstore: acquire checkpoint of %q: begin: %w", subscriber, err)
+	}
+	var position *int64
+	var present, paused bool
+	if err := tx.QueryRow(ctx, lockRow, subscriber, subscriptions.PauseKey(subscriber)).Scan(&position, &present, &paused); err != nil {
+		endTx(tx, conn)
+		return nil, false, fmt.Errorf("pgxstore: acquire checkpoint of %q: lock row: %w", subscriber, err)
+	}
+	if position == nil || paused {
+		endTx(tx, conn)
+		return nil, present, nil // held elsewhere, paused, or missing
+	}
+	return &batch{store: s, subscriber: subscriber, conn: conn, tx: tx, position: *position}, true, nil
+}
+
+// endTx rolls tx back and hands its connection back to the pool; a
+// connection whose rollback failed is closed instead (pgx destroys it).
+func endTx(tx pgx.Tx, conn *pgxpool.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		_ = conn.Conn().Close(ctx)
+	}
+	conn.Release()
+}
+
+// Position returns the subscriber's committed checkpoint (0 if unknown):
+// one indexed read, without a transaction or lock.
+func (s *CheckpointStore) Position(ctx context.Context, subscriber string) (int64, error) {
+	var position int64
+	err := s.pool.QueryRow(ctx, "SELECT position FROM subscriber_checkpoints WHERE subscriber = $1", subscriber).Scan(&position)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("pgxstore: read checkpoint of %q: %w", subscriber, err)
+	}
+	return position, nil
+}
+
+// Reset sets the subscriber's checkpoint, creating the row if needed. It
+// waits for the batch in flight, which holds the row. It is ResetWith
+// without the application's statements.
+func (s *CheckpointStore) Reset(ctx context.Context, subscriber string, position int64) error {
+	return s.ResetWith(ctx, subscriber, position, nil)
+}
+
+// ResetWith runs apply and sets the subscriber's checkpoint to position in
+// one transaction (see subscriptions.CheckpointResetter). The transaction
+// writes the checkpoint row first, which waits for the batch in flight and
+// then keeps every replica's Acquire skipping until the commit. apply gets
+// the transaction from TxFromContext.
+func (s *CheckpointStore) ResetWith(ctx context.Context, subscriber string, position int64, apply func(ctx context.Context) error) error {
+	if err := subscriptions.CheckSubscriberName(subscriber); err != nil {
+		return fmt.Errorf("pgxstore: reset: %w", err)
+	}
+	if position < 0 {
+		return fmt.Errorf("pgxstore: reset checkpoint of %q: position %d is negative", subscriber, position)
+	}
+	what := fmt.Sprintf("reset checkpoint of %q to %d", subscriber, position)
+	return s.fenced(ctx, what, func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES ($1, $2, $3)
+			ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at`,
+			subscriber, position, time.Now().UTC()); err != nil {
+			return err
+		}
+		return clearAttempts(ctx, tx, subscriber)
+	}, apply)
+}
+
+// Delete runs apply and deletes the subscriber's checkpoint row, its
+// pause and its attempt record in one transaction (see
+// subscriptions.CheckpointResetter), holding off batches as ResetWith
+// does.
+func (s *CheckpointStore) Delete(ctx context.Context, subscriber string, apply func(ctx context.Context) error) error {
+	if err := subscriptions.CheckSubscriberName(subscriber); err != nil {
+		return fmt.Errorf("pgxstore: delete checkpoint: %w", err)
+	}
+	what := fmt.Sprintf("delete checkpoint of %q", subscriber)
+	return s.fenced(ctx, what, func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "DELETE FROM subscriber_checkpoints WHERE subscriber = $1", subscriber); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "DELETE FROM subscriber_pauses WHERE subscriber = $1", subscriptions.PauseKey(subscriber)); err != nil {
+			return fmt.Errorf("clear the pause: %w", err)
+		}
+		return clearAttempts(ctx, tx, subscriber)
+	}, apply)
+}
+
+// clearAttempts deletes the names' attempt records: a reset or deleted
+// checkpoint starts counting afresh.
+func clearAttempts(ctx context.Context, tx pgx.Tx, names ...string) error {
+	if _, err := tx.Exec(ctx, "DELETE FROM subscriber_attempts WHERE subscriber = ANY($1)", names); err != nil {
+		return fmt.Errorf("clear the attempt count: %w", err)
+	}
+	return nil
+}
+
+// fenced runs write (the checkpoint change, first, so that it takes the
+// row lock before apply runs) and apply in one transaction. When it
+// returns, nothing of the transaction holds a lock any more, whether it
+// committed, failed or was abandoned because ctx ended (see onServer).
+func (s *CheckpointStore) fenced(ctx context.Context, what string, write func(ctx context.Context, tx pgx.Tx) error, apply func(ctx context.Context) error) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("pgxstore: %s: %w", what, err)
+	}
+	err := s.onServer(ctx, func(tctx context.Context, tx pgx.Tx) error {
+		if err := write(tctx, tx); err != nil {
+			return err
+		}
+		if apply == nil {
+			return nil
+		}
+		htx := newHandlerTx(tx, s.pool)
+		if err := errors.Join(apply(withTx(tctx, htx)), htx.misused()); err != nil {
+			return fmt.Errorf("apply: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
+			return fmt.Errorf("pgxstore: %s: %w: %w", what, ctxErr, err)
+		}
+		return fmt.Errorf("pgxstore: %s: %w", what, err)
+	}
+	return nil
+}
+
+// onServer runs fn in a transaction on a connection of its own, with ctx's
+// cancellation carried out on the server: the statements run without
+// ctx's cancellation, and when ctx ends the statement running is cancelled
+// by a cancel request, the transaction rolls back, and only then does
+// onServer return. A driver that gave up by closing its socket would leave
+// the server running the statement: a checkpoint write waiting for a
+// batch's row lock would take that lock once the batch ended and hold it
+// until the server noticed, so the caller's next Acquire could find the
+// row locked by the abandoned transaction.
+func (s *CheckpointStore) onServer(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	bg := context.WithoutCancel(ctx)
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("connection: %w", err)
+	}
+	stop := make(chan struct{})
+	cancelled := make(chan bool, 1)
+	go func() {
+		select {
+		case <-ctx.Done():
+			cctx, cancel := context.WithTimeout(bg, 10*time.Second)
+			err := conn.Conn().PgConn().CancelRequest(cctx)
+			cancel()
+			cancelled <- err != nil // a failed cancel request: discard the connection
+		case <-stop:
+			cancelled <- false
+		}
+	}()
+	// Deferred, so that the connection goes back even when fn does not
+	// return (a panic, or runtime.Goexit in a test).
+	defer func() {
+		close(stop)
+		if <-cancelled {
+			_ = conn.Conn().Close(bg)
+		}
+		conn.Release()
+	}()
+	err = pgx.BeginTxFunc(bg, conn, txOptions, func(tx pgx.Tx) error {
+		if err := fn(bg, tx); err != nil {
+			return err
+		}
+		return ctx.Err() // abandoned after the last statement: roll back
+	})
+	return err
+}
+
+// Pause records key as paused, committed, and then waits until no batch of
+// names is in flight by locking their rows in name order (a batch in
+// flight holds its row; one that locked its row before the pause
+// committed fails its commit, which checks the pause again). The
+// positions are read once that holds.
+func (s *CheckpointStore) Pause(ctx context.Context, key string, names []string, reason string) ([]int64, error) {
+	what := fmt.Sprintf("pause %q", key)
+	if _, err := s.pool.Exec(ctx, "INSERT INTO subscriber_pauses (subscriber, paused_at, reason) VALUES ($1, $2, $3) ON CONFLICT (subscriber) DO NOTHING",
+		key, time.Now().UTC(), reason); err != nil {
+		return nil, fmt.Errorf("pgxstore: %s: %w", what, err)
+	}
+	sorted := slices.Clone(names)
+	slices.Sort(sorted)
+	found := map[string]int64{}
+	err := s.onServer(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, "SELECT subscriber, position FROM subscriber_checkpoints WHERE subscriber = ANY($1) ORDER BY subscriber FOR UPDATE", sorted)
+		if err != nil {
+			return err
+		}
+		var name string
+		var position int64
+		_, err = pgx.ForEachRow(rows, []any{&name, &position}, func() error {
+			found[name] = position
+			return nil
+		})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pgxstore: %s: wait for the batches in flight: %w", what, err)
+	}
+	out := make([]int64, len(names))
+	for i, name := range names {
+		out[i] = found[name]
+	}
+	return out, nil
+}
+
+// Resume lifts key's pause.
+func (s *CheckpointStore) Resume(ctx context.Context, key string) error {
+	if _, err := s.pool.Exec(ctx, "DELETE FROM subscriber_pauses WHERE subscriber = $1", key); err != nil {
+		return fmt.Errorf("pgxstore: resume %q: %w", key, err)
+	}
+	return nil
+}
+
+// PausedSince reports whether key is paused, and since when.
+func (s *CheckpointStore) PausedSince(ctx context.Context, key string) (time.Time, bool, error) {
+	var at time.Time
+	err := s.pool.QueryRow(ctx, "SELECT paused_at FROM subscriber_pauses WHERE subscriber = $1", key).Scan(&at)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, false, nil
+	}
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("pgxstore: read the pause of %q: %w", key, err)
+	}
+	return at.UTC(), true, nil
+}
