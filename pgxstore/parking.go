@@ -196,13 +196,17 @@ func (l *ParkingLot) querier(ctx context.Context) querier {
 
 // batchTx returns the transaction ctx carries (TxFromContext) when its
 // connection is one of the lot's database, nil otherwise. pgx does not
-// tell which pool a connection came from, so "the lot's database" is a
-// connection with the configuration of the pool's (host, port, database,
-// user and run-time parameters such as search_path): the lot's own pool,
-// or another opened with the same configuration. A transaction of a pool
-// configured otherwise is ignored even when it reaches the same database,
-// as subscriptions.GormParkingLot ignores a foreign handle's, and parking
-// then commits on its own.
+// tell which pool a connection came from, and the handler's transaction
+// does not record it, so "the lot's database" is a connection with the
+// configuration of the pool's (host, port, database, user and run-time
+// parameters such as search_path): the lot's own pool, or another opened
+// with the same configuration. A transaction of a pool configured
+// otherwise (or whose BeforeConnect hook changes these fields) is ignored
+// even when it reaches the same database, as subscriptions.GormParkingLot
+// ignores a foreign handle's, and the write then commits on its own. Two
+// pools configured alike whose AfterConnect hooks set different
+// search_paths are beyond what the comparison sees: give such pools
+// distinct run-time parameters instead.
 func (l *ParkingLot) batchTx(ctx context.Context) pgx.Tx {
 	h, ok := ctx.Value(txKey{}).(*handlerTx)
 	if !ok || h == nil || h.Tx == nil {
