@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/eventfeed/subscriptions/domain"
-	"github.com/eventfeed/subscriptions/internal/ident"
 )
 
 // ErrEventNotParked is returned by Replay when the event is not parked for
@@ -117,13 +116,10 @@ type ParkingLotPurger interface {
 }
 
 // validateParked refuses an entry no parking lot could keep exactly: every
-// lot checks it before parking.
+// lot checks it before parking (ValidateParked, with this package's prefix).
 func validateParked(p ParkedEvent) error {
-	if err := validateName(p.Subscriber); err != nil {
-		return fmt.Errorf("subscriptions: park event %q: %w", p.EventID, err)
-	}
-	if err := ident.Check("event ID", p.EventID); err != nil {
-		return fmt.Errorf("subscriptions: park for %q: %w", p.Subscriber, err)
+	if err := ValidateParked(p); err != nil {
+		return fmt.Errorf("subscriptions: %w", err)
 	}
 	return nil
 }
