@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
-	"maps"
 	"strings"
 	"time"
 
@@ -30,9 +29,6 @@ import (
 // call that joins a batch transaction (see Park) uses the batch's.
 type ParkingLot struct {
 	pool *pgxpool.Pool
-	// conn is the configuration of the pool's connections, which tells a
-	// batch transaction on the lot's database from a foreign one (batchTx).
-	conn *pgx.ConnConfig
 }
 
 var (
@@ -54,7 +50,7 @@ func NewParkingLot(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Pa
 	if err := ensureSchema(ctx, "NewParkingLot", pool, cfg); err != nil {
 		return nil, err
 	}
-	return &ParkingLot{pool: pool, conn: pool.Config().ConnConfig}, nil
+	return &ParkingLot{pool: pool}, nil
 }
 
 // Park records a poison event, or updates the entry already parked for
@@ -194,36 +190,16 @@ func (l *ParkingLot) querier(ctx context.Context) querier {
 	return l.pool
 }
 
-// batchTx returns the transaction ctx carries (TxFromContext) when its
-// connection is one of the lot's database, nil otherwise. pgx does not
-// tell which pool a connection came from, and the handler's transaction
-// does not record it, so "the lot's database" is a connection with the
-// configuration of the pool's (host, port, database, user and run-time
-// parameters such as search_path): the lot's own pool, or another opened
-// with the same configuration. A transaction of a pool configured
-// otherwise (or whose BeforeConnect hook changes these fields) is ignored
-// even when it reaches the same database, as subscriptions.GormParkingLot
-// ignores a foreign handle's, and the write then commits on its own. Two
-// pools configured alike whose AfterConnect hooks set different
-// search_paths are beyond what the comparison sees: give such pools
-// distinct run-time parameters instead.
+// batchTx returns the transaction ctx carries (TxFromContext) when it was
+// begun on the lot's own pool, nil otherwise: a transaction of another
+// pool is ignored, even one on the same database, as
+// subscriptions.GormParkingLot ignores a foreign handle's, and the write
+// then commits on its own.
 func (l *ParkingLot) batchTx(ctx context.Context) pgx.Tx {
-	h, ok := ctx.Value(txKey{}).(*handlerTx)
-	if !ok || h == nil || h.Tx == nil {
-		return nil
+	if h := txForPool(ctx, l.pool); h != nil {
+		return h.Tx
 	}
-	conn := h.Conn()
-	if conn == nil || !sameDatabase(conn.Config(), l.conn) {
-		return nil
-	}
-	return h.Tx
-}
-
-// sameDatabase reports whether two connection configurations reach the
-// same database with the same session settings.
-func sameDatabase(a, b *pgx.ConnConfig) bool {
-	return a != nil && b != nil && a.Host == b.Host && a.Port == b.Port && a.Database == b.Database &&
-		a.User == b.User && maps.Equal(a.RuntimeParams, b.RuntimeParams)
+	return nil
 }
 
 // bySubscriber selects one subscriber's rows through the

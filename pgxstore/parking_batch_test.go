@@ -45,7 +45,7 @@ func TestParkingLotJoinsTheBatchTransaction(t *testing.T) {
 		tx, err := pool.Begin(ctx)
 		require.NoError(t, err)
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		bctx := pgxstore.WithBatchTx(ctx, tx)
+		bctx := pgxstore.WithBatchTx(ctx, tx, pool)
 		require.True(t, lot.ClearsInBatch(bctx))
 		fn(bctx)
 		if commit {
@@ -93,14 +93,17 @@ func TestParkingLotJoinsTheBatchTransaction(t *testing.T) {
 	inBatch(t, true, func(bctx context.Context) { require.NoError(t, lot.Purge(bctx, "batch")) })
 	require.Empty(t, listedIDs(t, lot, "batch"))
 
-	t.Run("a pool opened with the same configuration is the lot's database", func(t *testing.T) {
-		tx, err := pg.OpenPgx(t).Begin(ctx)
+	t.Run("a transaction of another pool is not joined, even on the same database", func(t *testing.T) {
+		other := pg.OpenPgx(t)
+		tx, err := other.Begin(ctx)
 		require.NoError(t, err)
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		bctx := pgxstore.WithBatchTx(ctx, tx)
-		require.True(t, lot.ClearsInBatch(bctx))
+		bctx := pgxstore.WithBatchTx(ctx, tx, other)
+		require.False(t, lot.ClearsInBatch(bctx))
 		require.NoError(t, lot.Park(bctx, entry("ev-same", 9)))
-		require.Empty(t, listedIDs(t, lot, "batch"))
+		require.Contains(t, listedIDs(t, lot, "batch"), "ev-same", "committed on its own, at once")
+		_, err = lot.Discard(ctx, "batch", "ev-same")
+		require.NoError(t, err)
 	})
 
 	t.Run("a transaction on another database is ignored", func(t *testing.T) {
@@ -110,7 +113,7 @@ func TestParkingLotJoinsTheBatchTransaction(t *testing.T) {
 		tx, err := foreign.Begin(ctx)
 		require.NoError(t, err)
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		fctx := pgxstore.WithBatchTx(ctx, tx)
+		fctx := pgxstore.WithBatchTx(ctx, tx, foreign)
 		require.False(t, lot.ClearsInBatch(fctx))
 		require.NoError(t, lot.Park(fctx, entry("ev-foreign", 10)))
 		require.Equal(t, []string{"ev-foreign"}, listedIDs(t, lot, "batch"), "parked on the lot's own database, at once")

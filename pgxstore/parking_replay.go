@@ -61,7 +61,7 @@ func (l *ParkingLot) Replay(ctx context.Context, subscriber, eventID string, eve
 			}
 			return failure
 		}
-		htx := newHandlerTx(tx)
+		htx := newHandlerTx(tx, l.pool)
 		herr := handler(withTx(ctx, htx), event)
 		if ended(tx.Conn().PgConn()) {
 			herr = errors.Join(herr, fmt.Errorf("a statement of the handler ended the replay's transaction: %w", ErrTxOwnedByBatch))
