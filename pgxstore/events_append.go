@@ -20,7 +20,7 @@ import (
 // statements are the GORM store's, so that both stores number rows alike
 // on one table, under one lock.
 
-// appendRequests runs the append through the coalescer: alone when the
+// appendRequest runs the append through the coalescer: alone when the
 // store's appends are not queued for the lock, in a shared transaction
 // otherwise. prepared is the call's events as Append validated and
 // encoded them: the batch reads those and a copy of the envelopes
