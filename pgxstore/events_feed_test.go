@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/eventfeed/subscriptions/domain"
@@ -297,6 +298,88 @@ func TestFeedNotDelayedByUnrelatedTransactions(t *testing.T) {
 			require.Equal(t, "idle in transaction", state, "the unrelated transaction was open throughout")
 			_, err = blocker.Exec(ctx, "COMMIT")
 			require.NoError(t, err)
+		})
+	}
+}
+
+// TestQueuedAppendHonoursCancellation cancels an append while it waits
+// for the append lock behind a held one: it returns the context's error,
+// the feed carries on, and retrying it is safe.
+func TestQueuedAppendHonoursCancellation(t *testing.T) {
+	ctx := testCtx(t)
+	store, pg := newEventStore(t)
+	gate := newFeedGate(t, pg)
+	observer := rawConn(t, pg.DSN)
+
+	held := feedtest.NewEvent("held", "x", nil)
+	doneHeld := feedAsync(func() error { return store.Append(context.Background(), "held", 0, held) })
+	gate.waitHeld(t, 1)
+
+	queuedCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	queued := feedtest.NewEvent("queued", "x", nil)
+	doneQueued := feedAsync(func() error { return store.Append(queuedCtx, "queued", 0, queued) })
+	waitFeedLockWaiters(t, observer, feedLockKey(t, observer), 1, "the queued append")
+	cancel()
+	require.ErrorIs(t, feedResult(t, doneQueued, "the cancelled append"), context.Canceled)
+	require.False(t, feedFinished(doneHeld), "the held append is still open")
+
+	gate.release()
+	require.NoError(t, feedResult(t, doneHeld, "the held append"))
+	// The cancellation reaches the server asynchronously, so the queued
+	// statement may still have committed; the retry is safe either way.
+	if err := store.Append(ctx, "queued", 0, queued); err != nil {
+		require.ErrorIs(t, err, domain.ErrAlreadyAppended)
+	}
+	feed, err := store.ReadAfter(ctx, 0, 0)
+	require.NoError(t, err)
+	require.Equal(t, []string{held.ID, queued.ID}, feedtest.IDs(feed), "each append stored once, in order")
+}
+
+// TestAppendUnderStricterDefaultIsolation appends concurrently through
+// pools whose sessions default to a stricter isolation level: the append
+// transaction is READ COMMITTED whatever the default, so it sees every
+// earlier append once it holds the lock and never fails to serialize.
+func TestAppendUnderStricterDefaultIsolation(t *testing.T) {
+	for _, level := range []string{"repeatable read", "serializable"} {
+		t.Run(level, func(t *testing.T) {
+			ctx := testCtx(t)
+			pg, _ := newDatabase(t)
+			cfg, err := pgxpool.ParseConfig(pg.DSN)
+			require.NoError(t, err)
+			cfg.MaxConns = 4
+			cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = level
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			var got string
+			require.NoError(t, pool.QueryRow(ctx, "SHOW default_transaction_isolation").Scan(&got))
+			require.Equal(t, level, got)
+			s, err := pgxstore.NewEventStore(ctx, pool)
+			require.NoError(t, err)
+			var wg sync.WaitGroup
+			errs := make(chan error, 4)
+			for w := range 4 {
+				wg.Go(func() {
+					agg := fmt.Sprintf("iso%d", w)
+					for i := range 8 {
+						if err := s.Append(ctx, agg, i, feedtest.NewEvent(agg, "x", i)); err != nil {
+							errs <- err
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				require.NoError(t, err)
+			}
+			feed, err := s.ReadAfter(ctx, 0, 0)
+			require.NoError(t, err)
+			require.Len(t, feed, 32)
+			require.Equal(t, int64(32), feed[len(feed)-1].Position)
+			feedtest.RequireStrictlyIncreasing(t, feed)
 		})
 	}
 }
