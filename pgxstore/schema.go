@@ -17,6 +17,7 @@ type Option func(*config)
 type config struct {
 	verifyOnly bool
 	channel    string
+	channelSet bool // WithNotifyChannel was given
 }
 
 func newConfig(opts []Option) config {

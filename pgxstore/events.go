@@ -1,0 +1,437 @@
+package pgxstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/migrations/schema"
+)
+
+// DefaultNotifyChannel is the channel on which an EventStore NOTIFYs
+// after every committed append unless WithNotifyChannel says otherwise.
+// It is the value of infrastructure.PostgresNotifyChannel, the default of
+// infrastructure.GormEventStore and of subscriptions.NewPostgresListener,
+// so that a listener of either backend is woken by appends of both.
+const DefaultNotifyChannel = "pericarp_events"
+
+// EventStore is a domain.EventStore on Postgres through a pgx pool, on
+// the events table that infrastructure.GormEventStore uses: the two
+// append to and read one database at once, and each reads what the other
+// wrote, byte for byte (payload and metadata are the same jsonb). It is
+// safe for concurrent use, by any number of processes; the pool belongs
+// to the caller, who closes it after the store's last call.
+//
+// # The ordered feed
+//
+// ReadAfter is a durable queue: a subscriber stores the last position it
+// handled and never looks below it again, so a position must never
+// become visible while a smaller one can still commit. Every append takes
+// the transaction-scoped advisory lock of the GORM store
+// (schema.LockKey("append", the events table's schema-qualified name))
+// before its rows take positions (MAX(position)+1, in the INSERT, under
+// READ COMMITTED), so appends to one table commit one at a time, in
+// position order, whichever store makes them. ReadAfter is then a plain
+// index range scan that only an in-flight append can delay: unrelated
+// transactions never hold the feed back. The price is that appends to one
+// table are serialized, the lock held through each commit's WAL flush.
+// Within one store, concurrent appends that wait for the lock at the same
+// time share one transaction (coalescing), so they share the lock and the
+// flush while each keeps its own version check and outcome.
+//
+// Each append runs pg_notify on its channel, with an empty payload, in
+// its transaction, delivered at commit, for subscriptions.PostgresListener;
+// a notification that cannot be queued never fails the append (the append
+// runs again without it: subscribers poll anyway).
+//
+// The store also implements subscriptions.PartitionFeed and
+// subscriptions.FeedIndex, in SQL.
+type EventStore struct {
+	pool      *pgxpool.Pool
+	lockKey   int64  // the append lock's key
+	channel   string // the NOTIFY channel
+	coalescer appendCoalescer
+}
+
+var _ domain.EventStore = (*EventStore)(nil)
+
+// WithNotifyChannel sets the channel on which an EventStore NOTIFYs after
+// every committed append (default DefaultNotifyChannel); pass the same
+// name to the listener (subscriptions.WithListenerChannel). The name is
+// passed to pg_notify as a value, never spliced into SQL; an empty one,
+// one longer than 63 bytes or one with a NUL byte could never be
+// LISTENed to as given and is refused by NewEventStore. Other
+// constructors ignore it.
+func WithNotifyChannel(channel string) Option {
+	return func(c *config) { c.channel = channel; c.channelSet = true }
+}
+
+// NewEventStore applies the module's schema migrations the database lacks
+// (or, with WithSchemaVerifyOnly, checks them) and returns an event store
+// on pool. It resolves the events table the pool's search_path names, and
+// the append lock from it, once: the pool's connections must all see the
+// same events table. Every call holds one connection of the pool at a
+// time, and concurrent appends of one store share one (coalesced).
+func NewEventStore(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*EventStore, error) {
+	cfg := newConfig(opts)
+	channel := DefaultNotifyChannel
+	if cfg.channelSet {
+		channel = cfg.channel
+	}
+	if err := checkChannel(channel); err != nil {
+		return nil, fmt.Errorf("pgxstore: NewEventStore: %w (WithNotifyChannel)", err)
+	}
+	if err := ensureSchema(ctx, "NewEventStore", pool, cfg); err != nil {
+		return nil, err
+	}
+	// The lock key of infrastructure.GormEventStore, resolved as it does.
+	var qualified *string
+	err := pool.QueryRow(ctx, `SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.oid = to_regclass('events')`).Scan(&qualified)
+	if err == nil && (qualified == nil || *qualified == "") {
+		err = errors.New("no events table on the search_path")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pgxstore: NewEventStore: resolve the events table's schema: %w", err)
+	}
+	return &EventStore{pool: pool, lockKey: schema.LockKey("append", *qualified), channel: channel}, nil
+}
+
+// Append stores events for one aggregate atomically; see
+// domain.EventStore. Nothing is stored when any event is invalid or the
+// version check fails. It keeps no reference to events once it returns,
+// even when it gives up on an append that may still commit: the caller
+// may reuse them.
+func (s *EventStore) Append(ctx context.Context, aggregateID string, expectedVersion int, events ...domain.EventEnvelope[any]) error {
+	return wrap(s.append(ctx, aggregateID, expectedVersion, events))
+}
+
+func (s *EventStore) append(ctx context.Context, aggregateID string, expectedVersion int, events []domain.EventEnvelope[any]) error {
+	// What can be checked without the database is checked first, so bad
+	// input never takes the append lock. The version check and sequence
+	// numbers are checked again in the database.
+	given, err := prepareAppend(aggregateID, expectedVersion, -1, events)
+	if err != nil {
+		return err
+	}
+	if len(events) == 0 {
+		// Nothing to store, but the version check is still answered.
+		if expectedVersion == -1 {
+			return nil
+		}
+		current, err := s.currentVersion(ctx, aggregateID)
+		if err != nil {
+			return err
+		}
+		_, err = prepareAppend(aggregateID, expectedVersion, current, nil)
+		return err
+	}
+	return s.appendRequest(ctx, aggregateID, expectedVersion, events, given)
+}
+
+// wrap prefixes an error with the package's name.
+func wrap(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("pgxstore: %w", err)
+}
+
+// selectEvents reads whole events; a caller appends its WHERE, ORDER BY
+// and LIMIT. The columns are those infrastructure's reads select.
+const selectEvents = "SELECT id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at FROM events "
+
+// eventRow is one event as stored.
+type eventRow struct {
+	ID            string
+	AggregateID   string
+	EventType     string
+	SequenceNo    int
+	TransactionID string
+	Position      int64
+	Payload       []byte
+	Metadata      []byte
+	CreatedAt     time.Time
+}
+
+func (r *eventRow) targets() []any {
+	return []any{&r.ID, &r.AggregateID, &r.EventType, &r.SequenceNo, &r.TransactionID, &r.Position, &r.Payload, &r.Metadata, &r.CreatedAt}
+}
+
+// envelope converts the row into the envelope readers see, as
+// infrastructure's reads decode it: payload and metadata decoded from
+// JSON (objects as map[string]any, numbers as float64), Created in UTC,
+// Metadata never nil.
+func (r *eventRow) envelope() (domain.EventEnvelope[any], error) {
+	payload, err := decodeJSON(r.Payload)
+	if err != nil {
+		return domain.EventEnvelope[any]{}, fmt.Errorf("event %s (type %q, position %d): decode payload: %w", r.ID, r.EventType, r.Position, err)
+	}
+	meta, err := decodeJSON(r.Metadata)
+	if err != nil {
+		return domain.EventEnvelope[any]{}, fmt.Errorf("event %s (type %q, position %d): decode metadata: %w", r.ID, r.EventType, r.Position, err)
+	}
+	metadata, _ := meta.(map[string]any)
+	if metadata == nil {
+		metadata = map[string]any{}
+	}
+	return domain.EventEnvelope[any]{
+		ID:            r.ID,
+		AggregateID:   r.AggregateID,
+		EventType:     r.EventType,
+		Payload:       payload,
+		Created:       r.CreatedAt.UTC(),
+		SequenceNo:    r.SequenceNo,
+		TransactionID: r.TransactionID,
+		Metadata:      metadata,
+		Position:      r.Position,
+	}, nil
+}
+
+// decodeJSON decodes a stored JSON column; an empty (NULL) one is nil.
+func decodeJSON(raw []byte) (any, error) {
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// query reads whole events; what names the read in the error.
+func (s *EventStore) query(ctx context.Context, what, clause string, args ...any) ([]domain.EventEnvelope[any], error) {
+	rows, err := s.pool.Query(ctx, selectEvents+clause, args...)
+	if err != nil {
+		return nil, fmt.Errorf("pgxstore: %s: %w", what, err)
+	}
+	defer rows.Close()
+	out := []domain.EventEnvelope[any]{}
+	for rows.Next() {
+		var r eventRow
+		if err := rows.Scan(r.targets()...); err != nil {
+			return nil, fmt.Errorf("pgxstore: %s: %w", what, err)
+		}
+		env, err := r.envelope()
+		if err != nil {
+			return nil, fmt.Errorf("pgxstore: %s: %w", what, err)
+		}
+		out = append(out, env)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("pgxstore: %s: %w", what, err)
+	}
+	return out, nil
+}
+
+// GetEvents returns every event of the aggregate in sequence order.
+func (s *EventStore) GetEvents(ctx context.Context, aggregateID string) ([]domain.EventEnvelope[any], error) {
+	return s.GetEventsRange(ctx, aggregateID, -1, -1)
+}
+
+// GetEventsFromVersion returns the aggregate's events with sequence
+// number >= fromVersion (-1 means 1).
+func (s *EventStore) GetEventsFromVersion(ctx context.Context, aggregateID string, fromVersion int) ([]domain.EventEnvelope[any], error) {
+	return s.GetEventsRange(ctx, aggregateID, fromVersion, -1)
+}
+
+// GetEventsRange returns the aggregate's events with sequence numbers in
+// [fromVersion, toVersion]; -1 means 1 for fromVersion and "to the end"
+// for toVersion.
+func (s *EventStore) GetEventsRange(ctx context.Context, aggregateID string, fromVersion, toVersion int) ([]domain.EventEnvelope[any], error) {
+	if err := checkIdentifier("aggregate ID", aggregateID); err != nil {
+		return nil, wrap(err)
+	}
+	from, to, err := versionBounds(aggregateID, fromVersion, toVersion)
+	if err != nil {
+		return nil, wrap(err)
+	}
+	what := fmt.Sprintf("read aggregate %q versions %d..%d", aggregateID, fromVersion, toVersion)
+	if to < 0 {
+		return s.query(ctx, what, "WHERE aggregate_id = $1 AND sequence_no >= $2 ORDER BY sequence_no", aggregateID, from)
+	}
+	return s.query(ctx, what, "WHERE aggregate_id = $1 AND sequence_no BETWEEN $2 AND $3 ORDER BY sequence_no", aggregateID, from, to)
+}
+
+// versionBounds checks a version range and resolves fromVersion -1, as
+// infrastructure's stores do.
+func versionBounds(aggregateID string, fromVersion, toVersion int) (int, int, error) {
+	if fromVersion < -1 || toVersion < -1 {
+		return 0, 0, fmt.Errorf("%w: aggregate %q: version range [%d, %d] (only -1 may be negative)", domain.ErrInvalidEvent, aggregateID, fromVersion, toVersion)
+	}
+	if fromVersion < 1 {
+		fromVersion = 1
+	}
+	return fromVersion, toVersion, nil
+}
+
+// GetEventByID returns one event or an error wrapping
+// domain.ErrEventNotFound.
+func (s *EventStore) GetEventByID(ctx context.Context, eventID string) (domain.EventEnvelope[any], error) {
+	if err := checkIdentifier("event ID", eventID); err != nil {
+		return domain.EventEnvelope[any]{}, wrap(err)
+	}
+	events, err := s.query(ctx, fmt.Sprintf("read event %q", eventID), "WHERE id = $1", eventID)
+	if err != nil {
+		return domain.EventEnvelope[any]{}, err
+	}
+	if len(events) == 0 {
+		return domain.EventEnvelope[any]{}, fmt.Errorf("pgxstore: %w: event ID %q", domain.ErrEventNotFound, eventID)
+	}
+	return events[0], nil
+}
+
+// GetEventsByTransactionID returns the transaction's events ordered by
+// aggregate ID (by its bytes, whatever the column's collation), then
+// sequence number.
+func (s *EventStore) GetEventsByTransactionID(ctx context.Context, transactionID string) ([]domain.EventEnvelope[any], error) {
+	if err := checkIdentifier("transaction ID", transactionID); err != nil {
+		return nil, wrap(err)
+	}
+	return s.query(ctx, fmt.Sprintf("read transaction %q", transactionID),
+		`WHERE transaction_id = $1 ORDER BY aggregate_id COLLATE "C", sequence_no`, transactionID)
+}
+
+// GetCurrentVersion returns the aggregate's last sequence number, 0 when
+// it does not exist.
+func (s *EventStore) GetCurrentVersion(ctx context.Context, aggregateID string) (int, error) {
+	v, err := s.currentVersion(ctx, aggregateID)
+	return v, wrap(err)
+}
+
+func (s *EventStore) currentVersion(ctx context.Context, aggregateID string) (int, error) {
+	if err := checkIdentifier("aggregate ID", aggregateID); err != nil {
+		return 0, err
+	}
+	var version int
+	if err := s.pool.QueryRow(ctx, "SELECT COALESCE(MAX(sequence_no), 0) FROM events WHERE aggregate_id = $1", aggregateID).Scan(&version); err != nil {
+		return 0, fmt.Errorf("read version of aggregate %q: %w", aggregateID, err)
+	}
+	return version, nil
+}
+
+// ReadAfter returns up to limit committed events (all when limit <= 0)
+// with Position > afterPosition, in position order: an index range scan
+// that only an in-flight append can delay (see the type's documentation).
+func (s *EventStore) ReadAfter(ctx context.Context, afterPosition int64, limit int) ([]domain.EventEnvelope[any], error) {
+	what := fmt.Sprintf("read feed after position %d", afterPosition)
+	if limit > 0 {
+		return s.query(ctx, what, "WHERE position > $1 ORDER BY position LIMIT $2", afterPosition, limit)
+	}
+	return s.query(ctx, what, "WHERE position > $1 ORDER BY position", afterPosition)
+}
+
+// HeadPosition returns the highest committed position, 0 when empty.
+func (s *EventStore) HeadPosition(ctx context.Context) (int64, error) {
+	var head int64
+	if err := s.pool.QueryRow(ctx, "SELECT COALESCE(MAX(position), 0) FROM events").Scan(&head); err != nil {
+		return 0, fmt.Errorf("pgxstore: read feed head: %w", err)
+	}
+	return head, nil
+}
+
+// Close is a no-op: the pool belongs to the caller, who closes it, as a
+// GormEventStore's *gorm.DB does.
+func (s *EventStore) Close() error { return nil }
+
+// partitionHash is subscriptions.PartitionOf's hash of aggregate_id in
+// SQL: the first eight hex digits of md5(aggregate_id) as an unsigned
+// 32-bit integer (a bigint, so that the modulo stays non-negative), as
+// infrastructure's Postgres reads compute it.
+const partitionHash = `('x' || substr(md5(aggregate_id), 1, 8))::bit(32)::bigint`
+
+// ReadPartitionAfter returns up to limit events (all when limit <= 0) of
+// partition p of n (subscriptions.PartitionOf) with Position >
+// afterPosition, in position order (subscriptions.PartitionFeed).
+func (s *EventStore) ReadPartitionAfter(ctx context.Context, afterPosition int64, limit, p, n int) ([]domain.EventEnvelope[any], error) {
+	if err := checkPartition(p, n); err != nil {
+		return nil, err
+	}
+	sqlLimit := int64(limit)
+	if limit <= 0 {
+		sqlLimit = 1<<63 - 1
+	}
+	return s.query(ctx, fmt.Sprintf("read partition %d of %d after position %d", p, n, afterPosition),
+		"WHERE position > $1 AND mod("+partitionHash+", $2) = $3 ORDER BY position LIMIT $4", afterPosition, n, p, sqlLimit)
+}
+
+// CountPartitionAfter counts the events of partition p of n in (after,
+// head] (subscriptions.PartitionFeed).
+func (s *EventStore) CountPartitionAfter(ctx context.Context, after, head int64, p, n int) (int64, error) {
+	if err := checkPartition(p, n); err != nil {
+		return 0, err
+	}
+	var count int64
+	if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM events WHERE position > $1 AND position <= $2 AND mod("+partitionHash+", $3) = $4",
+		after, head, n, p).Scan(&count); err != nil {
+		return 0, fmt.Errorf("pgxstore: count partition %d of %d after position %d: %w", p, n, after, err)
+	}
+	return count, nil
+}
+
+// checkPartition refuses a partition that no aggregate is in, rather than
+// dividing by zero in SQL.
+func checkPartition(p, n int) error {
+	if n < 1 || p < 0 || p >= n {
+		return fmt.Errorf("pgxstore: partition %d of %d: the partition must be in [0, n) with n >= 1", p, n)
+	}
+	return nil
+}
+
+// ReadAggregatesAfter returns the positions and aggregate IDs of up to
+// limit events past afterPosition (all when limit <= 0), in position
+// order: the feed without payloads (subscriptions.FeedIndex).
+func (s *EventStore) ReadAggregatesAfter(ctx context.Context, afterPosition int64, limit int) ([]int64, []string, error) {
+	sqlLimit := int64(limit)
+	if limit <= 0 {
+		sqlLimit = 1<<63 - 1
+	}
+	rows, err := s.pool.Query(ctx, "SELECT position, aggregate_id FROM events WHERE position > $1 ORDER BY position LIMIT $2", afterPosition, sqlLimit)
+	if err != nil {
+		return nil, nil, fmt.Errorf("pgxstore: read the feed's aggregates after position %d: %w", afterPosition, err)
+	}
+	defer rows.Close()
+	positions, aggregates := []int64{}, []string{}
+	for rows.Next() {
+		var pos int64
+		var agg string
+		if err := rows.Scan(&pos, &agg); err != nil {
+			return nil, nil, fmt.Errorf("pgxstore: read the feed's aggregates after position %d: %w", afterPosition, err)
+		}
+		positions, aggregates = append(positions, pos), append(aggregates, agg)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("pgxstore: read the feed's aggregates after position %d: %w", afterPosition, err)
+	}
+	return positions, aggregates, nil
+}
+
+// ReadPositions returns the events at positions, in position order; a
+// position without an event is left out (subscriptions.FeedIndex).
+func (s *EventStore) ReadPositions(ctx context.Context, positions []int64) ([]domain.EventEnvelope[any], error) {
+	if len(positions) == 0 {
+		return []domain.EventEnvelope[any]{}, nil
+	}
+	// One bigint[] literal, as infrastructure passes it: one statement
+	// text whatever the number of positions.
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, p := range positions {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatInt(p, 10))
+	}
+	b.WriteByte('}')
+	return s.query(ctx, fmt.Sprintf("read %d events at positions %d...", len(positions), positions[0]),
+		"WHERE position = ANY($1::bigint[]) ORDER BY position", b.String())
+}
