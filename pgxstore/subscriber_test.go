@@ -1,0 +1,165 @@
+package pgxstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+
+	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/pgxstore"
+)
+
+// projectPgx is a handler that counts each event in the projection table
+// through the batch transaction, as an sqlc-style handler would.
+func projectPgx(by string) subscriptions.Handler {
+	return func(ctx context.Context, e domain.EventEnvelope[any]) error {
+		tx := pgxstore.TxFromContext(ctx)
+		if tx == nil {
+			return errors.New("no batch transaction in the handler's context")
+		}
+		_, err := tx.Exec(ctx, "INSERT INTO seen (event_id, n, by) VALUES ($1, 1, $2) ON CONFLICT (event_id) DO UPDATE SET n = seen.n + 1", e.ID, by)
+		return err
+	}
+}
+
+// projectGorm is projectPgx for a replica of the GORM backend.
+func projectGorm(ctx context.Context, e domain.EventEnvelope[any]) error {
+	tx := subscriptions.TxFromContext(ctx)
+	if tx == nil {
+		return errors.New("no batch transaction in the handler's context")
+	}
+	return tx.Exec("INSERT INTO seen (event_id, n, by) VALUES (?, 1, 'gorm') ON CONFLICT (event_id) DO UPDATE SET n = seen.n + 1", e.ID).Error
+}
+
+// TestMixedReplicasExactlyOnce: replicas of one subscriber name, two on
+// the pgx backend (each its own pool, as separate processes) and one on
+// the GORM backend, follow a feed that pgx and GORM writers append to at
+// once, replicas stopping and starting meanwhile (a rolling switch).
+// Every event is projected exactly once: the row lock and the
+// compare-and-set commit are one protocol across the two backends.
+func TestMixedReplicasExactlyOnce(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	pg, pool := newDatabase(t)
+	_, err := pool.Exec(ctx, "CREATE TABLE seen (event_id text PRIMARY KEY, n integer NOT NULL, by text NOT NULL)")
+	require.NoError(t, err)
+
+	type replica struct {
+		name string
+		run  func(ctx context.Context) error
+	}
+	const name = "mixed-projection"
+	quiet := subscriptions.WithLogger(slog.New(slog.DiscardHandler))
+	pgxReplica := func(by string, p *pgxpool.Pool) func(ctx context.Context) error {
+		events, err := pgxstore.NewEventStore(ctx, p)
+		require.NoError(t, err)
+		checkpoints := newCheckpointStore(t, p)
+		return func(ctx context.Context) error {
+			s, err := subscriptions.NewSubscriber(name, events, checkpoints, projectPgx(by),
+				subscriptions.WithBatchSize(7), subscriptions.WithPollInterval(10*time.Millisecond), quiet)
+			if err != nil {
+				return err
+			}
+			return s.Run(ctx)
+		}
+	}
+	gormReplica := func(db *gorm.DB) func(ctx context.Context) error {
+		events, err := infrastructure.NewGormEventStore(db)
+		require.NoError(t, err)
+		checkpoints, err := subscriptions.NewGormCheckpointStore(db)
+		require.NoError(t, err)
+		return func(ctx context.Context) error {
+			s, err := subscriptions.NewSubscriber(name, events, checkpoints, projectGorm,
+				subscriptions.WithBatchSize(5), subscriptions.WithPollInterval(10*time.Millisecond), quiet)
+			if err != nil {
+				return err
+			}
+			return s.Run(ctx)
+		}
+	}
+	replicas := []replica{
+		{"pgx-1", pgxReplica("pgx-1", pg.OpenPgx(t))},
+		{"pgx-2", pgxReplica("pgx-2", pg.OpenPgx(t))},
+		{"gorm", gormReplica(pg.Open(t))},
+	}
+
+	pgxEvents, err := pgxstore.NewEventStore(ctx, pool)
+	require.NoError(t, err)
+	gormEvents, err := infrastructure.NewGormEventStore(pg.Open(t))
+	require.NoError(t, err)
+	writers := []domain.EventStore{pgxEvents, gormEvents}
+
+	runCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	// Each replica runs in rounds: started, stopped after a while, started
+	// again, so that the lock passes between the backends.
+	for i, r := range replicas {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for round := 0; runCtx.Err() == nil; round++ {
+				rctx, cancel := context.WithTimeout(runCtx, time.Duration(40+20*i)*time.Millisecond)
+				err := r.run(rctx)
+				cancel()
+				if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+					errs <- fmt.Errorf("%s round %d: %w", r.name, round, err)
+					return
+				}
+			}
+		}()
+	}
+	const perWriter = 400
+	var appended sync.WaitGroup
+	for w, store := range writers {
+		appended.Add(1)
+		go func() {
+			defer appended.Done()
+			for i := range perWriter {
+				agg := fmt.Sprintf("agg-%d-%d", w, i%10)
+				ev := domain.NewEventEnvelope[any](map[string]any{"i": i}, agg, "counted", i/10+1)
+				if err := store.Append(ctx, agg, i/10, ev); err != nil {
+					errs <- fmt.Errorf("writer %d append %d: %w", w, i, err)
+					return
+				}
+			}
+		}()
+	}
+	appended.Wait()
+	head, err := pgxEvents.HeadPosition(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 2*perWriter, head)
+
+	checkpoints := newCheckpointStore(t, pool)
+	require.Eventually(t, func() bool {
+		pos, err := checkpoints.Position(ctx, name)
+		return err == nil && pos == head
+	}, time.Minute, 20*time.Millisecond, "the replicas catch up with the feed")
+	stop()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	var events, total, maxN int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*), coalesce(sum(n), 0), coalesce(max(n), 0) FROM seen").Scan(&events, &total, &maxN))
+	require.Equal(t, 2*perWriter, events, "every event projected")
+	require.Equal(t, 1, maxN, "no event projected twice")
+	require.Equal(t, 2*perWriter, total)
+	var projectors int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(DISTINCT by) FROM seen").Scan(&projectors))
+	require.GreaterOrEqual(t, projectors, 2, "the lock passed between replicas")
+	var byGorm int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM seen WHERE by = 'gorm'").Scan(&byGorm))
+	t.Logf("projected by %d replicas, %d events by the GORM one", projectors, byGorm)
+}
