@@ -25,6 +25,10 @@ type batch struct {
 	position   int64
 	htx        *handlerTx // the handlers' view of tx, made by the first HandlerContext
 	finished   bool
+	// claim is the holder of the attempt claim the batch committed (see
+	// checkpoint_attempts.go), released by its Commit and Rollback; ""
+	// when it wrote none.
+	claim string
 }
 
 var (
@@ -71,13 +75,25 @@ func (b *batch) Commit(ctx context.Context, position int64) error {
 		endTx(b.tx, b.conn)
 		return fmt.Errorf("pgxstore: commit checkpoint of %q at position %d: %w", b.subscriber, position, err)
 	}
+	if b.tx == nil { // a renew failed: nothing to commit
+		b.conn.Release()
+		return fmt.Errorf("pgxstore: commit checkpoint of %q at position %d: %w", b.subscriber, position, subscriptions.ErrCheckpointMoved)
+	}
 	if position < b.position {
 		return fail(fmt.Errorf("position is behind the batch's start %d", b.position))
 	}
 	if err := b.HandlerEndedTx(ctx); err != nil {
 		return fail(err)
 	}
-	tag, err := b.tx.Exec(ctx, commitRow, position, time.Now().UTC(), b.subscriber, b.position, subscriptions.PauseKey(b.subscriber))
+	update, args := commitRow, []any{position, time.Now().UTC(), b.subscriber, b.position, subscriptions.PauseKey(b.subscriber)}
+	if b.claim != "" {
+		// The batch's attempt claim goes in the same statement: once the
+		// commit lands, its record is a plain record of the position it
+		// committed.
+		update = "WITH released AS (UPDATE subscriber_attempts SET holder = '' WHERE subscriber = $3 AND holder = $6) " + update
+		args = append(args, b.claim)
+	}
+	tag, err := b.tx.Exec(ctx, update, args...)
 	if err != nil {
 		return fail(err)
 	}
@@ -103,13 +119,17 @@ func (b *batch) Rollback() error {
 	b.finished = true
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err := b.tx.Rollback(ctx)
-	if err != nil && !errors.Is(err, pgx.ErrTxClosed) && !ended(b.conn.Conn().PgConn()) {
-		_ = b.conn.Conn().Close(ctx)
-		b.conn.Release()
-		return fmt.Errorf("pgxstore: roll back batch of %q: %w", b.subscriber, err)
+	defer b.conn.Release()
+	if b.tx != nil {
+		err := b.tx.Rollback(ctx)
+		if err != nil && !errors.Is(err, pgx.ErrTxClosed) && !ended(b.conn.Conn().PgConn()) {
+			_ = b.conn.Conn().Close(ctx)
+			return fmt.Errorf("pgxstore: roll back batch of %q: %w", b.subscriber, err)
+		}
 	}
-	b.conn.Release()
+	if b.claim != "" {
+		return b.releaseClaim(ctx)
+	}
 	return nil
 }
 

@@ -1,0 +1,284 @@
+package pgxstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/eventfeed/subscriptions"
+)
+
+// The attempt records of subscriptions.AttemptCounter are rows of
+// subscriber_attempts, one per checkpoint row, with the same claim
+// protocol as the GORM Postgres backend, so that replicas of both kinds
+// count one attempt count: a batch writes its record in its own
+// transaction, commits it, begins again on the same connection and locks
+// its checkpoint row again (renew), so the record is committed before the
+// handlers run and the batch never needs a second connection. In the
+// moment between, another replica can lock the row; the record's claim
+// (holder: the runner; holder_pid: the server process of the connection
+// that wrote it; claimed_at: the server's clock) keeps it out while it is
+// live: its process is still there and it is younger than
+// attemptClaimLease. A crash ends the claim with the process's
+// connections, a rolled-back batch releases its claim at once, and the
+// lease bounds what neither covers.
+
+// attemptClaimLease bounds how long an attempt claim keeps other replicas
+// from a checkpoint whose row nobody locks. It only has to outlast the
+// moment between the record's commit and the row locked again (which
+// waits up to relockTimeout).
+const attemptClaimLease = 10 * time.Second
+
+// relockTimeout bounds the wait for the checkpoint row in renew: the row
+// is only held in the moment another replica looks at a claimed record,
+// or by a reset.
+const relockTimeout = "5s"
+
+var _ subscriptions.AttemptCounter = (*CheckpointStore)(nil)
+
+// attemptUpsert writes a whole record with its claim: $1 subscriber, $2
+// position, $3 event ID, $4 through, $5 attempts, $6 last error, $7 time,
+// $8 holder.
+const attemptUpsert = `INSERT INTO subscriber_attempts (subscriber, position, event_id, through, attempts, last_error, updated_at, holder, holder_pid, claimed_at)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, pg_backend_pid(), statement_timestamp())
+	ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, event_id = excluded.event_id, through = excluded.through,
+		attempts = excluded.attempts, last_error = excluded.last_error, updated_at = excluded.updated_at,
+		holder = excluded.holder, holder_pid = excluded.holder_pid, claimed_at = excluded.claimed_at`
+
+// liveClaim is true while another runner than the holder $h claims the
+// row, for an attempt from checkpoint $c or for a commit past it: the
+// claim is younger than the lease and the server process that wrote it is
+// still there. h and c are the placeholders' numbers.
+func liveClaim(h, c int) string {
+	return fmt.Sprintf(`(subscriber_attempts.holder <> '' AND subscriber_attempts.holder <> $%d AND subscriber_attempts.position >= $%d
+		AND subscriber_attempts.claimed_at > statement_timestamp() - interval '%d milliseconds'
+		AND EXISTS (SELECT 1 FROM pg_stat_get_activity(subscriber_attempts.holder_pid)))`, h, c, attemptClaimLease.Milliseconds())
+}
+
+func attemptArgs(subscriber string, rec subscriptions.AttemptRecord) []any {
+	return []any{subscriber, rec.Position, rec.EventID, rec.Through, rec.Attempts, rec.LastError, time.Now().UTC(), rec.Holder}
+}
+
+// errNothingToWrite ends a renew without a write to commit.
+var errNothingToWrite = errors.New("nothing to write")
+
+// errAttemptMoved is the error of a record written while the checkpoint
+// moved: the batch is given up as on ErrCheckpointMoved.
+var errAttemptMoved = fmt.Errorf("recording the attempt: %w", subscriptions.ErrCheckpointMoved)
+
+// BeginAttempt implements subscriptions.AttemptCounter: one statement on
+// the common path, which writes unless a record of an earlier attempt at
+// rec or another runner's live claim is there.
+func (s *CheckpointStore) BeginAttempt(ctx context.Context, in subscriptions.Batch, subscriber string, rec subscriptions.AttemptRecord) (subscriptions.AttemptRecord, bool, error) {
+	var prev subscriptions.AttemptRecord
+	found := false
+	err := s.attemptWrite(ctx, in, subscriber, rec.Holder, func(tx pgx.Tx, checkpoint int64) error {
+		rows, err := tx.Query(ctx, attemptUpsert+`
+			WHERE NOT ((subscriber_attempts.position = excluded.position
+				AND (subscriber_attempts.event_id = excluded.event_id OR subscriber_attempts.attempts = 0)) OR `+liveClaim(9, 10)+`)
+			RETURNING attempts`, append(attemptArgs(subscriber, rec), rec.Holder, checkpoint)...)
+		if err != nil {
+			return err
+		}
+		wrote, err := pgx.CollectRows(rows, pgx.RowTo[int])
+		if err != nil {
+			return err
+		}
+		if len(wrote) == 1 {
+			return nil
+		}
+		var claimed bool
+		err = tx.QueryRow(ctx, "SELECT position, event_id, through, attempts, last_error, holder, "+liveClaim(1, 2)+" FROM subscriber_attempts WHERE subscriber = $3",
+			rec.Holder, checkpoint, subscriber).Scan(&prev.Position, &prev.EventID, &prev.Through, &prev.Attempts, &prev.LastError, &prev.Holder, &claimed)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return errors.New("the record vanished")
+		}
+		if err != nil {
+			return fmt.Errorf("read: %w", err)
+		}
+		if claimed {
+			return subscriptions.ErrAttemptClaimed
+		}
+		found = true
+		return errNothingToWrite
+	})
+	if err != nil {
+		return subscriptions.AttemptRecord{}, false, err
+	}
+	return prev, found, nil
+}
+
+// PutAttempt implements subscriptions.AttemptCounter.
+func (s *CheckpointStore) PutAttempt(ctx context.Context, in subscriptions.Batch, subscriber string, rec subscriptions.AttemptRecord) error {
+	return s.attemptWrite(ctx, in, subscriber, rec.Holder, func(tx pgx.Tx, checkpoint int64) error {
+		tag, err := tx.Exec(ctx, attemptUpsert+" WHERE NOT "+liveClaim(9, 10), append(attemptArgs(subscriber, rec), rec.Holder, checkpoint)...)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return subscriptions.ErrAttemptClaimed
+		}
+		return nil
+	})
+}
+
+// attemptWrite runs write in batch's transaction and commits it before it
+// returns (renew), unless write answers errNothingToWrite. A record with
+// a holder is the batch's claim, which its Commit and Rollback release.
+func (s *CheckpointStore) attemptWrite(ctx context.Context, in subscriptions.Batch, subscriber, holder string, write func(tx pgx.Tx, checkpoint int64) error) error {
+	b, ok := in.(*batch)
+	if !ok || b.store != s {
+		return fmt.Errorf("pgxstore: record an attempt of %q: not a batch of this store", subscriber)
+	}
+	wrote, err := b.renew(ctx, func(tx pgx.Tx) error { return write(tx, b.position) })
+	if wrote && holder != "" {
+		b.claim = holder
+	}
+	if err != nil {
+		return fmt.Errorf("pgxstore: record an attempt of %q: %w", subscriber, err)
+	}
+	return nil
+}
+
+// renew runs write in the batch's transaction, commits it, begins the
+// next one on the batch's connection and locks the checkpoint row again,
+// waiting for it up to relockTimeout. wrote is false when write answered
+// errNothingToWrite. If the checkpoint moved in between (a reset, or
+// another replica's commit), renew fails with errAttemptMoved; if the
+// name was paused, with ErrAttemptClaimed (as if held). It must run
+// before the first HandlerContext.
+func (b *batch) renew(ctx context.Context, write func(tx pgx.Tx) error) (wrote bool, err error) {
+	if b.htx != nil {
+		return false, errors.New("the batch's handlers have started")
+	}
+	if b.tx == nil {
+		return false, errAttemptMoved
+	}
+	if err := write(b.tx); err != nil {
+		if errors.Is(err, errNothingToWrite) {
+			return false, nil
+		}
+		return false, err
+	}
+	if err := b.tx.Commit(ctx); err != nil {
+		b.tx = nil
+		return false, fmt.Errorf("commit: %w", err)
+	}
+	tx, err := b.conn.BeginTx(ctx, txOptions)
+	if err != nil {
+		b.tx = nil
+		return true, fmt.Errorf("begin again: %w", err)
+	}
+	b.tx = tx
+	var position *int64
+	var paused bool
+	_, err = tx.Exec(ctx, "SET LOCAL lock_timeout = '"+relockTimeout+"'")
+	if err == nil {
+		err = tx.QueryRow(ctx, relockRow, b.subscriber, subscriptions.PauseKey(b.subscriber)).Scan(&position, &paused)
+	}
+	if err == nil {
+		_, err = tx.Exec(ctx, "SET LOCAL lock_timeout TO DEFAULT")
+	}
+	if err != nil {
+		return true, fmt.Errorf("take the checkpoint again: %w", err)
+	}
+	if position == nil || *position != b.position {
+		return true, errAttemptMoved
+	}
+	if paused {
+		return true, subscriptions.ErrAttemptClaimed
+	}
+	return true, nil
+}
+
+// relockRow locks the row of $1, waiting for it, and reads whether its
+// name (pause key $2) is paused.
+const relockRow = `SELECT (SELECT position FROM subscriber_checkpoints WHERE subscriber = $1 FOR UPDATE), ` + pausedClause
+
+// FailAttempt implements subscriptions.AttemptCounter: it ends the batch's
+// transaction, writes the failure on the batch's connection in a
+// statement of its own, and only then releases the connection, replacing
+// the batch's claim, if any, with the failure.
+func (s *CheckpointStore) FailAttempt(ctx context.Context, in subscriptions.Batch, subscriber string, rec subscriptions.AttemptRecord) error {
+	if in == nil {
+		return s.failAttemptRow(ctx, s.pool, subscriber, rec)
+	}
+	b, ok := in.(*batch)
+	if !ok || b.store != s {
+		_ = in.Rollback()
+		return fmt.Errorf("pgxstore: record the failure of event %q of %q: not a batch of this store", rec.EventID, subscriber)
+	}
+	if b.finished {
+		return fmt.Errorf("pgxstore: record the failure of event %q of %q: %w", rec.EventID, subscriber, subscriptions.ErrBatchFinished)
+	}
+	b.finished = true
+	defer b.conn.Release()
+	if b.tx != nil {
+		if err := b.tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+			_ = b.conn.Conn().Close(ctx) // a lost connection: write on the pool
+			return s.failAttemptRow(ctx, s.pool, subscriber, rec)
+		}
+	}
+	return s.failAttemptRow(ctx, b.conn, subscriber, rec)
+}
+
+// failAttemptRow writes the failure rec records, unclaimed: on the record
+// of the same attempt keeping its count, else as a new record of
+// rec.Attempts. Another runner's live claim is left alone: that runner
+// is attempting now and counts on its own.
+func (s *CheckpointStore) failAttemptRow(ctx context.Context, q querier, subscriber string, rec subscriptions.AttemptRecord) error {
+	_, err := q.Exec(ctx, `INSERT INTO subscriber_attempts (subscriber, position, event_id, through, attempts, last_error, updated_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7)
+		ON CONFLICT (subscriber) DO UPDATE SET last_error = excluded.last_error, updated_at = excluded.updated_at,
+			attempts = CASE WHEN subscriber_attempts.position = excluded.position AND subscriber_attempts.event_id = excluded.event_id
+				AND subscriber_attempts.through = excluded.through THEN subscriber_attempts.attempts ELSE excluded.attempts END,
+			position = excluded.position, event_id = excluded.event_id, through = excluded.through,
+			holder = '', holder_pid = 0, claimed_at = NULL
+		WHERE NOT `+liveClaim(8, 9),
+		subscriber, rec.Position, rec.EventID, rec.Through, rec.Attempts, rec.LastError, time.Now().UTC(), rec.Holder, rec.Position)
+	if err != nil {
+		return fmt.Errorf("pgxstore: record the failure of event %q of %q: %w", rec.EventID, subscriber, err)
+	}
+	return nil
+}
+
+// HasAttempt implements subscriptions.AttemptCounter, reading in the
+// batch's transaction.
+func (s *CheckpointStore) HasAttempt(ctx context.Context, in subscriptions.Batch, subscriber string, position int64) (bool, error) {
+	b, ok := in.(*batch)
+	if !ok || b.store != s || b.tx == nil {
+		return false, fmt.Errorf("pgxstore: read the attempt record of %q: not a live batch of this store", subscriber)
+	}
+	var found bool
+	if err := b.tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM subscriber_attempts WHERE subscriber = $1 AND position = $2)", subscriber, position).Scan(&found); err != nil {
+		return false, fmt.Errorf("pgxstore: read the attempt record of %q: %w", subscriber, err)
+	}
+	return found, nil
+}
+
+// ClearAttempt implements subscriptions.AttemptCounter: the record is gone
+// once the batch commits.
+func (s *CheckpointStore) ClearAttempt(ctx context.Context, in subscriptions.Batch, subscriber string) error {
+	b, ok := in.(*batch)
+	if !ok || b.store != s || b.tx == nil {
+		return fmt.Errorf("pgxstore: clear the attempt count of %q: not a live batch of this store", subscriber)
+	}
+	if _, err := b.tx.Exec(ctx, "DELETE FROM subscriber_attempts WHERE subscriber = $1", subscriber); err != nil {
+		return fmt.Errorf("pgxstore: clear the attempt count of %q: %w", subscriber, err)
+	}
+	return nil
+}
+
+// releaseClaim gives up the claim the batch wrote, once its transaction
+// has rolled back: the record stays, an attempt that did not complete,
+// and the next replica counts on from it at once instead of waiting for
+// the claim to age.
+func (b *batch) releaseClaim(ctx context.Context) error {
+	if _, err := b.conn.Exec(ctx, "UPDATE subscriber_attempts SET holder = '' WHERE subscriber = $1 AND holder = $2", b.subscriber, b.claim); err != nil {
+		return fmt.Errorf("pgxstore: release the attempt claim of %q: %w", b.subscriber, err)
+	}
+	return nil
+}
