@@ -163,3 +163,96 @@ func TestMixedReplicasExactlyOnce(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM seen WHERE by = 'gorm'").Scan(&byGorm))
 	t.Logf("projected by %d replicas, %d events by the GORM one", projectors, byGorm)
 }
+
+// TestMixedReplicasShareTheAttemptCount: a pgx replica and a GORM replica
+// of one name retrying a poison event count one count between them (the
+// attempt records and their claims are one protocol): the event is
+// attempted 1 + max retries times in all, then parked once, and every
+// other event is projected exactly once.
+func TestMixedReplicasShareTheAttemptCount(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	pg, pool := newDatabase(t)
+	_, err := pool.Exec(ctx, "CREATE TABLE seen (event_id text PRIMARY KEY, n integer NOT NULL, by text NOT NULL)")
+	require.NoError(t, err)
+	events, err := pgxstore.NewEventStore(ctx, pool)
+	require.NoError(t, err)
+	var ids []string
+	for i := range 9 {
+		ev := domain.NewEventEnvelope[any](map[string]any{"i": i}, fmt.Sprintf("agg-%d", i%3), "counted", i/3+1)
+		require.NoError(t, events.Append(ctx, ev.AggregateID, i/3, ev))
+		ids = append(ids, ev.ID)
+	}
+	poison := ids[4]
+	var mu sync.Mutex
+	attempts := 0
+	failPoison := func(next subscriptions.Handler) subscriptions.Handler {
+		return func(ctx context.Context, e domain.EventEnvelope[any]) error {
+			if e.ID == poison {
+				mu.Lock()
+				attempts++
+				mu.Unlock()
+				return errors.New("poison")
+			}
+			return next(ctx, e)
+		}
+	}
+	const name, maxRetries = "mixed-retries", 3
+	opts := []subscriptions.SubscriberOption{
+		subscriptions.WithMaxRetries(maxRetries),
+		subscriptions.WithRetryBackoff(10*time.Millisecond, 10*time.Millisecond),
+		subscriptions.WithPollInterval(5 * time.Millisecond),
+		subscriptions.WithLogger(slog.New(slog.DiscardHandler)),
+	}
+	pgxPool := pg.OpenPgx(t)
+	pgxLot, err := pgxstore.NewParkingLot(ctx, pgxPool)
+	require.NoError(t, err)
+	pgxEvents, err := pgxstore.NewEventStore(ctx, pgxPool)
+	require.NoError(t, err)
+	pgxSub, err := subscriptions.NewSubscriber(name, pgxEvents, newCheckpointStore(t, pgxPool), failPoison(projectPgx("pgx")),
+		append(opts, subscriptions.WithParkingLot(pgxLot))...)
+	require.NoError(t, err)
+	db := pg.Open(t)
+	gormEvents, err := infrastructure.NewGormEventStore(db)
+	require.NoError(t, err)
+	gormCheckpoints, err := subscriptions.NewGormCheckpointStore(db)
+	require.NoError(t, err)
+	gormLot, err := subscriptions.NewGormParkingLot(db)
+	require.NoError(t, err)
+	gormSub, err := subscriptions.NewSubscriber(name, gormEvents, gormCheckpoints, failPoison(projectGorm),
+		append(opts, subscriptions.WithParkingLot(gormLot))...)
+	require.NoError(t, err)
+
+	runCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for _, s := range []*subscriptions.Subscriber{pgxSub, gormSub} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = s.Run(runCtx)
+		}()
+	}
+	defer func() {
+		stop()
+		wg.Wait()
+	}()
+	require.Eventually(t, func() bool {
+		parked, err := pgxSub.ListParked(ctx)
+		lag, lerr := pgxSub.Lag(ctx)
+		return err == nil && lerr == nil && len(parked) == 1 && lag == 0
+	}, time.Minute, 10*time.Millisecond, "the poison event is parked and the rest handled")
+	stop()
+	wg.Wait()
+	parked, err := gormSub.ListParked(ctx)
+	require.NoError(t, err)
+	require.Len(t, parked, 1)
+	require.Equal(t, poison, parked[0].EventID)
+	require.Equal(t, 1+maxRetries, parked[0].Attempts)
+	mu.Lock()
+	require.Equal(t, 1+maxRetries, attempts, "attempts by both replicas together")
+	mu.Unlock()
+	var projected, maxN int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*), coalesce(max(n), 0) FROM seen").Scan(&projected, &maxN))
+	require.Equal(t, len(ids)-1, projected)
+	require.Equal(t, 1, maxN)
+}
