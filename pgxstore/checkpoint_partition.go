@@ -1,0 +1,155 @@
+package pgxstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/eventfeed/subscriptions"
+)
+
+// This file holds CheckpointStore's multi-row operations for partitioned
+// subscribers (subscriptions.PartitionCheckpointStore): one read for
+// every partition's checkpoint, one transaction to reset them all or to
+// seed them.
+
+var _ subscriptions.PartitionCheckpointStore = (*CheckpointStore)(nil)
+
+// Positions reads the checkpoints of names in one statement, through the
+// transaction in ctx when it was begun on this store's pool (a reset's or
+// delete's, whose guard reads the partition count), else on the pool.
+func (s *CheckpointStore) Positions(ctx context.Context, names []string) ([]int64, error) {
+	var q querier = s.pool
+	if tx := txForPool(ctx, s.pool); tx != nil {
+		q = tx.Tx
+	}
+	rows, err := q.Query(ctx, "SELECT subscriber, position FROM subscriber_checkpoints WHERE subscriber = ANY($1)", names)
+	if err != nil {
+		return nil, fmt.Errorf("pgxstore: read %d checkpoints: %w", len(names), err)
+	}
+	byName := make(map[string]int64, len(names))
+	var name string
+	var position int64
+	if _, err := pgx.ForEachRow(rows, []any{&name, &position}, func() error {
+		byName[name] = position
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("pgxstore: read %d checkpoints: %w", len(names), err)
+	}
+	out := make([]int64, len(names))
+	for i, n := range names {
+		out[i] = byName[n]
+	}
+	return out, nil
+}
+
+// ResetAll upserts every row, in name order, then runs apply, in one
+// transaction: the upserts wait for the row locks of in-flight batches
+// (whose locks are SKIP LOCKED, so they never wait on the reset) and keep
+// every replica's batches of these names out until the commit.
+func (s *CheckpointStore) ResetAll(ctx context.Context, names []string, position int64, guard, apply func(ctx context.Context) error) error {
+	if len(names) == 0 {
+		return nil
+	}
+	if position < 0 {
+		return fmt.Errorf("pgxstore: reset %d checkpoints: position %d is negative", len(names), position)
+	}
+	what := fmt.Sprintf("reset %d checkpoints (%q ...) to %d", len(names), names[0], position)
+	return s.fencedAll(ctx, names, what, func(ctx context.Context, tx pgx.Tx, name string) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES ($1, $2, $3)
+			ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at`,
+			name, position, time.Now().UTC()); err != nil {
+			return err
+		}
+		return clearAttempts(ctx, tx, name)
+	}, guard, apply)
+}
+
+// DeleteAll deletes every row (with its pause and attempt record), then
+// runs apply, in one transaction, holding off batches as ResetAll does.
+func (s *CheckpointStore) DeleteAll(ctx context.Context, names []string, guard, apply func(ctx context.Context) error) error {
+	if len(names) == 0 {
+		return nil
+	}
+	what := fmt.Sprintf("delete %d checkpoints (%q ...)", len(names), names[0])
+	return s.fencedAll(ctx, names, what, func(ctx context.Context, tx pgx.Tx, name string) error {
+		if _, err := tx.Exec(ctx, "DELETE FROM subscriber_checkpoints WHERE subscriber = $1", name); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "DELETE FROM subscriber_pauses WHERE subscriber = $1", subscriptions.PauseKey(name)); err != nil {
+			return fmt.Errorf("clear the pause: %w", err)
+		}
+		return clearAttempts(ctx, tx, name)
+	}, guard, apply)
+}
+
+// fencedAll runs guard, then write for each name in name order, then
+// apply, in one transaction (onServer). guard runs before the writes, so
+// that it reads the rows as they were.
+func (s *CheckpointStore) fencedAll(ctx context.Context, names []string, what string, write func(ctx context.Context, tx pgx.Tx, name string) error, guard, apply func(ctx context.Context) error) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("pgxstore: %s: %w", what, err)
+	}
+	sorted := slices.Clone(names)
+	slices.Sort(sorted)
+	err := s.onServer(ctx, func(tctx context.Context, tx pgx.Tx) error {
+		htx := newHandlerTx(tx, s.pool)
+		if guard != nil {
+			if err := guard(withTx(tctx, htx)); err != nil {
+				return err
+			}
+		}
+		for _, name := range sorted {
+			if err := write(tctx, tx, name); err != nil {
+				return fmt.Errorf("%q: %w", name, err)
+			}
+		}
+		if apply == nil {
+			return nil
+		}
+		if err := errors.Join(apply(withTx(tctx, htx)), htx.misused()); err != nil {
+			return fmt.Errorf("apply: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("pgxstore: %s: %w", what, err)
+	}
+	return nil
+}
+
+// InitPartitions locks the marker row first, so that replicas starting
+// together seed once.
+func (s *CheckpointStore) InitPartitions(ctx context.Context, marker, plain string, parts []string, n int64) (int64, error) {
+	var existing int64
+	err := pgx.BeginTxFunc(ctx, s.pool, txOptions, func(tx pgx.Tx) error {
+		now := time.Now().UTC()
+		if _, err := tx.Exec(ctx, "INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES ($1, 0, $2) ON CONFLICT (subscriber) DO NOTHING", marker, now); err != nil {
+			return err
+		}
+		if err := tx.QueryRow(ctx, "SELECT position FROM subscriber_checkpoints WHERE subscriber = $1 FOR UPDATE", marker).Scan(&existing); err != nil {
+			return err
+		}
+		if existing != 0 {
+			return nil
+		}
+		var seed int64
+		if err := tx.QueryRow(ctx, "SELECT COALESCE(MAX(position), 0) FROM subscriber_checkpoints WHERE subscriber = $1", plain).Scan(&seed); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO subscriber_checkpoints (subscriber, position, updated_at)
+			SELECT unnest($1::text[]), $2, $3 ON CONFLICT (subscriber) DO NOTHING`, parts, seed, now); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "UPDATE subscriber_checkpoints SET position = $1, updated_at = $2 WHERE subscriber = $3", n, now, marker)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("pgxstore: initialise the partitions of %q: %w", plain, err)
+	}
+	return existing, nil
+}
