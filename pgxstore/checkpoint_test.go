@@ -8,6 +8,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/pgxstore"
 	"github.com/eventfeed/subscriptions/subscriptionstest"
 )
@@ -67,6 +69,21 @@ func TestBatchFailureContract(t *testing.T) {
 		FailCommit: func(t *testing.T, ctx context.Context) {
 			_, err := pgxstore.TxFromContext(ctx).Exec(ctx, "INSERT INTO fc_child (pid) VALUES (42)")
 			require.NoError(t, err)
+		},
+	})
+}
+
+// TestFeedSharerContract runs the FeedSharer suite: batches read the pgx
+// event store on the same pool in their transaction, and AcquireAfter
+// reads what ReadAfter reads; a memory store is foreign.
+func TestFeedSharerContract(t *testing.T) {
+	subscriptionstest.RunFeedSharerSuite(t, subscriptionstest.FeedSharerHarness{
+		Name: "pgx",
+		New: func(t *testing.T) (subscriptions.CheckpointStore, domain.EventStore, domain.EventStore) {
+			_, pool := newDatabase(t)
+			events, err := pgxstore.NewEventStore(testCtx(t), pool)
+			require.NoError(t, err)
+			return newCheckpointStore(t, pool), events, infrastructure.NewMemoryStore()
 		},
 	})
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/eventfeed/subscriptions/domain"
@@ -208,29 +209,41 @@ func decodeJSON(raw []byte) (any, error) {
 	return v, nil
 }
 
-// query reads whole events; what names the read in the error.
+// query reads whole events on the pool; what names the read in the error.
 func (s *EventStore) query(ctx context.Context, what, clause string, args ...any) ([]domain.EventEnvelope[any], error) {
-	rows, err := s.pool.Query(ctx, selectEvents+clause, args...)
+	return queryEvents(ctx, s.pool, what, clause, args...)
+}
+
+// queryEvents reads whole events through q (the pool, or a batch's
+// transaction); what names the read in the error.
+func queryEvents(ctx context.Context, q querier, what, clause string, args ...any) ([]domain.EventEnvelope[any], error) {
+	rows, err := q.Query(ctx, selectEvents+clause, args...)
 	if err != nil {
 		return nil, fmt.Errorf("pgxstore: %s: %w", what, err)
 	}
+	out, err := collectEvents(rows)
+	if err != nil {
+		return nil, fmt.Errorf("pgxstore: %s: %w", what, err)
+	}
+	return out, nil
+}
+
+// collectEvents decodes the rows of a selectEvents query and closes them.
+func collectEvents(rows pgx.Rows) ([]domain.EventEnvelope[any], error) {
 	defer rows.Close()
 	out := []domain.EventEnvelope[any]{}
 	for rows.Next() {
 		var r eventRow
 		if err := rows.Scan(r.targets()...); err != nil {
-			return nil, fmt.Errorf("pgxstore: %s: %w", what, err)
+			return nil, err
 		}
 		env, err := r.envelope()
 		if err != nil {
-			return nil, fmt.Errorf("pgxstore: %s: %w", what, err)
+			return nil, err
 		}
 		out = append(out, env)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("pgxstore: %s: %w", what, err)
-	}
-	return out, nil
+	return out, rows.Err()
 }
 
 // GetEvents returns every event of the aggregate in sequence order.
@@ -418,6 +431,11 @@ func (s *EventStore) ReadAggregatesAfter(ctx context.Context, afterPosition int6
 // ReadPositions returns the events at positions, in position order; a
 // position without an event is left out (subscriptions.FeedIndex).
 func (s *EventStore) ReadPositions(ctx context.Context, positions []int64) ([]domain.EventEnvelope[any], error) {
+	return readPositions(ctx, s.pool, positions)
+}
+
+// readPositions is ReadPositions through q.
+func readPositions(ctx context.Context, q querier, positions []int64) ([]domain.EventEnvelope[any], error) {
 	if len(positions) == 0 {
 		return []domain.EventEnvelope[any]{}, nil
 	}
@@ -432,6 +450,6 @@ func (s *EventStore) ReadPositions(ctx context.Context, positions []int64) ([]do
 		b.WriteString(strconv.FormatInt(p, 10))
 	}
 	b.WriteByte('}')
-	return s.query(ctx, fmt.Sprintf("read %d events at positions %d...", len(positions), positions[0]),
+	return queryEvents(ctx, q, fmt.Sprintf("read %d events at positions %d...", len(positions), positions[0]),
 		"WHERE position = ANY($1::bigint[]) ORDER BY position", b.String())
 }
