@@ -16,6 +16,7 @@ import (
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
+	"github.com/eventfeed/subscriptions/pgxstore"
 )
 
 // takeoverDB is a database the original module wrote, reachable through
@@ -23,11 +24,12 @@ import (
 type takeoverDB struct {
 	name     string
 	postgres bool
+	pgx      bool // the stores are pgxstore's, on a pgx pool of the same database
 	open     func(t *testing.T) *gorm.DB
 }
 
 func takeoverDBs() []takeoverDB {
-	out := []takeoverDB{{name: "postgres", postgres: true, open: nil}}
+	out := []takeoverDB{{name: "postgres", postgres: true}, {name: "postgres-pgx", postgres: true, pgx: true}}
 	for _, d := range dbtest.SQLiteDrivers() {
 		out = append(out, takeoverDB{name: "sqlite-file-" + d.Name})
 	}
@@ -98,8 +100,9 @@ func TestTakeOverOriginalDatabase(t *testing.T) {
 	for _, tdb := range takeoverDBs() {
 		t.Run(tdb.name, func(t *testing.T) {
 			open := tdb.open
+			var pg *dbtest.Postgres
 			if tdb.postgres {
-				pg := dbtest.NewPostgres(t)
+				pg = dbtest.NewPostgres(t)
 				open = func(t *testing.T) *gorm.DB { return pg.Open(t) }
 			} else {
 				d := dbtest.Mattn
@@ -119,16 +122,39 @@ func TestTakeOverOriginalDatabase(t *testing.T) {
 			const processes = 4
 			var wg sync.WaitGroup
 			errs := make(chan error, 3*processes)
+			// stores opens the three stores through a new pool, as a process
+			// would: GORM's, or pgxstore's on a pgx pool.
+			stores := func() (domain.EventStore, subscriptions.CheckpointStore, subscriptions.ParkingLot, error) {
+				if tdb.pgx {
+					pool := pg.OpenPgx(t)
+					events, err := pgxstore.NewEventStore(ctx, pool)
+					if err != nil {
+						return nil, nil, nil, err
+					}
+					cps, err := pgxstore.NewCheckpointStore(ctx, pool)
+					if err != nil {
+						return nil, nil, nil, err
+					}
+					lot, err := pgxstore.NewParkingLot(ctx, pool)
+					return events, cps, lot, err
+				}
+				db := open(t)
+				events, err := infrastructure.NewGormEventStore(db)
+				if err != nil {
+					return nil, nil, nil, err
+				}
+				cps, err := subscriptions.NewGormCheckpointStore(db)
+				if err != nil {
+					return nil, nil, nil, err
+				}
+				lot, err := subscriptions.NewGormParkingLot(db)
+				return events, cps, lot, err
+			}
 			for range processes {
-				pool := open(t)
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					_, err := infrastructure.NewGormEventStore(pool)
-					errs <- err
-					_, err = subscriptions.NewGormCheckpointStore(pool)
-					errs <- err
-					_, err = subscriptions.NewGormParkingLot(pool)
+					_, _, _, err := stores()
 					errs <- err
 				}()
 			}
@@ -137,12 +163,8 @@ func TestTakeOverOriginalDatabase(t *testing.T) {
 			for err := range errs {
 				require.NoError(t, err, "a constructor on the original's database")
 			}
-			store, err := infrastructure.NewGormEventStore(db)
+			store, cps, lot, err := stores()
 			require.NoError(t, err, "the takeover is idempotent")
-			cps, err := subscriptions.NewGormCheckpointStore(db)
-			require.NoError(t, err)
-			lot, err := subscriptions.NewGormParkingLot(db)
-			require.NoError(t, err)
 			require.Equal(t, before, takeoverSnapshot(t, db), "the takeover changed the original's rows")
 
 			var mu sync.Mutex
