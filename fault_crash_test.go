@@ -31,6 +31,11 @@ func TestFaultCrashLoop(t *testing.T) {
 		pg := dbtest.NewPostgres(t)
 		faultCrashLoop(t, bin, "postgres", pg.DSN, pg.DB)
 	})
+	t.Run("postgres-pgx", func(t *testing.T) {
+		t.Parallel()
+		pg := dbtest.NewPostgres(t)
+		faultCrashLoop(t, bin, "pgx", pg.DSN, pg.DB)
+	})
 	t.Run("sqlite-file", func(t *testing.T) {
 		t.Parallel()
 		dsn := dbtest.SQLiteFileDSN(filepath.Join(t.TempDir(), "crash.db"))
@@ -54,7 +59,7 @@ func faultCrashLoop(t *testing.T, bin, driver, dsn string, db *gorm.DB) {
 	rng := faultRand(t)
 	kills := faultScale(20, 200)
 	args := []string{"-driver", driver, "-dsn", dsn, "-name", name, "-batch", "20", "-poll", "50ms", "-table", table}
-	if driver == "postgres" {
+	if driver == "postgres" || driver == "pgx" {
 		args = append(args, "-listen")
 	}
 
@@ -112,13 +117,13 @@ func faultCrashLoop(t *testing.T, bin, driver, dsn string, db *gorm.DB) {
 func TestFaultCrashLoopKillerEvent(t *testing.T) {
 	t.Parallel()
 	bin := faultBuildChild(t)
-	for _, c := range []struct{ name, driver string }{{"postgres", "postgres"}, {"sqlite-file", "sqlite"}, {"sqlite-file-glebarez", "glebarez"}} {
+	for _, c := range []struct{ name, driver string }{{"postgres", "postgres"}, {"postgres-pgx", "pgx"}, {"sqlite-file", "sqlite"}, {"sqlite-file-glebarez", "glebarez"}} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			var dsn string
 			var db *gorm.DB
 			switch c.driver {
-			case "postgres":
+			case "postgres", "pgx":
 				pg := dbtest.NewPostgres(t)
 				dsn, db = pg.DSN, pg.DB
 			case "sqlite":

@@ -15,7 +15,8 @@ import (
 )
 
 // TestFaultFailover runs three replicas of one subscriber (same name) as
-// child processes on Postgres while the parent appends events steadily,
+// child processes on Postgres, on the GORM backend and pgxstore's
+// alternately, while the parent appends events steadily,
 // and repeatedly SIGKILLs the active replica — the one whose process wrote
 // the latest projection row — starting a fresh replica for each one killed.
 // Every event is handled exactly once across all replicas, and the longest
@@ -42,13 +43,19 @@ func TestFaultFailover(t *testing.T) {
 
 	rng := faultRand(t)
 	kills := faultScale(5, 60)
-	args := []string{"-driver", "postgres", "-dsn", pg.DSN, "-name", name, "-batch", "10",
-		"-poll", poll.String(), "-table", table, "-delay", "500us"}
+	// Replicas alternate between the GORM backend and pgxstore's: one
+	// subscriber name, both kinds of process.
+	started := 0
+	args := func() []string {
+		started++
+		return []string{"-driver", []string{"postgres", "pgx"}[started%2], "-dsn", pg.DSN, "-name", name, "-batch", "10",
+			"-poll", poll.String(), "-table", table, "-delay", "500us"}
+	}
 
 	children := map[int]*faultChild{}
 	var outputs []string
 	startReplica := func() {
-		c := faultStartChild(t, bin, args...)
+		c := faultStartChild(t, bin, args()...)
 		children[c.pid] = c
 	}
 	for range replicas {

@@ -43,14 +43,18 @@ func TestFaultPartitionCrashLoop(t *testing.T) {
 		ev := domain.NewEventEnvelope[any](map[string]any{"i": i}, agg, "fault.parts", 0)
 		require.NoError(t, events.Append(context.Background(), agg, -1, ev))
 	}
-	args := []string{"-driver", "postgres", "-dsn", pg.DSN, "-name", name, "-batch", "10", "-poll", "50ms", "-table", table,
-		"-listen", "-partitions", fmt.Sprint(parts), "-concurrency", "2", "-delay", "1ms"}
+	// Child i runs the GORM backend or pgxstore's, alternately: replicas
+	// of both kinds share the partitions.
+	args := func(i int) []string {
+		return []string{"-driver", []string{"postgres", "pgx"}[i%2], "-dsn", pg.DSN, "-name", name, "-batch", "10", "-poll", "50ms", "-table", table,
+			"-listen", "-partitions", fmt.Sprint(parts), "-concurrency", "2", "-delay", "1ms"}
+	}
 	w := faultStartWriter(t, events, "fault.parts.live", 15*time.Millisecond, 3, 1_000_000)
 
 	rng := faultRand(t)
 	children := make([]*faultChild, 3)
 	for i := range children {
-		children[i] = faultStartChild(t, bin, args...)
+		children[i] = faultStartChild(t, bin, args(i)...)
 	}
 	kills := faultScale(6, 120)
 	for k := 0; k < kills; k++ {
@@ -61,7 +65,7 @@ func TestFaultPartitionCrashLoop(t *testing.T) {
 		time.Sleep(time.Duration(rng.IntN(200)) * time.Millisecond)
 		children[i].kill(t)
 		faultRequireCleanOutput(t, children[i].out.String())
-		children[i] = faultStartChild(t, bin, args...)
+		children[i] = faultStartChild(t, bin, args(i)...)
 	}
 	appended, failures, last := w.stop()
 	require.Zero(t, failures, "the writer's appends failed (last: %v)", last)

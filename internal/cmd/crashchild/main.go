@@ -1,7 +1,8 @@
 // Command crashchild is the child process of the fault suite's crash-loop
 // and failover tests (fault_crash_test.go, fault_failover_test.go in the
 // module root). It runs one Subscriber whose handler writes a projection
-// row per event through the batch transaction (TxFromContext), until it is
+// row per event through the batch transaction (TxFromContext; with -driver
+// pgx, the stores of package pgxstore and pgxstore.TxFromContext), until it is
 // killed (SIGKILL, the point of the tests) or asked to stop (SIGTERM or
 // SIGINT, which drains the batch in flight and exits 0).
 //
@@ -14,7 +15,7 @@
 //
 // Usage:
 //
-//	crashchild -driver postgres|sqlite -dsn DSN -name SUBSCRIBER [-batch N] [-poll D]
+//	crashchild -driver postgres|pgx|sqlite|glebarez -dsn DSN -name SUBSCRIBER [-batch N] [-poll D]
 //	           [-table NAME] [-delay D] [-listen] [-partitions N -concurrency K]
 //
 // It prints "READY <pid>" on stdout once its subscriber is about to run.
@@ -33,6 +34,8 @@ import (
 	"time"
 
 	glebarez "github.com/glebarez/sqlite"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"gorm.io/driver/postgres"
 	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
@@ -42,6 +45,8 @@ import (
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/sqlerr"
+	"github.com/eventfeed/subscriptions/migrations/schema"
+	"github.com/eventfeed/subscriptions/pgxstore"
 )
 
 // tableName keeps the projection table a plain identifier: it is spliced
@@ -49,7 +54,7 @@ import (
 var tableName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
 func main() {
-	driver := flag.String("driver", "postgres", "database driver: postgres, sqlite (gorm.io/driver/sqlite) or glebarez (github.com/glebarez/sqlite)")
+	driver := flag.String("driver", "postgres", "database driver: postgres (GORM), pgx (package pgxstore), sqlite (gorm.io/driver/sqlite) or glebarez (github.com/glebarez/sqlite)")
 	dsn := flag.String("dsn", "", "database DSN")
 	name := flag.String("name", "crashchild", "subscriber name")
 	batch := flag.Int("batch", 10, "batch size")
@@ -95,49 +100,22 @@ func run(driver, dsn, name string, batch int, poll time.Duration, table string, 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	var dialector gorm.Dialector
-	switch driver {
-	case "postgres":
-		dialector = postgres.Open(dsn)
-	case "sqlite":
-		dialector = sqlite.Open(dsn)
-	case "glebarez":
-		dialector = glebarez.Open(dsn)
-	default:
-		return fmt.Errorf("-driver %q: use postgres, sqlite (gorm.io/driver/sqlite) or glebarez (github.com/glebarez/sqlite)", driver)
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	var st *stores
+	var err error
+	if driver == "pgx" {
+		st, err = openPgx(ctx, dsn, table)
+	} else {
+		st, err = openGorm(ctx, driver, dsn, table)
 	}
-	db, err := gorm.Open(dialector, &gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		return fmt.Errorf("open: %w", err)
-	}
-	sqlDB, err := db.DB()
 	if err != nil {
 		return err
 	}
-	defer sqlDB.Close()
-	sqlDB.SetMaxOpenConns(pool)
-
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-
-	events, err := infrastructure.NewGormEventStore(db)
-	if err != nil {
-		return fmt.Errorf("event store: %w", err)
-	}
-	checkpoints, err := subscriptions.NewGormCheckpointStore(db)
-	if err != nil {
-		return fmt.Errorf("checkpoint store: %w", err)
-	}
-	if err := createProjection(ctx, db, driver, table); err != nil {
-		return fmt.Errorf("projection table: %w", err)
-	}
+	defer st.close()
 
 	pid := os.Getpid()
 	insert := "INSERT INTO " + table + " (event_id, position, pid, handled_at) VALUES (?, ?, ?, ?)"
 	handler := func(ctx context.Context, ev domain.EventEnvelope[any]) error {
-		tx := subscriptions.TxFromContext(ctx)
-		if tx == nil {
-			return errors.New("no batch transaction in the handler's context")
-		}
 		if delay > 0 {
 			time.Sleep(delay)
 		}
@@ -146,12 +124,13 @@ func run(driver, dsn, name string, batch int, poll time.Duration, table string, 
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 			select {} // the signal ends the process
 		}
-		err := tx.Exec(insert, ev.ID, ev.Position, pid, time.Now().UnixNano()).Error
+		err := st.execInBatch(ctx, insert, ev.ID, ev.Position, pid, time.Now().UnixNano())
 		if isUniqueViolation(err) {
 			fmt.Fprintf(os.Stderr, "DUPLICATE event %s at position %d (pid %d): %v\n", ev.ID, ev.Position, pid, err)
 		}
 		return err
 	}
+	events, checkpoints := st.events, st.checkpoints
 
 	opts := []subscriptions.SubscriberOption{
 		subscriptions.WithBatchSize(batch),
@@ -160,7 +139,7 @@ func run(driver, dsn, name string, batch int, poll time.Duration, table string, 
 	}
 	opts = append(opts, extra...)
 	if parkRetries >= 0 {
-		lot, err := subscriptions.NewGormParkingLot(db)
+		lot, err := st.lot()
 		if err != nil {
 			return fmt.Errorf("parking lot: %w", err)
 		}
@@ -169,8 +148,8 @@ func run(driver, dsn, name string, batch int, poll time.Duration, table string, 
 	}
 	listenerDone := make(chan error, 1)
 	if listen {
-		if driver != "postgres" {
-			return errors.New("-listen needs -driver postgres")
+		if driver != "postgres" && driver != "pgx" {
+			return errors.New("-listen needs -driver postgres or pgx")
 		}
 		l, err := subscriptions.NewPostgresListener(dsn, subscriptions.WithListenerLogger(logger),
 			subscriptions.WithListenerReconnectDelay(100*time.Millisecond))
@@ -190,6 +169,119 @@ func run(driver, dsn, name string, batch int, poll time.Duration, table string, 
 	runErr := sub.Run(ctx)
 	stop()
 	return errors.Join(runErr, <-listenerDone)
+}
+
+// stores are the child's stores on one database, and how its handler
+// writes through a batch's transaction.
+type stores struct {
+	events      domain.EventStore
+	checkpoints subscriptions.CheckpointStore
+	lot         func() (subscriptions.ParkingLot, error)
+	// execInBatch runs a statement (? placeholders) in the batch
+	// transaction of the handler's context.
+	execInBatch func(ctx context.Context, sql string, args ...any) error
+	close       func()
+}
+
+// openGorm opens the GORM backend's stores.
+func openGorm(ctx context.Context, driver, dsn, table string) (*stores, error) {
+	var dialector gorm.Dialector
+	switch driver {
+	case "postgres":
+		dialector = postgres.Open(dsn)
+	case "sqlite":
+		dialector = sqlite.Open(dsn)
+	case "glebarez":
+		dialector = glebarez.Open(dsn)
+	default:
+		return nil, fmt.Errorf("-driver %q: use postgres, pgx, sqlite (gorm.io/driver/sqlite) or glebarez (github.com/glebarez/sqlite)", driver)
+	}
+	db, err := gorm.Open(dialector, &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		return nil, fmt.Errorf("open: %w", err)
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return nil, err
+	}
+	sqlDB.SetMaxOpenConns(pool)
+	fail := func(what string, err error) (*stores, error) {
+		_ = sqlDB.Close()
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	events, err := infrastructure.NewGormEventStore(db)
+	if err != nil {
+		return fail("event store", err)
+	}
+	checkpoints, err := subscriptions.NewGormCheckpointStore(db)
+	if err != nil {
+		return fail("checkpoint store", err)
+	}
+	if err := createProjection(ctx, db, driver, table); err != nil {
+		return fail("projection table", err)
+	}
+	return &stores{
+		events:      events,
+		checkpoints: checkpoints,
+		lot:         func() (subscriptions.ParkingLot, error) { return subscriptions.NewGormParkingLot(db) },
+		execInBatch: func(ctx context.Context, sql string, args ...any) error {
+			tx := subscriptions.TxFromContext(ctx)
+			if tx == nil {
+				return errors.New("no batch transaction in the handler's context")
+			}
+			return tx.Exec(sql, args...).Error
+		},
+		close: func() { _ = sqlDB.Close() },
+	}, nil
+}
+
+// openPgx opens package pgxstore's stores on a pgx pool.
+func openPgx(ctx context.Context, dsn, table string) (*stores, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("dsn: %w", err)
+	}
+	cfg.MaxConns = int32(pool)
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open: %w", err)
+	}
+	fail := func(what string, err error) (*stores, error) {
+		p.Close()
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	events, err := pgxstore.NewEventStore(ctx, p)
+	if err != nil {
+		return fail("event store", err)
+	}
+	checkpoints, err := pgxstore.NewCheckpointStore(ctx, p)
+	if err != nil {
+		return fail("checkpoint store", err)
+	}
+	ddl := "CREATE TABLE IF NOT EXISTS " + table + " (event_id text PRIMARY KEY, position bigint NOT NULL, pid bigint NOT NULL, handled_at bigint NOT NULL)"
+	if err := pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.' || $1))", table); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, ddl)
+		return err
+	}); err != nil {
+		return fail("projection table", err)
+	}
+	return &stores{
+		events:      events,
+		checkpoints: checkpoints,
+		lot:         func() (subscriptions.ParkingLot, error) { return pgxstore.NewParkingLot(ctx, p) },
+		execInBatch: func(ctx context.Context, sql string, args ...any) error {
+			tx := pgxstore.TxFromContext(ctx)
+			if tx == nil {
+				return errors.New("no batch transaction in the handler's context")
+			}
+			_, err := tx.Exec(ctx, schema.Rebind(sql), args...)
+			return err
+		},
+		close: p.Close,
+	}, nil
 }
 
 // createProjection creates the projection table unless it exists. On
