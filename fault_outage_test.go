@@ -22,6 +22,8 @@ import (
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
+	"github.com/eventfeed/subscriptions/migrations/schema"
+	"github.com/eventfeed/subscriptions/pgxstore"
 )
 
 // faultOutagePoll is the subscribers' poll interval in the outage tests:
@@ -61,16 +63,44 @@ type faultOutageRig struct {
 
 // faultNewOutageRig wires a subscriber (and a listener) whose every
 // connection goes to dsn.
-func faultNewOutageRig(t *testing.T, admin *gorm.DB, dsn, name, table string) *faultOutageRig {
+//
+// With pgx the subscriber's stores are pgxstore's, on a pgx pool of dsn.
+func faultNewOutageRig(t *testing.T, admin *gorm.DB, dsn, name, table string, pgx bool) *faultOutageRig {
 	t.Helper()
 	rig := &faultOutageRig{name: name, table: table, admin: admin,
 		gateEntered: make(chan struct{}, 1), gateRelease: make(chan struct{})}
 	rig.gateID.Store("")
-	db := dbtest.OpenPostgresDSN(t, dsn)
-	store, err := infrastructure.NewGormEventStore(db)
-	require.NoError(t, err)
-	cps, err := subscriptions.NewGormCheckpointStore(db)
-	require.NoError(t, err)
+	var store domain.EventStore
+	var cps subscriptions.CheckpointStore
+	var err error
+	execInBatch := func(ctx context.Context, sql string, args ...any) error {
+		tx := subscriptions.TxFromContext(ctx)
+		if tx == nil {
+			return errors.New("no batch transaction")
+		}
+		return tx.Exec(sql, args...).Error
+	}
+	if pgx {
+		pool := dbtest.OpenPgxDSN(t, dsn)
+		store, err = pgxstore.NewEventStore(context.Background(), pool)
+		require.NoError(t, err)
+		cps, err = pgxstore.NewCheckpointStore(context.Background(), pool)
+		require.NoError(t, err)
+		execInBatch = func(ctx context.Context, sql string, args ...any) error {
+			tx := pgxstore.TxFromContext(ctx)
+			if tx == nil {
+				return errors.New("no batch transaction")
+			}
+			_, err := tx.Exec(ctx, schema.Rebind(sql), args...)
+			return err
+		}
+	} else {
+		db := dbtest.OpenPostgresDSN(t, dsn)
+		store, err = infrastructure.NewGormEventStore(db)
+		require.NoError(t, err)
+		cps, err = subscriptions.NewGormCheckpointStore(db)
+		require.NoError(t, err)
+	}
 	faultCreateChildProjection(t, admin, table)
 
 	listenLogger, listenLogs := newLogger()
@@ -99,12 +129,8 @@ func faultNewOutageRig(t *testing.T, admin *gorm.DB, dsn, name, table string) *f
 			rig.gateEntered <- struct{}{}
 			<-rig.gateRelease
 		}
-		tx := subscriptions.TxFromContext(ctx)
-		if tx == nil {
-			return errors.New("no batch transaction")
-		}
 		rig.handled.Add(1)
-		return tx.Exec(insert, ev.ID, ev.Position, pid, time.Now().UnixNano()).Error
+		return execInBatch(ctx, insert, ev.ID, ev.Position, pid, time.Now().UnixNano())
 	}
 	subLogger, subLogs := newLogger()
 	rig.subLogs = subLogs
@@ -173,13 +199,22 @@ func (rig *faultOutageRig) finish(t *testing.T, what string, store domain.EventS
 // once.
 func TestFaultOutageTerminatedBackends(t *testing.T) {
 	t.Parallel()
+	for _, backend := range []string{"gorm", "pgx"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			faultOutageTerminatedBackends(t, backend == "pgx")
+		})
+	}
+}
+
+func faultOutageTerminatedBackends(t *testing.T, pgx bool) {
 	pg := dbtest.NewPostgres(t)
 	app := faultAppName()
 	writerApp := app + "w"
 	writerDB := dbtest.OpenPostgresDSN(t, faultDSN(t, pg.DSN, "application_name", writerApp))
 	writer, err := infrastructure.NewGormEventStore(writerDB)
 	require.NoError(t, err)
-	rig := faultNewOutageRig(t, pg.DB, faultDSN(t, pg.DSN, "application_name", app), "fault-outage-terminate", "fault_outage_term")
+	rig := faultNewOutageRig(t, pg.DB, faultDSN(t, pg.DSN, "application_name", app), "fault-outage-terminate", "fault_outage_term", pgx)
 	admin, err := infrastructure.NewGormEventStore(pg.DB) // never disturbed
 	require.NoError(t, err)
 
@@ -234,13 +269,22 @@ func TestFaultOutageTerminatedBackends(t *testing.T) {
 // plus faultRecoverySlack.
 func TestFaultOutageRefusedConnections(t *testing.T) {
 	t.Parallel()
+	for _, backend := range []string{"gorm", "pgx"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			faultOutageRefusedConnections(t, backend == "pgx")
+		})
+	}
+}
+
+func faultOutageRefusedConnections(t *testing.T, pgx bool) {
 	pg := dbtest.NewPostgres(t)
 	u, err := url.Parse(pg.DSN)
 	require.NoError(t, err)
 	proxy := faultStartProxy(t, u.Host)
 	u.Host = proxy.addr
 	app := faultAppName()
-	rig := faultNewOutageRig(t, pg.DB, faultDSN(t, u.String(), "application_name", app), "fault-outage-refuse", "fault_outage_refuse")
+	rig := faultNewOutageRig(t, pg.DB, faultDSN(t, u.String(), "application_name", app), "fault-outage-refuse", "fault_outage_refuse", pgx)
 	direct, err := infrastructure.NewGormEventStore(pg.DB)
 	require.NoError(t, err)
 
