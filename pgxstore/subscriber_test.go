@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
@@ -271,4 +272,86 @@ func TestMixedReplicasShareTheAttemptCount(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*), coalesce(max(n), 0) FROM seen").Scan(&projected, &maxN))
 	require.Equal(t, len(ids)-1, projected)
 	require.Equal(t, 1, maxN)
+}
+
+// TestHandlerCannotEndTheBatchTransaction: a handler that commits or rolls
+// back the batch transaction itself (and ignores the refusal) gets an
+// error wrapping ErrTxOwnedByBatch, nothing is ended, its event fails as
+// a whole and is parked after its attempts; the events around it are
+// projected exactly once, and nothing panics.
+func TestHandlerCannotEndTheBatchTransaction(t *testing.T) {
+	t.Parallel()
+	for _, op := range []string{"Commit", "Rollback"} {
+		t.Run(op, func(t *testing.T) {
+			t.Parallel()
+			ctx := testCtx(t)
+			_, pool := newDatabase(t)
+			_, err := pool.Exec(ctx, "CREATE TABLE seen (event_id text PRIMARY KEY, n integer NOT NULL, by text NOT NULL)")
+			require.NoError(t, err)
+			events, err := pgxstore.NewEventStore(ctx, pool)
+			require.NoError(t, err)
+			lot, err := pgxstore.NewParkingLot(ctx, pool)
+			require.NoError(t, err)
+			var ids []string
+			for i := range 5 {
+				ev := domain.NewEventEnvelope[any](map[string]any{"i": i}, "agg", "counted", i+1)
+				require.NoError(t, events.Append(ctx, "agg", i, ev))
+				ids = append(ids, ev.ID)
+			}
+			misbehaving := ids[2]
+			var refusals []error
+			var mu sync.Mutex
+			project := projectPgx("pgx")
+			handler := func(ctx context.Context, e domain.EventEnvelope[any]) error {
+				if err := project(ctx, e); err != nil {
+					return err
+				}
+				if e.ID == misbehaving {
+					tx := pgxstore.TxFromContext(ctx)
+					var err error
+					if op == "Commit" {
+						err = tx.Commit(ctx)
+					} else {
+						err = tx.Rollback(ctx)
+					}
+					mu.Lock()
+					refusals = append(refusals, err)
+					mu.Unlock()
+				}
+				return nil // the refusal swallowed
+			}
+			sub, err := subscriptions.NewSubscriber("misuse", events, newCheckpointStore(t, pool), handler,
+				subscriptions.WithParkingLot(lot), subscriptions.WithMaxRetries(1),
+				subscriptions.WithRetryBackoff(time.Millisecond, time.Millisecond),
+				subscriptions.WithPollInterval(5*time.Millisecond), subscriptions.WithLogger(slog.New(slog.DiscardHandler)))
+			require.NoError(t, err)
+			runCtx, stop := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- sub.Run(runCtx) }()
+			require.Eventually(t, func() bool {
+				lag, err := sub.Lag(ctx)
+				return err == nil && lag == 0
+			}, time.Minute, 5*time.Millisecond)
+			stop()
+			require.NoError(t, <-done)
+
+			parked, err := sub.ListParked(ctx)
+			require.NoError(t, err)
+			require.Len(t, parked, 1)
+			require.Equal(t, misbehaving, parked[0].EventID)
+			require.Contains(t, parked[0].Error, op+" by a handler")
+			mu.Lock()
+			require.NotEmpty(t, refusals)
+			for _, err := range refusals {
+				require.ErrorIs(t, err, pgxstore.ErrTxOwnedByBatch)
+			}
+			mu.Unlock()
+			rows, err := pool.Query(ctx, "SELECT event_id FROM seen ORDER BY event_id")
+			require.NoError(t, err)
+			seen, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			require.NoError(t, err)
+			want := append(append([]string{}, ids[:2]...), ids[3:]...)
+			require.ElementsMatch(t, want, seen, "the others projected once, the misbehaving event's write rolled back")
+		})
+	}
 }
