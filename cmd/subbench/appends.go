@@ -184,10 +184,12 @@ func appendVariants(lockKey, previousKey int64) []appendVariant {
 		}
 	}
 	library := storeAppend(func(t appendTarget) domain.EventStore { return t.gorm })
+	// pgx next to library: the rounds alternate their order (A B ... then
+	// ... B A), so the two backends' stores run back to back.
 	return []appendVariant{
 		{"library", "GormEventStore.Append", library},
-		{"uncoalesced", "GormEventStore.Append, coalescing off", library},
 		{"pgx", "pgxstore.EventStore.Append", storeAppend(func(t appendTarget) domain.EventStore { return t.pgx })},
+		{"uncoalesced", "GormEventStore.Append, coalescing off", library},
 		{"previous", "previous design", func(t appendTarget, tag string) func(ctx context.Context, w, k int) error {
 			return func(ctx context.Context, w, k int) error {
 				return previousAppend(ctx, t.db, previousKey, fmt.Sprintf("%s-%d-a%d", tag, w, k), makeEvents(eventsPerAppend, k))
