@@ -62,105 +62,152 @@ func runAppends(ctx context.Context, b *bench) ([]Row, error) {
 	variants := appendVariants(lockKey, previousKey)
 	var rows []Row
 	for _, writers := range sz.appendWriters {
-		db, err := b.openPG(dsn, writers+1, nil)
+		r, err := appendWriters(ctx, b, dsn, writers, variants)
+		rows = append(rows, r...)
 		if err != nil {
 			return rows, err
-		}
-		store, err := infrastructure.NewGormEventStore(db)
-		if err != nil {
-			return rows, err
-		}
-		results := map[string]*appendResult{}
-		for round := range sz.appendRounds {
-			for i := range variants {
-				v := variants[(i+round)%len(variants)]
-				if round%2 == 1 {
-					v = variants[len(variants)-1-i]
-				}
-				coalesce.Disabled.Store(v.key == "uncoalesced")
-				res, err := timedWriters(ctx, writers, sz.appendDuration, v.appendOne(db, store, fmt.Sprintf("%s-w%d-r%d", v.key, writers, round)), nil)
-				coalesce.Disabled.Store(false)
-				if err != nil {
-					return rows, fmt.Errorf("%d writers, %s: %w", writers, v.label, err)
-				}
-				if results[v.key] == nil {
-					results[v.key] = &appendResult{}
-				}
-				results[v.key].events += res.events
-				results[v.key].elapsed += res.elapsed
-				results[v.key].latencies = append(results[v.key].latencies, res.latencies...)
-			}
-		}
-		lib, plain, prev, unco := results["library"], results["plain"], results["previous"], results["uncoalesced"]
-		ll, bl, pl, ul := sortedCopy(lib.latencies), sortedCopy(plain.latencies), sortedCopy(prev.latencies), sortedCopy(unco.latencies)
-		note := fmt.Sprintf("%d events per append, %d rounds of %s per variant, variants alternating; append latency p50/p99: library %.2f/%.2f ms, library uncoalesced %.2f/%.2f ms, previous design %.2f/%.2f ms, plain %.2f/%.2f ms; library %.0f appends/s",
-			eventsPerAppend, sz.appendRounds, sz.appendDuration, percentile(ll, 50), percentile(ll, 99), percentile(ul, 50), percentile(ul, 99),
-			percentile(pl, 50), percentile(pl, 99), percentile(bl, 50), percentile(bl, 99), lib.rate()/eventsPerAppend)
-		row := newRow(fmt.Sprintf("%d writer(s): GormEventStore.Append", writers), lib.rate(), plain.rate(), "ev/s", plainAppendName).note(fmt.Sprintf("%d writer(s): %s", writers, note))
-		if writers == 16 {
-			row = row.goal(">= 0.8", lib.rate() >= 0.8*plain.rate())
-		}
-		rows = append(rows, row)
-		rows = append(rows, newRow(fmt.Sprintf("%d writer(s): library, coalescing off", writers), unco.rate(), plain.rate(), "ev/s", plainAppendName).
-			note("library, coalescing off: GormEventStore.Append with internal/coalesce.Disabled, every Append its own transaction"))
-		rows = append(rows, newRow(fmt.Sprintf("%d writer(s): previous design", writers), prev.rate(), plain.rate(), "ev/s", plainAppendName).
-			note("previous design: the store's append before issue 19 reproduced statement for statement by subbench (previousAppend), same table and lock"))
-		if writers == 1 {
-			rows = append(rows, newRow("1 writer: append latency p50, library vs previous design", percentile(ll, 50), percentile(pl, 50), "ms",
-				"p50 append latency of the previous design, same run").goal("<= 1.2", percentile(ll, 50) <= 1.2*percentile(pl, 50)))
-		}
-		for _, key := range []string{"lock", "notify"} {
-			v := results[key]
-			vl := sortedCopy(v.latencies)
-			label := map[string]string{"lock": "plain + advisory lock only", "notify": "plain + pg_notify only"}[key]
-			how := map[string]string{"lock": "pipelined [BEGIN, pg_advisory_xact_lock] then [INSERT, COMMIT], the store's lock pattern", "notify": "pipelined [BEGIN, INSERT, pg_notify, COMMIT]"}[key]
-			rows = append(rows, newRow(fmt.Sprintf("%d writer(s): %s", writers, label), v.rate(), plain.rate(), "ev/s", plainAppendName).
-				note(fmt.Sprintf("%s (decomposition of the price): append latency p50/p99 %.2f/%.2f ms", how, percentile(vl, 50), percentile(vl, 99))))
 		}
 	}
 	mp, err := runAppendProcesses(ctx, b, dsn, lockKey, previousKey)
 	return append(rows, mp...), err
 }
 
+// appendWriters measures every variant with writers goroutines of one
+// process, on pools of writers+1 connections (a GORM one, and a pgx one
+// for pgxstore's store) closed when it returns.
+func appendWriters(ctx context.Context, b *bench, dsn string, writers int, variants []appendVariant) ([]Row, error) {
+	sz := b.sizes()
+	defer b.casePools()()
+	var (
+		rows []Row
+		t    appendTarget
+		err  error
+	)
+	if t.db, err = b.openPG(dsn, writers+1, nil); err != nil {
+		return rows, err
+	}
+	if t.gorm, err = infrastructure.NewGormEventStore(t.db); err != nil {
+		return rows, err
+	}
+	pgxDB, err := pgxBackend.open(ctx, b, dsn, "", writers+1, nil)
+	if err != nil {
+		return rows, err
+	}
+	t.pgx = pgxDB.store
+	results := map[string]*appendResult{}
+	for round := range sz.appendRounds {
+		for i := range variants {
+			v := variants[(i+round)%len(variants)]
+			if round%2 == 1 {
+				v = variants[len(variants)-1-i]
+			}
+			coalesce.Disabled.Store(v.key == "uncoalesced")
+			res, err := timedWriters(ctx, writers, sz.appendDuration, v.appendOne(t, fmt.Sprintf("%s-w%d-r%d", v.key, writers, round)), nil)
+			coalesce.Disabled.Store(false)
+			if err != nil {
+				return rows, fmt.Errorf("%d writers, %s: %w", writers, v.label, err)
+			}
+			if results[v.key] == nil {
+				results[v.key] = &appendResult{}
+			}
+			results[v.key].events += res.events
+			results[v.key].elapsed += res.elapsed
+			results[v.key].latencies = append(results[v.key].latencies, res.latencies...)
+		}
+	}
+	lib, plain, prev, unco, px := results["library"], results["plain"], results["previous"], results["uncoalesced"], results["pgx"]
+	ll, bl, pl, ul, xl := sortedCopy(lib.latencies), sortedCopy(plain.latencies), sortedCopy(prev.latencies), sortedCopy(unco.latencies), sortedCopy(px.latencies)
+	note := fmt.Sprintf("%d events per append, %d rounds of %s per variant, variants alternating; append latency p50/p99: library %.2f/%.2f ms, library uncoalesced %.2f/%.2f ms, previous design %.2f/%.2f ms, plain %.2f/%.2f ms, pgx %.2f/%.2f ms; library %.0f appends/s, pgx %.0f appends/s",
+		eventsPerAppend, sz.appendRounds, sz.appendDuration, percentile(ll, 50), percentile(ll, 99), percentile(ul, 50), percentile(ul, 99),
+		percentile(pl, 50), percentile(pl, 99), percentile(bl, 50), percentile(bl, 99), percentile(xl, 50), percentile(xl, 99),
+		lib.rate()/eventsPerAppend, px.rate()/eventsPerAppend)
+	row := newRow(fmt.Sprintf("%d writer(s): GormEventStore.Append", writers), lib.rate(), plain.rate(), "ev/s", plainAppendName).note(fmt.Sprintf("%d writer(s): %s", writers, note))
+	pxRow := newRow(pgxBackend.label(fmt.Sprintf("%d writer(s): pgxstore.EventStore.Append", writers)), px.rate(), plain.rate(), "ev/s", plainAppendName).
+		note("pgx: pgxstore.EventStore.Append on a pgx pool of its own of the same size, same table and lock")
+	if writers == 16 {
+		row = row.goal(">= 0.8", lib.rate() >= 0.8*plain.rate())
+		pxRow = pxRow.goal(">= 0.8", px.rate() >= 0.8*plain.rate())
+	}
+	rows = append(rows, row, pxRow,
+		newRow(pgxBackend.label(fmt.Sprintf("%d writer(s): pgx vs GORM", writers)), px.rate(), lib.rate(), "ev/s", "GormEventStore.Append, same run, variants alternating"))
+	rows = append(rows, newRow(fmt.Sprintf("%d writer(s): library, coalescing off", writers), unco.rate(), plain.rate(), "ev/s", plainAppendName).
+		note("library, coalescing off: GormEventStore.Append with internal/coalesce.Disabled, every Append its own transaction"))
+	rows = append(rows, newRow(fmt.Sprintf("%d writer(s): previous design", writers), prev.rate(), plain.rate(), "ev/s", plainAppendName).
+		note("previous design: the store's append before issue 19 reproduced statement for statement by subbench (previousAppend), same table and lock"))
+	if writers == 1 {
+		rows = append(rows, newRow("1 writer: append latency p50, library vs previous design", percentile(ll, 50), percentile(pl, 50), "ms",
+			"p50 append latency of the previous design, same run").goal("<= 1.2", percentile(ll, 50) <= 1.2*percentile(pl, 50)),
+			newRow(pgxBackend.label("1 writer: append latency p50, pgx vs GORM"), percentile(xl, 50), percentile(ll, 50), "ms",
+				"p50 append latency of GormEventStore.Append, same run"))
+	}
+	for _, key := range []string{"lock", "notify"} {
+		v := results[key]
+		vl := sortedCopy(v.latencies)
+		label := map[string]string{"lock": "plain + advisory lock only", "notify": "plain + pg_notify only"}[key]
+		how := map[string]string{"lock": "pipelined [BEGIN, pg_advisory_xact_lock] then [INSERT, COMMIT], the store's lock pattern", "notify": "pipelined [BEGIN, INSERT, pg_notify, COMMIT]"}[key]
+		rows = append(rows, newRow(fmt.Sprintf("%d writer(s): %s", writers, label), v.rate(), plain.rate(), "ev/s", plainAppendName).
+			note(fmt.Sprintf("%s (decomposition of the price): append latency p50/p99 %.2f/%.2f ms", how, percentile(vl, 50), percentile(vl, 99))))
+	}
+	return rows, nil
+}
+
 const plainAppendName = "the same rows in one multi-row INSERT statement per append (its own transaction, one round trip, pgx on the same pool), positions from a sequence: no lock, no version check, no NOTIFY, no ordering guarantee"
+
+// appendTarget is what the variants of scenario 7 append through.
+type appendTarget struct {
+	db   *gorm.DB          // the GORM pool: GormEventStore, hand-written appends
+	gorm domain.EventStore // GormEventStore on db
+	pgx  domain.EventStore // pgxstore.EventStore on a pgx pool; nil in a child process
+}
 
 // appendVariant is one way of appending measured by scenario 7.
 type appendVariant struct {
 	key, label string
-	appendOne  func(db *gorm.DB, store *infrastructure.GormEventStore, tag string) func(ctx context.Context, w, k int) error
+	appendOne  func(t appendTarget, tag string) func(ctx context.Context, w, k int) error
 }
 
 // appendVariants: the library, the library with coalescing off (the
-// caller sets coalesce.Disabled), the previous design (previousAppend,
-// under the store's lock previousKey), the plain baseline and the
-// baseline plus each of the library's costs (lockKey: a lock of its own).
+// caller sets coalesce.Disabled), the pgx backend's store, the previous
+// design (previousAppend, under the store's lock previousKey), the plain
+// baseline and the baseline plus each of the library's costs (lockKey: a
+// lock of its own).
 func appendVariants(lockKey, previousKey int64) []appendVariant {
-	library := func(_ *gorm.DB, store *infrastructure.GormEventStore, tag string) func(ctx context.Context, w, k int) error {
-		return func(ctx context.Context, w, k int) error {
-			return store.Append(ctx, fmt.Sprintf("%s-%d-a%d", tag, w, k), -1, makeEvents(eventsPerAppend, k)...)
+	storeAppend := func(pick func(appendTarget) domain.EventStore) func(t appendTarget, tag string) func(ctx context.Context, w, k int) error {
+		return func(t appendTarget, tag string) func(ctx context.Context, w, k int) error {
+			store := pick(t)
+			return func(ctx context.Context, w, k int) error {
+				if store == nil {
+					return errors.New("no event store of this variant here")
+				}
+				return store.Append(ctx, fmt.Sprintf("%s-%d-a%d", tag, w, k), -1, makeEvents(eventsPerAppend, k)...)
+			}
 		}
 	}
+	library := storeAppend(func(t appendTarget) domain.EventStore { return t.gorm })
+	// pgx next to library: the rounds alternate their order (A B ... then
+	// ... B A), so the two backends' stores run back to back.
 	return []appendVariant{
 		{"library", "GormEventStore.Append", library},
+		{"pgx", "pgxstore.EventStore.Append", storeAppend(func(t appendTarget) domain.EventStore { return t.pgx })},
 		{"uncoalesced", "GormEventStore.Append, coalescing off", library},
-		{"previous", "previous design", func(db *gorm.DB, _ *infrastructure.GormEventStore, tag string) func(ctx context.Context, w, k int) error {
+		{"previous", "previous design", func(t appendTarget, tag string) func(ctx context.Context, w, k int) error {
 			return func(ctx context.Context, w, k int) error {
-				return previousAppend(ctx, db, previousKey, fmt.Sprintf("%s-%d-a%d", tag, w, k), makeEvents(eventsPerAppend, k))
+				return previousAppend(ctx, t.db, previousKey, fmt.Sprintf("%s-%d-a%d", tag, w, k), makeEvents(eventsPerAppend, k))
 			}
 		}},
-		{"plain", "plain multi-row INSERT", func(db *gorm.DB, _ *infrastructure.GormEventStore, tag string) func(ctx context.Context, w, k int) error {
+		{"plain", "plain multi-row INSERT", func(t appendTarget, tag string) func(ctx context.Context, w, k int) error {
 			return func(ctx context.Context, w, k int) error {
-				return plainAppend(ctx, db, fmt.Sprintf("%s-%d-a%d", tag, w, k), makeEvents(eventsPerAppend, k), 0, false)
+				return plainAppend(ctx, t.db, fmt.Sprintf("%s-%d-a%d", tag, w, k), makeEvents(eventsPerAppend, k), 0, false)
 			}
 		}},
-		{"lock", "plain INSERT + pg_advisory_xact_lock", func(db *gorm.DB, _ *infrastructure.GormEventStore, tag string) func(ctx context.Context, w, k int) error {
+		{"lock", "plain INSERT + pg_advisory_xact_lock", func(t appendTarget, tag string) func(ctx context.Context, w, k int) error {
 			return func(ctx context.Context, w, k int) error {
-				return plainAppend(ctx, db, fmt.Sprintf("%s-%d-a%d", tag, w, k), makeEvents(eventsPerAppend, k), lockKey, false)
+				return plainAppend(ctx, t.db, fmt.Sprintf("%s-%d-a%d", tag, w, k), makeEvents(eventsPerAppend, k), lockKey, false)
 			}
 		}},
-		{"notify", "plain INSERT + pg_notify", func(db *gorm.DB, _ *infrastructure.GormEventStore, tag string) func(ctx context.Context, w, k int) error {
+		{"notify", "plain INSERT + pg_notify", func(t appendTarget, tag string) func(ctx context.Context, w, k int) error {
 			return func(ctx context.Context, w, k int) error {
-				return plainAppend(ctx, db, fmt.Sprintf("%s-%d-a%d", tag, w, k), makeEvents(eventsPerAppend, k), 0, true)
+				return plainAppend(ctx, t.db, fmt.Sprintf("%s-%d-a%d", tag, w, k), makeEvents(eventsPerAppend, k), 0, true)
 			}
 		}},
 	}

@@ -190,7 +190,7 @@ func runAppendChild(conf string) error {
 	coalesce.Disabled.Store(cfg.Variant == "uncoalesced")
 	coalesce.FixedInFlight.Store(cfg.Variant == "fixed")
 	stdin := bufio.NewReader(os.Stdin)
-	res, err := timedWriters(ctx, cfg.Writers, cfg.Duration, variant.appendOne(db, store, cfg.Tag), func() error {
+	res, err := timedWriters(ctx, cfg.Writers, cfg.Duration, variant.appendOne(appendTarget{db: db, gorm: store}, cfg.Tag), func() error {
 		fmt.Println("ready")
 		line, err := stdin.ReadString('\n')
 		if err != nil || strings.TrimSpace(line) != "go" {

@@ -183,10 +183,7 @@ func runUntil(ctx context.Context, sub *subscriptions.Subscriber, done <-chan st
 type dbContestant struct {
 	kind  string // "baseline", "library", "library+parking"
 	app   string // Postgres: the pool's application_name suffix
-	db    *gorm.DB
-	store domain.EventStore
-	cps   *subscriptions.GormCheckpointStore
-	lot   *subscriptions.GormParkingLot
+	pool  *backendDB
 	table string
 	// opts are extra subscriber options of a library variant.
 	opts []subscriptions.SubscriberOption
@@ -199,47 +196,43 @@ type dbContestant struct {
 
 var contestantKinds = []string{"baseline", "library", "library+parking"}
 
-// upsert is the projection write: one row per event.
-func (c *dbContestant) upsert(tx *gorm.DB, ev domain.EventEnvelope[any]) error {
-	err := tx.Exec(`INSERT INTO `+c.table+` (event_id, aggregate_id, position) VALUES (?, ?, ?)
+// upsert is the projection write: one row per event, through exec (a
+// plain transaction's or the batch transaction's).
+func (c *dbContestant) upsert(exec execFunc, ev domain.EventEnvelope[any]) error {
+	err := exec(`INSERT INTO `+c.table+` (event_id, aggregate_id, position) VALUES (?, ?, ?)
 		ON CONFLICT (event_id) DO UPDATE SET aggregate_id = excluded.aggregate_id, position = excluded.position`,
-		ev.ID, ev.AggregateID, ev.Position).Error
+		ev.ID, ev.AggregateID, ev.Position)
 	if err == nil {
 		c.handled.Add(1)
 	}
 	return err
 }
 
-func (c *dbContestant) prepare() error {
+func (c *dbContestant) prepare(ctx context.Context) error {
 	for _, stmt := range []string{
 		`CREATE TABLE IF NOT EXISTS ` + c.table + ` (event_id text NOT NULL PRIMARY KEY, aggregate_id text NOT NULL, position bigint NOT NULL)`,
 		`CREATE TABLE IF NOT EXISTS bench_checkpoint (name text NOT NULL PRIMARY KEY, position bigint NOT NULL, updated_at timestamp)`,
 	} {
-		if err := c.db.Exec(stmt).Error; err != nil {
-			return err
+		if err := c.pool.exec(ctx, stmt); err != nil {
+			return fmt.Errorf("%s: set up: %w", c.kind, err)
 		}
 	}
-	var err error
-	if c.cps, err = subscriptions.NewGormCheckpointStore(c.db); err != nil {
-		return err
-	}
-	c.lot, err = subscriptions.NewGormParkingLot(c.db)
-	return err
+	return nil
 }
 
-func (c *dbContestant) clear() error {
+func (c *dbContestant) clear(ctx context.Context) error {
 	c.handled.Store(0)
-	if c.db.Name() == "postgres" {
-		return c.db.Exec("TRUNCATE " + c.table).Error
+	if c.pool.engine == "postgres" {
+		return c.pool.exec(ctx, "TRUNCATE "+c.table)
 	}
-	return c.db.Exec("DELETE FROM " + c.table).Error
+	return c.pool.exec(ctx, "DELETE FROM "+c.table)
 }
 
 // check verifies exactly-once: one row per event.
-func (c *dbContestant) check(want int64) error {
+func (c *dbContestant) check(ctx context.Context, want int64) error {
 	var got int64
-	if err := c.db.Raw("SELECT COUNT(*) FROM " + c.table).Scan(&got).Error; err != nil {
-		return err
+	if err := c.pool.scan(ctx, "SELECT COUNT(*) FROM "+c.table, &got); err != nil {
+		return fmt.Errorf("%s: count the projection: %w", c.kind, err)
 	}
 	if got != want {
 		return fmt.Errorf("%s: the projection holds %d rows, want %d", c.kind, got, want)
@@ -247,18 +240,22 @@ func (c *dbContestant) check(want int64) error {
 	return nil
 }
 
+// label is the contestant's kind, prefixed by its backend but GORM's.
+func (c *dbContestant) label() string { return c.pool.backend.label(c.kind) }
+
 func runCatchupPostgres(ctx context.Context, b *bench) ([]Row, error) {
-	cs, err := postgresContestants(ctx, b, "catchup", contestantKinds)
+	cs, err := postgresContestants(ctx, b, "catchup", contestantKinds, pgBackends)
 	if err != nil {
 		return nil, err
 	}
 	return catchupDB(ctx, b, cs, "each on a pool and a projection table of its own in the same database")
 }
 
-// postgresContestants opens one pool, event store and projection table per
-// variant on a schema filled with the scenario's history.
-func postgresContestants(ctx context.Context, b *bench, schema string, kinds []string) ([]*dbContestant, error) {
-	dsn, db, store, err := b.newPGStore(ctx, schema, 16)
+// postgresContestants opens one pool, with the backend's stores, and one
+// projection table per variant of each backend, on a schema filled with
+// the scenario's history.
+func postgresContestants(ctx context.Context, b *bench, schema string, kinds []string, backends []*backend) ([]*dbContestant, error) {
+	dsn, db, store, err := b.newPGStore(ctx, schema, 2)
 	if err != nil {
 		return nil, err
 	}
@@ -266,20 +263,19 @@ func postgresContestants(ctx context.Context, b *bench, schema string, kinds []s
 		return nil, err
 	}
 	var cs []*dbContestant
-	for i, kind := range kinds {
-		// A pool of its own each, as separate processes would have: with a
-		// shared pool the variants trade connections, and an A/A run
-		// (the same variant twice) showed a steady ~10% bias by position.
-		app := fmt.Sprintf("%s%d", schema, i)
-		own, err := b.openPGAs(dsn, app, 4, nil)
-		if err != nil {
-			return nil, err
+	for _, be := range backends {
+		for _, kind := range kinds {
+			// A pool of its own each, as separate processes would have: with a
+			// shared pool the variants trade connections, and an A/A run
+			// (the same variant twice) showed a steady ~10% bias by position.
+			i := len(cs)
+			app := fmt.Sprintf("%s%d", schema, i)
+			pool, err := be.open(ctx, b, dsn, app, 4, nil)
+			if err != nil {
+				return nil, err
+			}
+			cs = append(cs, &dbContestant{kind: kind, app: app, pool: pool, table: fmt.Sprintf("bench_projection_%d", i)})
 		}
-		ownStore, err := infrastructure.NewGormEventStore(own)
-		if err != nil {
-			return nil, err
-		}
-		cs = append(cs, &dbContestant{kind: kind, app: app, db: own, store: ownStore, table: fmt.Sprintf("bench_projection_%d", i)})
 	}
 	return cs, nil
 }
@@ -291,14 +287,14 @@ func runCatchupSQLite(ctx context.Context, b *bench) ([]Row, error) {
 		if err != nil {
 			return nil, err
 		}
-		store, err := infrastructure.NewGormEventStore(db)
+		pool, err := gormBackendDB(db)
 		if err != nil {
 			return nil, err
 		}
-		if err := fillDB(ctx, b, db, store); err != nil {
+		if err := fillDB(ctx, b, db, pool.store); err != nil {
 			return nil, err
 		}
-		cs = append(cs, &dbContestant{kind: kind, db: db, store: store, table: "bench_projection"})
+		cs = append(cs, &dbContestant{kind: kind, pool: pool, table: "bench_projection"})
 	}
 	return catchupDB(ctx, b, cs, "each on a database file of its own (SQLite has one writer per database), filled alike")
 }
@@ -317,27 +313,28 @@ func fillDB(ctx context.Context, b *bench, db *gorm.DB, store domain.EventStore)
 }
 
 // catchupDB: scenarios 2 and 3. For each batch size the baseline and the
-// two library variants catch up on the same history at the same time, so
-// that the machine's load (other processes on a shared machine) weighs on
-// every variant alike; each rate is taken over the time until the first
-// variant finished.
+// two library variants of each backend catch up on the same history at the
+// same time, so that the machine's load (other processes on a shared
+// machine) weighs on every variant alike; each rate is taken over the time
+// until the first variant finished. A library variant is measured against
+// its backend's baseline, and pgx's also against GORM's same variant.
 func catchupDB(ctx context.Context, b *bench, cs []*dbContestant, where string) ([]Row, error) {
 	n := int64(b.sizes().dbEvents)
 	for _, c := range cs {
-		if err := c.prepare(); err != nil {
+		if err := c.prepare(ctx); err != nil {
 			return nil, err
 		}
 	}
 	var rows []Row
 	for _, batch := range []int{100, 1000} {
 		for _, c := range cs {
-			if err := c.clear(); err != nil {
+			if err := c.clear(ctx); err != nil {
 				return rows, err
 			}
 		}
 		// Open every pool's connections before the start.
 		for _, c := range cs {
-			if err := c.db.Exec("SELECT 1").Error; err != nil {
+			if err := c.pool.exec(ctx, "SELECT 1"); err != nil {
 				return rows, err
 			}
 		}
@@ -351,7 +348,7 @@ func catchupDB(ctx context.Context, b *bench, cs []*dbContestant, where string) 
 		errs := make([]error, len(cs))
 		var wg sync.WaitGroup
 		for i, c := range cs {
-			name := fmt.Sprintf("%s-b%d", c.kind, batch)
+			name := c.subscriberName(batch)
 			wg.Go(func() {
 				if c.kind == "baseline" {
 					errs[i] = baselineCatchup(ctx, c, batch, n, name, start)
@@ -359,7 +356,7 @@ func catchupDB(ctx context.Context, b *bench, cs []*dbContestant, where string) 
 				}
 				opts := []subscriptions.SubscriberOption{subscriptions.WithBatchSize(batch), subscriptions.WithLogger(b.libLogger())}
 				if c.kind == "library+parking" {
-					opts = append(opts, subscriptions.WithParkingLot(c.lot))
+					opts = append(opts, subscriptions.WithParkingLot(c.pool.lot))
 				}
 				errs[i] = libraryCatchup(ctx, c, name, n, opts, start)
 			})
@@ -388,7 +385,7 @@ func catchupDB(ctx context.Context, b *bench, cs []*dbContestant, where string) 
 				for i, c := range cs {
 					if c.app != "" {
 						if d, ok := cpuDelta(cpuBefore[i], b.backendCPU(ctx, c.app)); ok && progress[i] > 0 {
-							serverCPU[i] = fmt.Sprintf("%s %.0f µs", c.kind, float64(d.Microseconds())/float64(progress[i]))
+							serverCPU[i] = fmt.Sprintf("%s %.0f µs", c.label(), float64(d.Microseconds())/float64(progress[i]))
 						}
 					}
 				}
@@ -409,44 +406,74 @@ func catchupDB(ctx context.Context, b *bench, cs []*dbContestant, where string) 
 			return rows, fmt.Errorf("batch %d: no variant handled all %d events", batch, n)
 		}
 		for _, c := range cs {
-			if err := c.check(n); err != nil {
+			if err := c.check(ctx, n); err != nil {
 				return rows, fmt.Errorf("batch %d: %w", batch, err)
 			}
 		}
 		rate := func(i int) float64 { return float64(progress[i]) / raceEnd.Seconds() }
 		finish := make([]string, len(cs))
 		for i, c := range cs {
-			finish[i] = fmt.Sprintf("%s %s", c.kind, c.elapsed.Round(10*time.Millisecond))
+			finish[i] = fmt.Sprintf("%s %s", c.label(), c.elapsed.Round(10*time.Millisecond))
 		}
-		bname := fmt.Sprintf("the same reads (GormEventStore.ReadAfter) and upserts (same GORM tx.Exec) in plain transactions of %d events, each with a checkpoint UPDATE, no library", batch)
-		note := fmt.Sprintf("%d events, one upsert per event through TxFromContext; the baseline and both library variants ran at the same time, %s; rates over the %s until the first had handled every event (each alone runs faster); all done after: %s",
+		note := fmt.Sprintf("%d events, one upsert per event through the batch transaction (TxFromContext); every variant ran at the same time, %s; rates over the %s until the first had handled every event (each alone runs faster); all done after: %s",
 			n, where, raceEnd.Round(10*time.Millisecond), strings.Join(finish, ", "))
 		if serverCPU[0] != "" {
 			note += "; Postgres backend CPU per event over the race (from /proc): " + strings.Join(serverCPU, ", ")
 		}
-		for i, c := range cs[1:] {
-			label := "no parking lot"
-			if c.kind == "library+parking" {
-				label = "parking lot"
+		// index finds the contestant of backend be and kind.
+		index := func(be *backend, kind string) int {
+			return slices.IndexFunc(cs, func(c *dbContestant) bool { return c.pool.backend == be && c.kind == kind })
+		}
+		for i, c := range cs {
+			if c.kind == "baseline" {
+				continue
 			}
-			r := newRow(fmt.Sprintf("batch %d, %s", batch, label), rate(i+1), rate(0), "ev/s", bname).note(note)
+			label := fmt.Sprintf("batch %d, no parking lot", batch)
+			if c.kind == "library+parking" {
+				label = fmt.Sprintf("batch %d, parking lot", batch)
+			}
+			be := c.pool.backend
+			r := newRow(be.label(label), rate(i), rate(index(be, "baseline")), "ev/s", baselineName(be, batch)).note(note)
 			rows = append(rows, r.goal(">= 0.85", r.Ratio != nil && *r.Ratio >= 0.85))
+			if g := index(gormBackend, c.kind); be != gormBackend && g >= 0 {
+				rows = append(rows, newRow(be.label(label+" vs GORM"), rate(i), rate(g), "ev/s", "GORM's same variant in the same race").note(note))
+			}
 		}
 	}
 	return rows, nil
+}
+
+// baselineName says what the catch-up baseline of backend be does.
+func baselineName(be *backend, batch int) string {
+	how := "the same reads (GormEventStore.ReadAfter) and upserts (same GORM tx.Exec)"
+	if be == pgxBackend {
+		how = "the same reads (pgxstore.EventStore.ReadAfter) and upserts (same pgx tx.Exec)"
+	}
+	return fmt.Sprintf("%s in plain transactions of %d events, each with a checkpoint UPDATE, no library", how, batch)
+}
+
+// subscriberName is the contestant's subscriber (or the baseline's
+// checkpoint) name for a race of batch: the backends' variants race on
+// one database, each under a name of its own.
+func (c *dbContestant) subscriberName(batch int) string {
+	name := fmt.Sprintf("%s-b%d", c.kind, batch)
+	if be := c.pool.backend; be != gormBackend {
+		name = be.name + "-" + name
+	}
+	return name
 }
 
 // baselineCatchup does what a subscriber does, by hand, without the
 // library: read a batch, upsert each event and advance a checkpoint in one
 // plain transaction.
 func baselineCatchup(ctx context.Context, c *dbContestant, batch int, head int64, name string, start time.Time) error {
-	if err := c.db.Exec(`INSERT INTO bench_checkpoint (name, position, updated_at) VALUES (?, 0, ?)
-		ON CONFLICT (name) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at`, name, time.Now().UTC()).Error; err != nil {
-		return err
+	if err := c.pool.exec(ctx, `INSERT INTO bench_checkpoint (name, position, updated_at) VALUES (?, 0, ?)
+		ON CONFLICT (name) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at`, name, time.Now().UTC()); err != nil {
+		return fmt.Errorf("%s: create the checkpoint: %w", name, err)
 	}
 	var pos int64
 	for pos < head {
-		events, err := c.store.ReadAfter(ctx, pos, batch)
+		events, err := c.pool.store.ReadAfter(ctx, pos, batch)
 		if err != nil {
 			return err
 		}
@@ -462,13 +489,13 @@ func baselineCatchup(ctx context.Context, c *dbContestant, batch int, head int64
 		if c.hand != nil {
 			err = c.handBatch(ctx, events, last, name)
 		} else {
-			err = c.db.WithContext(context.WithoutCancel(ctx)).Transaction(func(tx *gorm.DB) error {
+			err = c.pool.inTx(context.WithoutCancel(ctx), func(exec execFunc) error {
 				for _, ev := range events {
-					if err := c.upsert(tx, ev); err != nil {
+					if err := c.upsert(exec, ev); err != nil {
 						return err
 					}
 				}
-				return tx.Exec("UPDATE bench_checkpoint SET position = ?, updated_at = ? WHERE name = ?", last, time.Now().UTC(), name).Error
+				return exec("UPDATE bench_checkpoint SET position = ?, updated_at = ? WHERE name = ?", last, time.Now().UTC(), name)
 			})
 		}
 		if err != nil {
@@ -484,13 +511,13 @@ func baselineCatchup(ctx context.Context, c *dbContestant, batch int, head int64
 // (c.hand): the same statements under a batch span and a span per upsert.
 func (c *dbContestant) handBatch(ctx context.Context, events []domain.EventEnvelope[any], last int64, name string) error {
 	bctx, end := c.hand.batch(context.WithoutCancel(ctx), events)
-	err := c.db.WithContext(bctx).Transaction(func(tx *gorm.DB) error {
+	err := c.pool.inTx(bctx, func(exec execFunc) error {
 		for _, ev := range events {
-			if err := c.hand.handle(bctx, ev, func() error { return c.upsert(tx, ev) }); err != nil {
+			if err := c.hand.handle(bctx, ev, func() error { return c.upsert(exec, ev) }); err != nil {
 				return err
 			}
 		}
-		return tx.Exec("UPDATE bench_checkpoint SET position = ?, updated_at = ? WHERE name = ?", last, time.Now().UTC(), name).Error
+		return exec("UPDATE bench_checkpoint SET position = ?, updated_at = ? WHERE name = ?", last, time.Now().UTC(), name)
 	})
 	end(err)
 	return err
@@ -499,16 +526,16 @@ func (c *dbContestant) handBatch(ctx context.Context, events []domain.EventEnvel
 // libraryCatchup runs a subscriber (its checkpoint reset to 0) until its
 // checkpoint reaches head.
 func libraryCatchup(ctx context.Context, c *dbContestant, name string, head int64, opts []subscriptions.SubscriberOption, start time.Time) error {
-	if err := c.cps.Reset(ctx, name, 0); err != nil {
+	if err := c.pool.cps.Reset(ctx, name, 0); err != nil {
 		return err
 	}
 	seen := make(chan struct{})
 	handler := func(ctx context.Context, ev domain.EventEnvelope[any]) error {
-		tx := subscriptions.TxFromContext(ctx)
-		if tx == nil {
+		exec := c.pool.batchExec(ctx)
+		if exec == nil {
 			return errors.New("no batch transaction in the handler's context")
 		}
-		if err := c.upsert(tx, ev); err != nil {
+		if err := c.upsert(exec, ev); err != nil {
 			return err
 		}
 		if ev.Position == head {
@@ -520,7 +547,7 @@ func libraryCatchup(ctx context.Context, c *dbContestant, name string, head int6
 		}
 		return nil
 	}
-	sub, err := subscriptions.NewSubscriber(name, c.store, c.cps, handler, opts...)
+	sub, err := subscriptions.NewSubscriber(name, c.pool.store, c.pool.cps, handler, opts...)
 	if err != nil {
 		return err
 	}
@@ -547,7 +574,7 @@ wait:
 		case <-ctx.Done():
 			return stop(ctx.Err())
 		case <-tick.C:
-			pos, err := c.cps.Position(ctx, name)
+			pos, err := c.pool.cps.Position(ctx, name)
 			if err == nil && pos != lastPos {
 				lastPos, lastMove = pos, time.Now()
 			}
@@ -558,7 +585,7 @@ wait:
 	}
 	// The last event was handled; wait for its batch to commit.
 	for {
-		pos, err := c.cps.Position(ctx, name)
+		pos, err := c.pool.cps.Position(ctx, name)
 		if err != nil {
 			return stop(err)
 		}

@@ -15,7 +15,6 @@ import (
 
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
-	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/ctxsleep"
 )
 
@@ -105,19 +104,9 @@ func measureIdle(ctx context.Context, c *stmtCounter, p *pollCounter, d time.Dur
 	return m, nil
 }
 
-// runIdle: scenario 6.
+// runIdle: scenario 6, on each backend in turn.
 func runIdle(ctx context.Context, b *bench) ([]Row, error) {
-	sz := b.sizes()
-	dsn, err := b.newSchema(ctx, "idle")
-	if err != nil {
-		return nil, err
-	}
-	counter := &stmtCounter{}
-	db, err := b.openPG(dsn, 16, counter)
-	if err != nil {
-		return nil, err
-	}
-	store, err := infrastructure.NewGormEventStore(db)
+	dsn, _, store, err := b.newPGStore(ctx, "idle", 2)
 	if err != nil {
 		return nil, err
 	}
@@ -128,11 +117,33 @@ func runIdle(ctx context.Context, b *bench) ([]Row, error) {
 	if err != nil {
 		return nil, err
 	}
-	cps, err := subscriptions.NewGormCheckpointStore(db)
+	var rows []Row
+	for _, be := range pgBackends {
+		r, err := idleBackend(ctx, b, be, dsn, head)
+		rows = append(rows, r...)
+		if err != nil {
+			return rows, fmt.Errorf("%s: %w", be.name, err)
+		}
+	}
+	if pgss := pgStatStatements(ctx, b); pgss != "" {
+		b.note(pgss)
+	}
+	return rows, nil
+}
+
+// idleBackend measures the idle cost of be's subscribers, caught up to
+// head, and of hand-written pollers on be's event store, on a pool of its
+// own, closed when it returns.
+func idleBackend(ctx context.Context, b *bench, be *backend, dsn string, head int64) ([]Row, error) {
+	sz := b.sizes()
+	defer b.casePools()()
+	counter := &stmtCounter{}
+	pool, err := be.open(ctx, b, dsn, "", 16, counter)
 	if err != nil {
 		return nil, err
 	}
-	polls := &pollCounter{EventStore: store}
+	cps := pool.cps
+	polls := &pollCounter{EventStore: pool.store}
 	noop := func(context.Context, domain.EventEnvelope[any]) error { return nil }
 
 	// The library: S subscribers, caught up, then idle.
@@ -141,7 +152,7 @@ func runIdle(ctx context.Context, b *bench) ([]Row, error) {
 	errc := make(chan error, sz.idleSubscribers)
 	names := make([]string, sz.idleSubscribers)
 	for i := range names {
-		names[i] = fmt.Sprintf("idle-%03d", i)
+		names[i] = fmt.Sprintf("idle-%s-%03d", be.name, i)
 		sub, err := subscriptions.NewSubscriber(names[i], polls, cps, noop,
 			subscriptions.WithPollInterval(sz.idleInterval), subscriptions.WithLogger(b.libLogger()))
 		if err != nil {
@@ -204,22 +215,19 @@ func runIdle(ctx context.Context, b *bench) ([]Row, error) {
 	}
 
 	per := func(v int64, m idleMeasure) float64 { return float64(v) / float64(m.polls) }
-	note := fmt.Sprintf("%d idle subscribers, poll interval %s, measured %s; counted at the driver (pgx tracer: every Exec/Query incl. BEGIN/COMMIT); library: %d polls, %d statements, %d BEGINs",
-		sz.idleSubscribers, sz.idleInterval, sz.idleDuration, lib.polls, lib.stmts, lib.begins)
-	bname := "hand-written pollers keeping their position in memory: one ReadAfter per poll"
-	r1 := newRow("statements per idle poll", per(lib.stmts, lib), per(base.stmts, base), "stmts/poll", bname).note(note)
+	note := fmt.Sprintf("%s: %d idle subscribers, poll interval %s, measured %s; counted at the driver (pgx tracer: every Exec/Query incl. BEGIN/COMMIT); library: %d polls, %d statements, %d BEGINs",
+		be.name, sz.idleSubscribers, sz.idleInterval, sz.idleDuration, lib.polls, lib.stmts, lib.begins)
+	bname := fmt.Sprintf("hand-written pollers keeping their position in memory: one ReadAfter (%s event store) per poll", be.name)
+	r1 := newRow(be.label("statements per idle poll"), per(lib.stmts, lib), per(base.stmts, base), "stmts/poll", bname).note(note)
 	// A cycle straddling the window's edges may have one statement counted
 	// and not the other: up to one per subscriber, so compare at 2 decimals.
 	r1 = r1.goal("<= 2", math.Round(r1.Figure*100)/100 <= 2)
-	r2 := newRow("transactions (BEGIN) per idle poll", per(lib.begins, lib), per(base.begins, base), "tx/poll", bname)
+	r2 := newRow(be.label("transactions (BEGIN) per idle poll"), per(lib.begins, lib), per(base.begins, base), "tx/poll", bname)
 	r2 = r2.goal("0 (documented: no transaction when idle)", lib.begins == 0)
-	r3 := newRow("idle polls per second", float64(lib.polls)/lib.window.Seconds(), float64(base.polls)/base.window.Seconds(), "polls/s", bname).
+	r3 := newRow(be.label("idle polls per second"), float64(lib.polls)/lib.window.Seconds(), float64(base.polls)/base.window.Seconds(), "polls/s", bname).
 		note(fmt.Sprintf("expected %.0f/s", float64(sz.idleSubscribers)/sz.idleInterval.Seconds()))
-	r4 := newRow("process CPU per idle poll", float64(lib.cpu.Microseconds())/float64(lib.polls), float64(base.cpu.Microseconds())/float64(base.polls), "µs", bname).
+	r4 := newRow(be.label("process CPU per idle poll"), float64(lib.cpu.Microseconds())/float64(lib.polls), float64(base.cpu.Microseconds())/float64(base.polls), "µs", bname).
 		note("user+system CPU of this process (client side only)")
-	if pgss := pgStatStatements(ctx, b); pgss != "" {
-		b.note(pgss)
-	}
 	return []Row{r1, r2, r3, r4}, nil
 }
 

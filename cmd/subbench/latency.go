@@ -17,7 +17,6 @@ import (
 
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
-	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/ctxsleep"
 )
 
@@ -54,11 +53,12 @@ func sortedCopy(d []time.Duration) []time.Duration {
 type latencyEnv struct {
 	b         *bench
 	dsn       string
-	writer    *infrastructure.GormEventStore // on a one-connection pool
-	writerPID uint32                         // that connection's backend
-	subDB     *gorm.DB
-	spans     *spanTracer // the subscriber pool's statements
-	sz        sizes
+	writer    domain.EventStore // the pass's backend's, on a one-connection pool
+	writerPID uint32            // that connection's backend
+	// subs are the subscribers' pools, one per backend.
+	subs  map[*backend]*backendDB
+	spans *spanTracer // the subscriber pools' statements
+	sz    sizes
 }
 
 // runLatency: scenario 4.
@@ -76,7 +76,13 @@ func runLatency(ctx context.Context, b *bench) ([]Row, error) {
 	if err := subDB.Exec("CREATE TABLE unrelated (id bigserial PRIMARY KEY, note text NOT NULL)").Error; err != nil {
 		return nil, err
 	}
-	e := &latencyEnv{b: b, dsn: dsn, subDB: subDB, spans: spans, sz: sz}
+	e := &latencyEnv{b: b, dsn: dsn, subs: map[*backend]*backendDB{}, spans: spans, sz: sz}
+	if e.subs[gormBackend], err = gormBackendDB(subDB); err != nil {
+		return nil, err
+	}
+	if e.subs[pgxBackend], err = pgxBackend.open(ctx, b, dsn, "", 4, spans); err != nil {
+		return nil, err
+	}
 
 	rtt, err := roundTrips(ctx, dsn, subDB, 20*sz.latencyWarmup+100)
 	if err != nil {
@@ -93,54 +99,80 @@ func runLatency(ctx context.Context, b *bench) ([]Row, error) {
 		{"unrelated tx open", "open", true, false},
 		{"diagnostic, async commit", "async", false, true},
 	} {
-		if err := e.useWriter(c.async); err != nil {
-			return rows, err
-		}
-		label := c.label
-		var stop func() (int, error)
-		if c.open {
-			if stop, err = holdUnrelated(ctx, dsn, sz.unrelatedHold); err != nil {
-				return rows, err
+		for _, be := range pgBackends {
+			if c.async && be != gormBackend {
+				continue // the diagnostic is of the wake path, not of a backend
+			}
+			r, err := e.pass(ctx, be, c.label, c.key, c.open, c.async)
+			rows = append(rows, r...)
+			if err != nil {
+				return rows, fmt.Errorf("%s: %w", be.label(c.label), err)
 			}
 		}
-		lib, err := e.library(ctx, "latency-"+c.key)
-		held := 0
-		if stop != nil {
-			var serr error
-			held, serr = stop()
-			err = errors.Join(err, serr)
+	}
+	return rows, nil
+}
+
+// pass measures one pass of scenario 4 on backend be: its writer appends,
+// its subscriber is woken by a PostgresListener on its store's channel.
+// open keeps an unrelated write transaction open throughout; async turns
+// the writer's synchronous_commit off. The pass's writer pool is closed
+// when it returns.
+func (e *latencyEnv) pass(ctx context.Context, be *backend, label, key string, open, async bool) ([]Row, error) {
+	sz := e.sz
+	defer e.b.casePools()()
+	if err := e.useWriter(ctx, be, async); err != nil {
+		return nil, err
+	}
+	var stop func() (int, error)
+	if open {
+		var err error
+		if stop, err = holdUnrelated(ctx, e.dsn, sz.unrelatedHold); err != nil {
+			return nil, err
 		}
-		if err != nil {
-			return rows, fmt.Errorf("%s: %w", label, err)
+	}
+	name := "latency-" + key
+	if be != gormBackend {
+		name = be.name + "-" + name
+	}
+	lib, err := e.library(ctx, e.subs[be], name)
+	held := 0
+	if stop != nil {
+		var serr error
+		held, serr = stop()
+		err = errors.Join(err, serr)
+	}
+	if err != nil {
+		return nil, err
+	}
+	lw, bw := sortedCopy(lib.wake), sortedCopy(lib.bare)
+	la, an := sortedCopy(lib.append), sortedCopy(lib.afterNotify)
+	bname := "a bare pgx LISTEN connection, running alongside: append start -> the same notification received"
+	note := fmt.Sprintf("%s backend (its event store appends, its checkpoint store's subscriber handles): %d appends (one event each) spaced %s apart; PostgresListener, poll interval 1s; Append itself (to commit) took p50 %.2f / p99 %.2f ms",
+		be.name, len(lib.wake), sz.latencySpacing, percentile(la, 50), percentile(la, 99))
+	if open {
+		note += fmt.Sprintf("; another connection kept an INSERT transaction open %s at a time, back to back (%d such transactions)", sz.unrelatedHold, held)
+	}
+	var rows []Row
+	for _, p := range []struct {
+		name string
+		p    float64
+		goal float64
+	}{{"p50", 50, 2}, {"p90", 90, 0}, {"p99", 99, 5}, {"max", 100, 0}} {
+		r := newRow(be.label(fmt.Sprintf("%s: %s append->handler", label, p.name)), percentile(lw, p.p), percentile(bw, p.p), "ms", bname).note(note)
+		if async {
+			r = r.note("diagnostic only: the writer runs with synchronous_commit=off, so the appends' commits do not wait for the WAL flush (not a durable configuration): the wake path without the disk")
 		}
-		lw, bw := sortedCopy(lib.wake), sortedCopy(lib.bare)
-		la, an := sortedCopy(lib.append), sortedCopy(lib.afterNotify)
-		bname := "a bare pgx LISTEN connection, running alongside: append start -> the same notification received"
-		note := fmt.Sprintf("%d appends (one event each) spaced %s apart; PostgresListener, poll interval 1s; Append itself (to commit) took p50 %.2f / p99 %.2f ms",
-			len(lib.wake), sz.latencySpacing, percentile(la, 50), percentile(la, 99))
-		if c.open {
-			note += fmt.Sprintf("; another connection kept an INSERT transaction open %s at a time, back to back (%d such transactions)", sz.unrelatedHold, held)
+		if p.goal > 0 && !async {
+			r = r.goal(fmt.Sprintf("<= %g ms", p.goal), r.Figure <= p.goal)
 		}
-		for _, p := range []struct {
-			name string
-			p    float64
-			goal float64
-		}{{"p50", 50, 2}, {"p90", 90, 0}, {"p99", 99, 5}, {"max", 100, 0}} {
-			r := newRow(fmt.Sprintf("%s: %s append->handler", label, p.name), percentile(lw, p.p), percentile(bw, p.p), "ms", bname).note(note)
-			if c.async {
-				r = r.note("diagnostic only: the writer runs with synchronous_commit=off, so the appends' commits do not wait for the WAL flush (not a durable configuration): the wake path without the disk")
-			}
-			if p.goal > 0 && !c.async {
-				r = r.goal(fmt.Sprintf("<= %g ms", p.goal), r.Figure <= p.goal)
-			}
-			rows = append(rows, r)
-		}
-		breakdown := e.spans.breakdown(lib.starts, lib.handled)
-		for _, p := range []float64{50, 99} {
-			rows = append(rows, newRow(fmt.Sprintf("%s: p%g notification->handler", label, p), percentile(an, p), 0, "ms", "").
-				note("the library's own share, per append: the notification received on the bare connection -> handler start").
-				note(breakdown))
-		}
+		rows = append(rows, r)
+	}
+	breakdown := e.spans.breakdown(lib.starts, lib.handled)
+	for _, p := range []float64{50, 99} {
+		rows = append(rows, newRow(be.label(fmt.Sprintf("%s: p%g notification->handler", label, p)), percentile(an, p), 0, "ms", "").
+			note(be.name+": the library's own share, per append: the notification received on the bare connection -> handler start").
+			note(breakdown))
 	}
 	return rows, nil
 }
@@ -184,11 +216,12 @@ func (e *latencyEnv) timedAppends(ctx context.Context, aggregate string, wait fu
 	return out, nil
 }
 
-// useWriter opens the writer: a pool of one connection, so that its
-// backend PID tells its notifications apart from those of other processes
-// appending to other schemas of the same database (the channel is
-// database-wide). async turns synchronous_commit off for it.
-func (e *latencyEnv) useWriter(async bool) error {
+// useWriter opens the writer, an event store of be: a pool of one
+// connection, so that its backend PID tells its notifications apart from
+// those of other processes appending to other schemas of the same database
+// (the channel is database-wide). async turns synchronous_commit off for
+// it.
+func (e *latencyEnv) useWriter(ctx context.Context, be *backend, async bool) error {
 	dsn := e.dsn
 	if async {
 		u, err := url.Parse(dsn)
@@ -200,19 +233,19 @@ func (e *latencyEnv) useWriter(async bool) error {
 		u.RawQuery = q.Encode()
 		dsn = u.String()
 	}
-	db, err := e.b.openPG(dsn, 1, nil)
+	w, err := be.open(ctx, e.b, dsn, "", 1, nil)
 	if err != nil {
 		return err
 	}
-	if e.writer, err = infrastructure.NewGormEventStore(db); err != nil {
-		return err
+	e.writer = w.store
+	var pid int64
+	if err := w.scan(ctx, "SELECT pg_backend_pid()", &pid); err != nil {
+		return fmt.Errorf("the writer's backend PID: %w", err)
 	}
-	if err := db.Raw("SELECT pg_backend_pid()").Scan(&e.writerPID).Error; err != nil {
-		return err
-	}
+	e.writerPID = uint32(pid)
 	var sc string
-	if err := db.Raw("SHOW synchronous_commit").Scan(&sc).Error; err != nil {
-		return err
+	if err := w.scan(ctx, "SHOW synchronous_commit", &sc); err != nil {
+		return fmt.Errorf("the writer's synchronous_commit: %w", err)
 	}
 	if async && sc != "off" {
 		return fmt.Errorf("the writer's synchronous_commit is %q, want off", sc)
@@ -220,21 +253,14 @@ func (e *latencyEnv) useWriter(async bool) error {
 	return nil
 }
 
-// library measures append start -> handler start through a subscriber
-// woken by a PostgresListener.
-func (e *latencyEnv) library(ctx context.Context, name string) (latencies, error) {
-	listener, err := subscriptions.NewPostgresListener(e.dsn, subscriptions.WithListenerLogger(e.b.libLogger()))
+// library measures append start -> handler start through a subscriber on
+// sub woken by a PostgresListener on sub's channel.
+func (e *latencyEnv) library(ctx context.Context, sub *backendDB, name string) (latencies, error) {
+	listener, err := subscriptions.NewPostgresListener(e.dsn, subscriptions.WithListenerChannel(sub.channel), subscriptions.WithListenerLogger(e.b.libLogger()))
 	if err != nil {
 		return latencies{}, err
 	}
-	store, err := infrastructure.NewGormEventStore(e.subDB)
-	if err != nil {
-		return latencies{}, err
-	}
-	cps, err := subscriptions.NewGormCheckpointStore(e.subDB)
-	if err != nil {
-		return latencies{}, err
-	}
+	store, cps := sub.store, sub.cps
 	head, err := store.HeadPosition(ctx)
 	if err != nil {
 		return latencies{}, err
@@ -251,13 +277,13 @@ func (e *latencyEnv) library(ctx context.Context, name string) (latencies, error
 		}
 		return nil
 	}
-	sub, err := subscriptions.NewSubscriber(name, store, cps, handler,
+	subscriber, err := subscriptions.NewSubscriber(name, store, cps, handler,
 		subscriptions.WithWakeSignal(listener.Subscribe()), subscriptions.WithPollInterval(time.Second),
 		subscriptions.WithLogger(e.b.libLogger()))
 	if err != nil {
 		return latencies{}, err
 	}
-	notes, stopBare, err := e.startBareListener(ctx)
+	notes, stopBare, err := e.startBareListener(ctx, sub.channel)
 	if err != nil {
 		return latencies{}, err
 	}
@@ -267,7 +293,7 @@ func (e *latencyEnv) library(ctx context.Context, name string) (latencies, error
 	rctx, cancel := context.WithCancel(ctx)
 	lerr, serr := make(chan error, 1), make(chan error, 1)
 	go func() { lerr <- listener.Run(rctx) }()
-	go func() { serr <- sub.Run(rctx) }()
+	go func() { serr <- subscriber.Run(rctx) }()
 	out, err := e.timedAppends(ctx, name, func(ctx context.Context, id string) (at, notified time.Time, err error) {
 		for at.IsZero() {
 			select {
@@ -290,14 +316,14 @@ func (e *latencyEnv) library(ctx context.Context, name string) (latencies, error
 	return out, errors.Join(err, <-lerr, <-serr)
 }
 
-// startBareListener LISTENs on a plain pgx connection and sends the time
-// each notification from the writer's backend is received.
-func (e *latencyEnv) startBareListener(ctx context.Context) (<-chan time.Time, func(), error) {
+// startBareListener LISTENs on channel on a plain pgx connection and sends
+// the time each notification from the writer's backend is received.
+func (e *latencyEnv) startBareListener(ctx context.Context, channel string) (<-chan time.Time, func(), error) {
 	conn, err := pgx.Connect(ctx, e.dsn)
 	if err != nil {
 		return nil, nil, err
 	}
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{infrastructure.PostgresNotifyChannel}.Sanitize()); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
 		_ = conn.Close(context.Background())
 		return nil, nil, err
 	}

@@ -15,7 +15,11 @@
 //
 // Scenarios: memory (1), postgres (2), sqlite (3), latency (4),
 // replicas (5), idle (6), appends (7), telemetry (8), partitions (9),
-// batch (10); "catchup" selects 1-3.
+// batch (10); "catchup" selects 1-3. Scenarios 2, 4, 6 and 7 measure both
+// Postgres backends in the same run, the GORM one and package pgxstore's:
+// pgx's rows are labelled "pgx:", with the scenario's baseline (a
+// hand-written one goes through pgx's own store or transactions), and
+// "pgx vs GORM" rows where the two race or alternate.
 package main
 
 import (

@@ -15,15 +15,19 @@ import (
 // TestRunQuick runs the whole program in -quick mode against the test
 // server: every scenario must produce rows with finite figures, replicas
 // must never duplicate work, and every schema the run created must be gone
-// afterwards. Only correctness is checked here, never speed: figures taken
-// on a shared CI machine (and under -race) say nothing.
+// afterwards, and the run must stay within its share of the server's
+// connections (connectionBudget). Only correctness is checked here, never
+// speed: figures taken on a shared CI machine (and under -race) say
+// nothing.
 func TestRunQuick(t *testing.T) {
 	dbtest.RequirePostgres(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute) // a hang, not a speed limit: quick mode takes about a minute on a quiet machine
 	defer cancel()
 
+	peaks := sampleConnections(ctx, t)
 	var progress bytes.Buffer
 	rep, err := run(ctx, config{DSN: dbtest.PostgresDSN(), Quick: true}, &progress)
+	peak := peaks()
 	if err != nil {
 		t.Fatalf("run: %v\nprogress:\n%s", err, progress.String())
 	}
@@ -75,6 +79,62 @@ func TestRunQuick(t *testing.T) {
 	}
 	if left != 0 {
 		t.Errorf("%d schemas of run %s are left behind", left, prefix[1])
+	}
+	if n := peak[prefix[1]]; n == 0 || n > connectionBudget {
+		t.Errorf("run %s held at most %d connections at once, want 1..%d (the server's max_connections is shared with everything else running)", prefix[1], n, connectionBudget)
+	} else {
+		t.Logf("run %s held at most %d connections at once", prefix[1], n)
+	}
+}
+
+// connectionBudget is the most sessions a subbench run may hold at once:
+// its pools are closed after each scenario (and each case of the scenarios
+// that open many), and the server's max_connections (100 on the test
+// machine) is shared with the other packages' tests running beside it.
+const connectionBudget = 40
+
+// sampleConnections counts, every 10 ms until the returned func is called,
+// the server's sessions of each subbench run (application_name
+// subbench_<hex> or subbench_<hex>_<app>), and returns the peak per run
+// (subbench_<hex>).
+func sampleConnections(ctx context.Context, t *testing.T) func() map[string]int {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, dbtest.PostgresDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	peak := map[string]int{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer conn.Close(context.Background())
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			rows, err := conn.Query(sctx, `SELECT substring(application_name FROM '^subbench_[0-9a-f]+'), COUNT(*)
+				FROM pg_stat_activity WHERE application_name ~ '^subbench_[0-9a-f]+' GROUP BY 1`)
+			if err == nil {
+				for rows.Next() {
+					var run string
+					var n int
+					if rows.Scan(&run, &n) == nil {
+						peak[run] = max(peak[run], n)
+					}
+				}
+				rows.Close()
+			}
+			select {
+			case <-sctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() map[string]int {
+		cancel()
+		<-done
+		return peak
 	}
 }
 

@@ -73,7 +73,7 @@ func runTelemetry(ctx context.Context, b *bench) ([]Row, error) {
 	// SDK's spans and metrics written by hand, the library without and
 	// with the SDK.
 	const plain, plainSDK, lib, libSDK = 0, 1, 2, 3
-	cs, err := postgresContestants(ctx, b, "telemetry", []string{"baseline", "baseline+spans", "library", "library+sdk"})
+	cs, err := postgresContestants(ctx, b, "telemetry", []string{"baseline", "baseline+spans", "library", "library+sdk"}, []*backend{gormBackend})
 	if err != nil {
 		return nil, err
 	}
@@ -82,7 +82,7 @@ func runTelemetry(ctx context.Context, b *bench) ([]Row, error) {
 		return nil, err
 	}
 	for _, c := range cs {
-		if err := c.prepare(); err != nil {
+		if err := c.prepare(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -99,7 +99,7 @@ func runTelemetry(ctx context.Context, b *bench) ([]Row, error) {
 			for k := range cs {
 				i := (rep + k) % len(cs)
 				c := cs[i]
-				if err := c.clear(); err != nil {
+				if err := c.clear(ctx); err != nil {
 					return rows, err
 				}
 				name := fmt.Sprintf("%s-b%d-%d", c.kind, batch, rep)
@@ -114,7 +114,7 @@ func runTelemetry(ctx context.Context, b *bench) ([]Row, error) {
 				if err != nil {
 					return rows, fmt.Errorf("%s: %w", name, err)
 				}
-				if err := c.check(n); err != nil {
+				if err := c.check(ctx, n); err != nil {
 					return rows, err
 				}
 				rates[i] = append(rates[i], float64(n)/c.elapsed.Seconds())
