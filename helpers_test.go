@@ -171,9 +171,9 @@ func (e *env) inUse(t testing.TB) int {
 
 // reopen returns an event store and a checkpoint store of e's backend on
 // a new pool of its database, as a restarted process would have them: on
-// Postgres (GORM or pgx) a new pool and both stores, on SQLite a new
-// checkpoint store on DB (the database is the connection), in memory
-// the same stores.
+// Postgres (GORM or pgx) a new pool and both stores, on SQLite both
+// stores anew on DB (the database is the connection), in memory the
+// same stores.
 func (e *env) reopen(t testing.TB) (domain.EventStore, subscriptions.CheckpointStore) {
 	t.Helper()
 	switch {
@@ -193,9 +193,11 @@ func (e *env) reopen(t testing.TB) (domain.EventStore, subscriptions.CheckpointS
 		require.NoError(t, err)
 		return events, cps
 	case e.DB != nil:
+		events, err := infrastructure.NewGormEventStore(e.DB)
+		require.NoError(t, err)
 		cps, err := subscriptions.NewGormCheckpointStore(e.DB)
 		require.NoError(t, err)
-		return e.Events, cps
+		return events, cps
 	}
 	return e.Events, e.Checkpoints
 }
@@ -305,8 +307,11 @@ func gooseEnvBackends() []envBackend {
 	return out
 }
 
+// dbEnvs lists the database backends: gormEnvs and pgx.
+func dbEnvs() []envBackend { return envBackends()[1:] }
+
 // gormEnvs lists only the GORM database backends (SQLite memory, file,
-// Postgres).
+// Postgres): for tests of the GORM stores' own API.
 func gormEnvs() []envBackend {
 	b := envBackends()
 	return b[1 : len(b)-1]
