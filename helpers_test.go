@@ -45,8 +45,9 @@ func (e *env) Postgres() bool { return e.PG != nil }
 
 // envBackend names a backend and builds a fresh env for one test.
 type envBackend struct {
-	Name string
-	New  func(t *testing.T) *env
+	Name     string
+	New      func(t *testing.T) *env
+	Postgres bool // New returns a Postgres env (GORM's or pgx's)
 }
 
 // envBackends lists memory, SQLite (memory and file), Postgres on GORM
@@ -63,7 +64,7 @@ func envBackends() []envBackend {
 	}}}
 	for _, b := range dbtest.GormBackends() {
 		b := b
-		out = append(out, envBackend{Name: b.Name, New: func(t *testing.T) *env {
+		out = append(out, envBackend{Name: b.Name, Postgres: b.Postgres, New: func(t *testing.T) *env {
 			var db *gorm.DB
 			var pg *dbtest.Postgres
 			if b.Postgres {
@@ -79,14 +80,19 @@ func envBackends() []envBackend {
 }
 
 // pgxBackend is the pgx backend alone (the last of envBackends).
-var pgxBackend = envBackend{Name: "pgx", New: pgxEnv}
+var pgxBackend = envBackend{Name: "pgx", New: pgxEnv, Postgres: true}
 
 // pgxEnv is the pgx backend: pgxstore's three stores on a pgx pool over a
 // fresh Postgres schema, with a GORM pool on the same schema as DB.
 func pgxEnv(t *testing.T) *env {
 	t.Helper()
 	pg := dbtest.NewPostgres(t)
-	pool := pg.OpenPgx(t)
+	return pgxEnvOn(t, pg, pg.OpenPgx(t))
+}
+
+// pgxEnvOn is pgxstore's three stores on pool, a pool on pg's schema.
+func pgxEnvOn(t *testing.T, pg *dbtest.Postgres, pool *pgxpool.Pool) *env {
+	t.Helper()
 	ctx := context.Background()
 	events, err := pgxstore.NewEventStore(ctx, pool)
 	require.NoError(t, err)

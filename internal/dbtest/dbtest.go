@@ -277,7 +277,14 @@ func randomHex(n int) string {
 // would have (at most 8 connections, like Open's), closed at cleanup.
 func (p *Postgres) OpenPgx(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(p.DSN)
+	return OpenPgxDSN(t, p.DSN)
+}
+
+// OpenPgxDSN opens a pgx pool on dsn (at most 8 connections) that is
+// closed at cleanup.
+func OpenPgxDSN(t testing.TB, dsn string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		t.Fatalf("dbtest: parse dsn: %v", err)
 	}
