@@ -175,6 +175,19 @@ func (e *env) inUse(t testing.TB) int {
 	return coreInUse(t, e.DB)
 }
 
+// closePool closes the pool the stores run on (the pgx pool on pgx,
+// DB's otherwise), as a database gone away would leave them.
+func (e *env) closePool(t testing.TB) {
+	t.Helper()
+	if e.Pgx != nil {
+		e.Pgx.Close()
+		return
+	}
+	sqlDB, err := e.DB.DB()
+	require.NoError(t, err)
+	require.NoError(t, sqlDB.Close())
+}
+
 // reopen returns an event store and a checkpoint store of e's backend on
 // a new pool of its database, as a restarted process would have them: on
 // Postgres (GORM or pgx) a new pool and both stores, on SQLite both
