@@ -15,7 +15,8 @@ import (
 // writes and GORM sees its writes, prepared statements run inside it, a
 // rollback discards its writes and a commit keeps them with the
 // checkpoint; a parking lot's Replay hands it over too. Outside a database
-// batch there is none.
+// batch there is none, nor in a batch of the pgx backend (pgxstore hands
+// its handlers a pgx.Tx instead).
 func TestSQLTxFromContext(t *testing.T) {
 	t.Parallel()
 	require.Nil(t, subscriptions.SQLTxFromContext(context.Background()))
@@ -23,11 +24,13 @@ func TestSQLTxFromContext(t *testing.T) {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
 			ctx := context.Background()
-			if e.DB == nil {
+			if e.DB == nil || e.Pgx != nil {
 				batch, acquired, err := e.Checkpoints.Acquire(ctx, "sqltx")
 				require.NoError(t, err)
 				require.True(t, acquired)
-				require.Nil(t, subscriptions.SQLTxFromContext(batch.HandlerContext(ctx)), "no transaction in memory")
+				hctx := batch.HandlerContext(ctx)
+				require.Nil(t, subscriptions.SQLTxFromContext(hctx), "no database/sql transaction in memory or on pgx")
+				require.Equal(t, e.Pgx != nil, e.InTx(hctx), "pgx's batch has its own transaction")
 				require.NoError(t, batch.Rollback())
 				return
 			}

@@ -143,10 +143,10 @@ func coreCheckpointStore(t *testing.T, db *gorm.DB) subscriptions.CheckpointStor
 // TestCheckpointStoreGormTransaction covers what the conformance suite
 // cannot see through the CheckpointStore interface: the batch transaction's
 // writes under savepoints, hostile savepoint names, and the names as stored
-// in subscriber_checkpoints.
+// in subscriber_checkpoints; on the GORM backends and pgx.
 func TestCheckpointStoreGormTransaction(t *testing.T) {
 	t.Parallel()
-	for _, b := range gormEnvs() {
+	for _, b := range dbEnvs() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
 			cps := e.Checkpoints
@@ -157,9 +157,9 @@ func TestCheckpointStoreGormTransaction(t *testing.T) {
 				batch, acquired, err := cps.Acquire(ctx, "savepoints")
 				require.NoError(t, err)
 				require.True(t, acquired)
-				tx := subscriptions.TxFromContext(batch.HandlerContext(ctx))
-				require.NotNil(t, tx)
-				insert := func(v string) { require.NoError(t, tx.Exec("INSERT INTO core_sp (v) VALUES (?)", v).Error) }
+				hctx := batch.HandlerContext(ctx)
+				require.True(t, e.InTx(hctx))
+				insert := func(v string) { require.NoError(t, e.Exec(hctx, "INSERT INTO core_sp (v) VALUES (?)", v)) }
 				insert("a")
 				require.NoError(t, batch.Savepoint(ctx, "sp_one"))
 				insert("b")
@@ -183,8 +183,7 @@ func TestCheckpointStoreGormTransaction(t *testing.T) {
 				batch, acquired, err = cps.Acquire(ctx, "savepoints")
 				require.NoError(t, err)
 				require.True(t, acquired)
-				tx = subscriptions.TxFromContext(batch.HandlerContext(ctx))
-				require.NoError(t, tx.Exec("INSERT INTO core_sp (v) VALUES ('z')").Error)
+				require.NoError(t, e.Exec(batch.HandlerContext(ctx), "INSERT INTO core_sp (v) VALUES ('z')"))
 				require.NoError(t, batch.Savepoint(ctx, "sp_one"))
 				require.NoError(t, batch.Rollback())
 				got = nil

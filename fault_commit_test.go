@@ -17,6 +17,7 @@ import (
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
+	"github.com/eventfeed/subscriptions/pgxstore"
 )
 
 // faultCommitCase is one way an event can make its batch's COMMIT fail
@@ -36,10 +37,11 @@ type faultCommitCase struct {
 	env func(t *testing.T, e *env) *env
 	// setup creates what the handler writes to, in e.DB.
 	setup func(t *testing.T, e *env, table string)
-	// handle is the handler's work for one event; bad is the culprit.
-	handle func(ctx context.Context, table string, ev domain.EventEnvelope[any], bad bool) error
-	// parkedError is part of the parked entry's error.
-	parkedError string
+	// handle is the handler's work for one event on e; bad is the culprit.
+	handle func(ctx context.Context, e *env, table string, ev domain.EventEnvelope[any], bad bool) error
+	// parkedError is part of the parked entry's error (pgxParkedError on
+	// the pgx backend, when set).
+	parkedError, pgxParkedError string
 	// after, when set, checks the handler's other tables at the end.
 	after func(t *testing.T, e *env, table string)
 }
@@ -51,8 +53,8 @@ type faultCommitCase struct {
 // transaction itself.
 func faultCommitCases() []faultCommitCase {
 	plain := func(t *testing.T, e *env, table string) { createProjection(t, e.DB, table) }
-	projectOnly := func(ctx context.Context, table string, ev domain.EventEnvelope[any]) error {
-		return project(ctx, table, ev)
+	projectOnly := func(ctx context.Context, e *env, table string, ev domain.EventEnvelope[any]) error {
+		return e.project(ctx, table, ev)
 	}
 	// rollbackGuard is the SQLite cases' setup: a table whose trigger
 	// rolls back the whole transaction on the row v = 'bad', and a table
@@ -74,9 +76,22 @@ func faultCommitCases() []faultCommitCase {
 		return faultCommitCase{
 			name:  "handler calls " + op + " on the batch transaction",
 			setup: plain,
-			handle: func(ctx context.Context, table string, ev domain.EventEnvelope[any], bad bool) error {
-				if err := projectOnly(ctx, table, ev); err != nil || !bad {
+			handle: func(ctx context.Context, e *env, table string, ev domain.EventEnvelope[any], bad bool) error {
+				if err := projectOnly(ctx, e, table, ev); err != nil || !bad {
 					return err
+				}
+				if e.Pgx != nil {
+					tx := pgxstore.TxFromContext(ctx)
+					var err error
+					if op == "Commit" {
+						err = tx.Commit(ctx)
+					} else {
+						err = tx.Rollback(ctx)
+					}
+					if !errors.Is(err, pgxstore.ErrTxOwnedByBatch) {
+						return fmt.Errorf("%s on the batch transaction returned %v, want pgxstore.ErrTxOwnedByBatch", op, err)
+					}
+					return nil // swallowed: the batch must still refuse to commit
 				}
 				tx := subscriptions.TxFromContext(ctx)
 				var err error
@@ -90,7 +105,8 @@ func faultCommitCases() []faultCommitCase {
 				}
 				return nil // swallowed: the batch must still refuse to commit
 			},
-			parkedError: "a handler called " + op + " on the batch transaction",
+			parkedError:    "a handler called " + op + " on the batch transaction",
+			pgxParkedError: op + " by a handler: " + pgxstore.ErrTxOwnedByBatch.Error(),
 		}
 	}
 	return []faultCommitCase{
@@ -107,13 +123,13 @@ func faultCommitCases() []faultCommitCase {
 				require.NoError(t, e.DB.Exec("CREATE TABLE "+table+` (event_id text PRIMARY KEY, position bigint NOT NULL,
 					parent text NOT NULL REFERENCES `+table+`_parent (id) DEFERRABLE INITIALLY DEFERRED)`).Error)
 			},
-			handle: func(ctx context.Context, table string, ev domain.EventEnvelope[any], bad bool) error {
+			handle: func(ctx context.Context, e *env, table string, ev domain.EventEnvelope[any], bad bool) error {
 				parent := "p"
 				if bad {
 					parent = "missing"
 				}
-				return subscriptions.TxFromContext(ctx).Exec("INSERT INTO "+table+" (event_id, position, parent) VALUES (?, ?, ?)",
-					ev.ID, ev.Position, parent).Error
+				return e.Exec(ctx, "INSERT INTO "+table+" (event_id, position, parent) VALUES (?, ?, ?)",
+					ev.ID, ev.Position, parent)
 			},
 			parkedError: "foreign key",
 		},
@@ -121,12 +137,16 @@ func faultCommitCases() []faultCommitCase {
 			name:         "transaction idle past idle_in_transaction_session_timeout",
 			postgresOnly: true,
 			env: func(t *testing.T, e *env) *env {
-				db := dbtest.OpenPostgresDSN(t, faultDSN(t, e.PG.DSN, "idle_in_transaction_session_timeout", "500"))
+				dsn := faultDSN(t, e.PG.DSN, "idle_in_transaction_session_timeout", "500")
+				if e.Pgx != nil {
+					return pgxEnvOn(t, e.PG, dbtest.OpenPgxDSN(t, dsn))
+				}
+				db := dbtest.OpenPostgresDSN(t, dsn)
 				return gormEnv(t, "postgres", db, e.PG)
 			},
 			setup: plain,
-			handle: func(ctx context.Context, table string, ev domain.EventEnvelope[any], bad bool) error {
-				if err := projectOnly(ctx, table, ev); err != nil || !bad {
+			handle: func(ctx context.Context, e *env, table string, ev domain.EventEnvelope[any], bad bool) error {
+				if err := projectOnly(ctx, e, table, ev); err != nil || !bad {
 					return err
 				}
 				// A slow handler: the transaction is idle meanwhile, and the
@@ -145,13 +165,12 @@ func faultCommitCases() []faultCommitCase {
 			sqliteOnly: true,
 			swallowed:  true,
 			setup:      rollbackGuard,
-			handle: func(ctx context.Context, table string, ev domain.EventEnvelope[any], bad bool) error {
-				if err := projectOnly(ctx, table, ev); err != nil || !bad {
+			handle: func(ctx context.Context, e *env, table string, ev domain.EventEnvelope[any], bad bool) error {
+				if err := projectOnly(ctx, e, table, ev); err != nil || !bad {
 					return err
 				}
-				tx := subscriptions.TxFromContext(ctx)
-				_ = tx.Exec("INSERT INTO " + table + "_guard (v) VALUES ('bad')").Error
-				_ = tx.Exec("INSERT INTO "+table+"_after (id) VALUES (?)", ev.ID).Error
+				_ = e.Exec(ctx, "INSERT INTO "+table+"_guard (v) VALUES ('bad')")
+				_ = e.Exec(ctx, "INSERT INTO "+table+"_after (id) VALUES (?)", ev.ID)
 				return nil
 			},
 			parkedError: "rolled back the whole SQLite transaction",
@@ -166,15 +185,14 @@ func faultCommitCases() []faultCommitCase {
 			sqliteOnly: true,
 			swallowed:  true,
 			setup:      rollbackGuard,
-			handle: func(ctx context.Context, table string, ev domain.EventEnvelope[any], bad bool) error {
-				if err := projectOnly(ctx, table, ev); err != nil || !bad {
+			handle: func(ctx context.Context, e *env, table string, ev domain.EventEnvelope[any], bad bool) error {
+				if err := projectOnly(ctx, e, table, ev); err != nil || !bad {
 					return err
 				}
-				tx := subscriptions.TxFromContext(ctx)
 				var id int64
-				_ = tx.Raw("INSERT INTO " + table + "_guard (v) VALUES ('bad') RETURNING id").Row().Scan(&id)
+				_ = e.QueryRow(ctx, "INSERT INTO "+table+"_guard (v) VALUES ('bad') RETURNING id").Scan(&id)
 				for i := 0; i < 3; i++ {
-					_ = tx.Exec("INSERT INTO "+table+"_after (id) VALUES (?)", fmt.Sprintf("%s-%d", ev.ID, i)).Error
+					_ = e.Exec(ctx, "INSERT INTO "+table+"_after (id) VALUES (?)", fmt.Sprintf("%s-%d", ev.ID, i))
 				}
 				return nil
 			},
@@ -186,11 +204,11 @@ func faultCommitCases() []faultCommitCase {
 			postgresOnly: true,
 			swallowed:    true,
 			setup:        plain,
-			handle: func(ctx context.Context, table string, ev domain.EventEnvelope[any], bad bool) error {
-				if err := projectOnly(ctx, table, ev); err != nil || !bad {
+			handle: func(ctx context.Context, e *env, table string, ev domain.EventEnvelope[any], bad bool) error {
+				if err := projectOnly(ctx, e, table, ev); err != nil || !bad {
 					return err
 				}
-				_ = subscriptions.TxFromContext(ctx).Exec("SELECT * FROM fault_commit_no_such_table").Error
+				_ = e.Exec(ctx, "SELECT * FROM fault_commit_no_such_table")
 				return nil
 			},
 			parkedError: "aborted",
@@ -210,13 +228,13 @@ func faultCommitCases() []faultCommitCase {
 // halts just before it.
 func TestFaultCommitFailureIsParked(t *testing.T) {
 	t.Parallel()
-	for _, b := range gormEnvs() {
+	for _, b := range dbEnvs() {
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel() // every case opens a backend of its own
 			for i, tc := range faultCommitCases() {
 				t.Run(tc.name, func(t *testing.T) {
-					faultCommitSkip(t, tc, b.Name == "postgres") // before opening a database for nothing
-					t.Parallel()                                 // each case has its own backend
+					faultCommitSkip(t, tc, b.Postgres) // before opening a database for nothing
+					t.Parallel()                       // each case has its own backend
 					base := b.New(t)
 					e := base
 					if tc.env != nil {
@@ -262,7 +280,7 @@ func faultCommitRun(t *testing.T, e *env, tc faultCommitCase, table, name string
 		mu.Lock()
 		calls[ev.ID]++
 		mu.Unlock()
-		return tc.handle(ctx, table, ev, ev.ID == badID)
+		return tc.handle(ctx, e, table, ev, ev.ID == badID)
 	}
 	opts := []subscriptions.SubscriberOption{
 		subscriptions.WithLogger(quietLogger()), subscriptions.WithPollInterval(10 * time.Millisecond),
@@ -316,7 +334,11 @@ func faultCommitRun(t *testing.T, e *env, tc faultCommitCase, table, name string
 	require.Equal(t, badID, parked[0].EventID)
 	require.Equal(t, bad.Position, parked[0].Position)
 	require.Equal(t, 2, parked[0].Attempts, "the first attempt and one retry")
-	require.Contains(t, strings.ToLower(parked[0].Error), strings.ToLower(tc.parkedError))
+	wantError := tc.parkedError
+	if e.Pgx != nil && tc.pgxParkedError != "" {
+		wantError = tc.pgxParkedError
+	}
+	require.Contains(t, strings.ToLower(parked[0].Error), strings.ToLower(wantError))
 	faultRequireExactlyOnce(t, "projected", projected(t, e.DB, table), append(append([]string{}, before...), after...))
 	if tc.after != nil {
 		tc.after(t, e, table)
@@ -343,7 +365,7 @@ func TestFaultWholeTransactionRollbackWithBatchHandler(t *testing.T) {
 					continue
 				}
 				t.Run(tc.name, func(t *testing.T) {
-					faultCommitSkip(t, tc, b.Name == "postgres")
+					faultCommitSkip(t, tc, b.Postgres)
 					t.Parallel()
 					e := b.New(t)
 					for _, lot := range []bool{true, false} {
@@ -366,14 +388,14 @@ func TestFaultWholeTransactionRollbackWithBatchHandler(t *testing.T) {
 func TestFaultSwallowedFailureParksTheCulprit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for _, b := range gormEnvs() {
+	for _, b := range dbEnvs() {
 		t.Run(b.Name, func(t *testing.T) {
 			for i, tc := range faultCommitCases() {
 				if !tc.swallowed {
 					continue
 				}
 				t.Run(tc.name, func(t *testing.T) {
-					faultCommitSkip(t, tc, b.Name == "postgres")
+					faultCommitSkip(t, tc, b.Postgres)
 					e := b.New(t)
 					table := fmt.Sprintf("fault_culprit_%d", i)
 					tc.setup(t, e, table)
@@ -384,7 +406,7 @@ func TestFaultSwallowedFailureParksTheCulprit(t *testing.T) {
 					badID := appendN(t, e.Events, "fault.culprit.bad", 0, 1)[0]
 					good := appendN(t, e.Events, "fault.culprit", 1, 4)
 					handler := func(ctx context.Context, ev domain.EventEnvelope[any]) error {
-						return tc.handle(ctx, table, ev, ev.ID == badID)
+						return tc.handle(ctx, e, table, ev, ev.ID == badID)
 					}
 					sub, err := subscriptions.NewSubscriber(name, e.Events, e.Checkpoints, handler,
 						subscriptions.WithLogger(quietLogger()), subscriptions.WithPollInterval(10*time.Millisecond),
@@ -498,13 +520,13 @@ func TestFaultTransientCommitFailureParksNothing(t *testing.T) {
 						n := calls[ev.ID]
 						mu.Unlock()
 						if e.DB != nil {
-							if err := project(ctx, "fault_transient", ev); err != nil {
+							if err := e.project(ctx, "fault_transient", ev); err != nil {
 								return err
 							}
 						}
 						if real && ev.ID == culprit.ID && n <= 2 {
 							var pid int
-							if err := subscriptions.TxFromContext(ctx).Raw("SELECT pg_backend_pid()").Scan(&pid).Error; err != nil {
+							if err := e.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 								return err
 							}
 							if err := admin.Exec("SELECT pg_terminate_backend(?)", pid).Error; err != nil {
@@ -547,7 +569,7 @@ func TestFaultTransientCommitFailureParksNothing(t *testing.T) {
 func TestFaultLibraryStatementFailureParksNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for _, b := range gormEnvs() {
+	for _, b := range dbEnvs() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
 			createProjection(t, e.DB, "fault_library")
@@ -571,7 +593,7 @@ func TestFaultLibraryStatementFailureParksNothing(t *testing.T) {
 				mu.Lock()
 				calls[ev.ID]++
 				mu.Unlock()
-				return project(ctx, "fault_library", ev)
+				return e.project(ctx, "fault_library", ev)
 			}
 			sub, err := subscriptions.NewSubscriber(name, e.Events, e.Checkpoints, handler,
 				subscriptions.WithLogger(quietLogger()), subscriptions.WithPollInterval(10*time.Millisecond),

@@ -3,6 +3,7 @@ package subscriptions_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
 
@@ -18,14 +20,21 @@ import (
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
+	"github.com/eventfeed/subscriptions/migrations/schema"
+	"github.com/eventfeed/subscriptions/pgxstore"
 )
 
 // env is one backend's wiring for behavioural tests: an event store, a
 // checkpoint store and a parking lot, over one database (nil DB: memory).
+// On the pgx backend the stores are pgxstore's, on Pgx, and DB is a GORM
+// pool on the same schema for the tests' own SQL outside handlers; a
+// handler writes through e.Exec (or e.project), which takes the batch
+// transaction of whichever kind the backend hands it.
 type env struct {
 	Name        string
 	DB          *gorm.DB // nil for the memory backend
 	PG          *dbtest.Postgres
+	Pgx         *pgxpool.Pool // the pgx backend's pool; nil otherwise
 	Events      domain.EventStore
 	Checkpoints subscriptions.CheckpointStore
 	Parking     subscriptions.ParkingLot
@@ -36,12 +45,14 @@ func (e *env) Postgres() bool { return e.PG != nil }
 
 // envBackend names a backend and builds a fresh env for one test.
 type envBackend struct {
-	Name string
-	New  func(t *testing.T) *env
+	Name     string
+	New      func(t *testing.T) *env
+	Postgres bool // New returns a Postgres env (GORM's or pgx's)
 }
 
-// envBackends lists memory, SQLite (memory and file) and Postgres. Run a
-// behavioural test as `for _, b := range envBackends() { t.Run(b.Name, ...) }`.
+// envBackends lists memory, SQLite (memory and file), Postgres on GORM
+// and Postgres on pgx (pgxstore). Run a behavioural test as
+// `for _, b := range envBackends() { t.Run(b.Name, ...) }`.
 func envBackends() []envBackend {
 	out := []envBackend{{Name: "memory", New: func(t *testing.T) *env {
 		return &env{
@@ -53,7 +64,7 @@ func envBackends() []envBackend {
 	}}}
 	for _, b := range dbtest.GormBackends() {
 		b := b
-		out = append(out, envBackend{Name: b.Name, New: func(t *testing.T) *env {
+		out = append(out, envBackend{Name: b.Name, Postgres: b.Postgres, New: func(t *testing.T) *env {
 			var db *gorm.DB
 			var pg *dbtest.Postgres
 			if b.Postgres {
@@ -65,7 +76,212 @@ func envBackends() []envBackend {
 			return gormEnv(t, b.Name, db, pg)
 		}})
 	}
-	return out
+	return append(out, pgxBackend)
+}
+
+// pgxBackend is the pgx backend alone (the last of envBackends).
+var pgxBackend = envBackend{Name: "pgx", New: pgxEnv, Postgres: true}
+
+// pgxEnv is the pgx backend: pgxstore's three stores on a pgx pool over a
+// fresh Postgres schema, with a GORM pool on the same schema as DB.
+func pgxEnv(t *testing.T) *env {
+	t.Helper()
+	pg := dbtest.NewPostgres(t)
+	return pgxEnvOn(t, pg, pg.OpenPgx(t))
+}
+
+// pgxEnvOn is pgxstore's three stores on pool, a pool on pg's schema.
+func pgxEnvOn(t *testing.T, pg *dbtest.Postgres, pool *pgxpool.Pool) *env {
+	t.Helper()
+	ctx := context.Background()
+	events, err := pgxstore.NewEventStore(ctx, pool)
+	require.NoError(t, err)
+	cps, err := pgxstore.NewCheckpointStore(ctx, pool)
+	require.NoError(t, err)
+	lot, err := pgxstore.NewParkingLot(ctx, pool)
+	require.NoError(t, err)
+	return &env{Name: "pgx", DB: pg.DB, PG: pg, Pgx: pool, Events: events, Checkpoints: cps, Parking: lot}
+}
+
+// errNoBatchTx is what e.Exec returns outside a batch transaction.
+var errNoBatchTx = errors.New("no batch transaction in the handler's context")
+
+// Exec runs query, written with ? placeholders, in the batch transaction
+// of the handler's ctx: through subscriptions.TxFromContext on the GORM
+// backends, through pgxstore.TxFromContext (the placeholders rebound to
+// $n) on the pgx backend. Without one (memory, or outside a handler) it
+// returns errNoBatchTx.
+func (e *env) Exec(ctx context.Context, query string, args ...any) error {
+	if e.Pgx != nil {
+		tx := pgxstore.TxFromContext(ctx)
+		if tx == nil {
+			return errNoBatchTx
+		}
+		_, err := tx.Exec(ctx, schema.Rebind(query), args...)
+		return err
+	}
+	tx := subscriptions.TxFromContext(ctx)
+	if tx == nil {
+		return errNoBatchTx
+	}
+	return tx.Exec(query, args...).Error
+}
+
+// row is the one-row result of e.QueryRow: *sql.Row and pgx.Row both are.
+type row interface{ Scan(dest ...any) error }
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+// QueryRow runs query (? placeholders) in the handler's batch
+// transaction, as Exec does, and returns its first row.
+func (e *env) QueryRow(ctx context.Context, query string, args ...any) row {
+	if e.Pgx != nil {
+		tx := pgxstore.TxFromContext(ctx)
+		if tx == nil {
+			return errRow{errNoBatchTx}
+		}
+		return tx.QueryRow(ctx, schema.Rebind(query), args...)
+	}
+	tx := subscriptions.TxFromContext(ctx)
+	if tx == nil {
+		return errRow{errNoBatchTx}
+	}
+	return tx.Raw(query, args...).Row()
+}
+
+// InTx reports whether ctx carries the backend's batch transaction.
+func (e *env) InTx(ctx context.Context) bool {
+	if e.Pgx != nil {
+		return pgxstore.TxFromContext(ctx) != nil
+	}
+	return subscriptions.TxFromContext(ctx) != nil
+}
+
+// project writes ev into table through the handler's batch transaction
+// (Exec).
+func (e *env) project(ctx context.Context, table string, ev domain.EventEnvelope[any]) error {
+	return e.Exec(ctx, "INSERT INTO "+table+" (event_id, position) VALUES (?, ?)", ev.ID, ev.Position)
+}
+
+// inUse is the number of connections of the stores' pool checked out:
+// the pgx pool's on the pgx backend, DB's otherwise.
+func (e *env) inUse(t testing.TB) int {
+	t.Helper()
+	if e.Pgx != nil {
+		return int(e.Pgx.Stat().AcquiredConns())
+	}
+	return coreInUse(t, e.DB)
+}
+
+// closePool closes the pool the stores run on (the pgx pool on pgx,
+// DB's otherwise), as a database gone away would leave them.
+func (e *env) closePool(t testing.TB) {
+	t.Helper()
+	if e.Pgx != nil {
+		e.Pgx.Close()
+		return
+	}
+	sqlDB, err := e.DB.DB()
+	require.NoError(t, err)
+	require.NoError(t, sqlDB.Close())
+}
+
+// reopen returns an event store and a checkpoint store of e's backend on
+// a new pool of its database, as a restarted process would have them: on
+// Postgres (GORM or pgx) a new pool and both stores, on SQLite both
+// stores anew on DB (the database is the connection), in memory the
+// same stores.
+func (e *env) reopen(t testing.TB) (domain.EventStore, subscriptions.CheckpointStore) {
+	t.Helper()
+	switch {
+	case e.Pgx != nil:
+		ctx := context.Background()
+		pool := e.PG.OpenPgx(t)
+		events, err := pgxstore.NewEventStore(ctx, pool)
+		require.NoError(t, err)
+		cps, err := pgxstore.NewCheckpointStore(ctx, pool)
+		require.NoError(t, err)
+		return events, cps
+	case e.Postgres():
+		db := e.PG.Open(t)
+		events, err := infrastructure.NewGormEventStore(db)
+		require.NoError(t, err)
+		cps, err := subscriptions.NewGormCheckpointStore(db)
+		require.NoError(t, err)
+		return events, cps
+	case e.DB != nil:
+		events, err := infrastructure.NewGormEventStore(e.DB)
+		require.NoError(t, err)
+		cps, err := subscriptions.NewGormCheckpointStore(e.DB)
+		require.NoError(t, err)
+		return events, cps
+	}
+	return e.Events, e.Checkpoints
+}
+
+// freshCheckpoints returns a new checkpoint store of e's backend on its
+// database and pool, as a process restarted with the same pool
+// configuration would have it; the memory backend has none (its
+// checkpoints live in the store).
+func (e *env) freshCheckpoints(t testing.TB) subscriptions.CheckpointStore {
+	t.Helper()
+	var cps subscriptions.CheckpointStore
+	var err error
+	switch {
+	case e.Pgx != nil:
+		cps, err = pgxstore.NewCheckpointStore(context.Background(), e.Pgx)
+	case e.DB != nil:
+		cps, err = subscriptions.NewGormCheckpointStore(e.DB)
+	default:
+		t.Fatal("freshCheckpoints: the memory backend keeps its checkpoints in its store")
+	}
+	require.NoError(t, err)
+	return cps
+}
+
+// inBatchTx reports whether ctx carries a batch transaction of either
+// kind (GORM's or pgxstore's), for helpers that know no env.
+func inBatchTx(ctx context.Context) bool {
+	return subscriptions.TxFromContext(ctx) != nil || pgxstore.TxFromContext(ctx) != nil
+}
+
+// pgxPending are the checkpoint-store capabilities pgxstore does not
+// implement yet, by name, each with the type assertion that tells.
+var pgxPending = map[string]func(subscriptions.CheckpointStore) bool{
+	"AttemptCounter": func(s subscriptions.CheckpointStore) bool {
+		_, ok := s.(subscriptions.AttemptCounter)
+		return ok
+	},
+	"PartitionCheckpointStore": func(s subscriptions.CheckpointStore) bool {
+		_, ok := s.(subscriptions.PartitionCheckpointStore)
+		return ok
+	},
+	"FeedSharer": func(s subscriptions.CheckpointStore) bool {
+		_, ok := s.(subscriptions.FeedSharer)
+		return ok
+	},
+}
+
+// requires keeps the pgx backend out of a test that needs capability, a
+// checkpoint-store interface pgxstore does not implement yet (a key of
+// pgxPending): the test is skipped there, naming it. Once the store
+// implements it the call fails the test instead, so that it is deleted
+// and the test runs on pgx. On every other backend it does nothing.
+func (e *env) requires(t testing.TB, capability string) {
+	t.Helper()
+	has, ok := pgxPending[capability]
+	if !ok {
+		t.Fatalf("requires: unknown capability %q", capability)
+	}
+	if e.Pgx == nil {
+		return
+	}
+	if has(e.Checkpoints) {
+		t.Fatalf("pgxstore now implements %s: delete this e.requires(t, %q) so that the test runs on pgx", capability, capability)
+	}
+	t.Skipf("pgx backend excluded: pgxstore does not implement %s yet", capability)
 }
 
 // gooseEnvBackends lists SQLite files and Postgres schemas whose schema
@@ -110,8 +326,15 @@ func gooseEnvBackends() []envBackend {
 	return out
 }
 
-// gormEnvs lists only the database backends (SQLite memory, file, Postgres).
-func gormEnvs() []envBackend { return envBackends()[1:] }
+// dbEnvs lists the database backends: gormEnvs and pgx.
+func dbEnvs() []envBackend { return envBackends()[1:] }
+
+// gormEnvs lists only the GORM database backends (SQLite memory, file,
+// Postgres): for tests of the GORM stores' own API.
+func gormEnvs() []envBackend {
+	b := envBackends()
+	return b[1 : len(b)-1]
+}
 
 func gormEnv(t *testing.T, name string, db *gorm.DB, pg *dbtest.Postgres) *env {
 	t.Helper()
@@ -165,15 +388,27 @@ func projectSQL(ctx context.Context, table string, ev domain.EventEnvelope[any])
 	return err
 }
 
-// projectors are the two ways a handler writes through the batch
-// transaction; exactly-once tests run with each.
-var projectors = []struct {
+// projector is one way a handler writes ev into table through the batch
+// transaction of e's backend.
+type projector struct {
 	Name    string
-	Project func(ctx context.Context, table string, ev domain.EventEnvelope[any]) error
-}{
-	{"gorm", project},
-	{"database-sql", projectSQL},
+	Project func(e *env, ctx context.Context, table string, ev domain.EventEnvelope[any]) error
 }
+
+// projectors are the two ways a handler writes through the batch
+// transaction of a GORM backend; exactly-once tests run with each, and
+// with pgxProjector on the pgx backend.
+var projectors = []projector{
+	{"gorm", func(_ *env, ctx context.Context, table string, ev domain.EventEnvelope[any]) error {
+		return project(ctx, table, ev)
+	}},
+	{"database-sql", func(_ *env, ctx context.Context, table string, ev domain.EventEnvelope[any]) error {
+		return projectSQL(ctx, table, ev)
+	}},
+}
+
+// pgxProjector writes through pgxstore.TxFromContext (e.project).
+var pgxProjector = projector{"pgx", (*env).project}
 
 // projected returns the event IDs in table ordered by position.
 func projected(t testing.TB, db *gorm.DB, table string) []string {

@@ -110,7 +110,7 @@ func TestParkedEntryDoesNotOutliveRedelivery(t *testing.T) {
 func TestParkedEntryRemovalCommitsWithTheBatch(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for _, b := range gormEnvs() {
+	for _, b := range dbEnvs() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
 			const name = "park-removal-atomic"

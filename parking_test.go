@@ -9,12 +9,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
 
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
+	"github.com/eventfeed/subscriptions/pgxstore"
 )
 
 // parkProjection is the projection table the tests of this file family
@@ -73,7 +75,7 @@ func parkHandler(e *env, probe *parkProbe, fail func(ev domain.EventEnvelope[any
 	return func(ctx context.Context, ev domain.EventEnvelope[any]) error {
 		n := probe.attempt(ev.ID)
 		if e.DB != nil {
-			if err := project(ctx, parkProjection, ev); err != nil {
+			if err := e.project(ctx, parkProjection, ev); err != nil {
 				return err
 			}
 		}
@@ -219,12 +221,13 @@ func (l *parkCountingLot) Park(ctx context.Context, p subscriptions.ParkedEvent)
 
 // TestParkingCommitsAtomicallyWithCheckpoint kills the batch that parks a
 // poison event between the park and the checkpoint advance: with a
-// GormParkingLot on the checkpoint store's *gorm.DB the park rolls back
-// with the batch, so the event is neither lost nor parked twice.
+// GormParkingLot on the checkpoint store's *gorm.DB (a pgxstore.ParkingLot
+// on the checkpoint store's pool) the park rolls back with the batch, so
+// the event is neither lost nor parked twice.
 func TestParkingCommitsAtomicallyWithCheckpoint(t *testing.T) {
 	t.Parallel()
 	const maxRetries = 2
-	for _, b := range gormEnvs() {
+	for _, b := range dbEnvs() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
 			before, poison, after := parkFeed(t, e, 2, 2)
@@ -282,16 +285,26 @@ func TestParkingCommitsAtomicallyWithCheckpoint(t *testing.T) {
 }
 
 // TestParkingLotOnForeignDatabase parks through a GormParkingLot built on
-// another *gorm.DB than the checkpoint store: the row must land in the
-// lot's own database, never in the checkpoint database through the
-// batch's (foreign) transaction.
+// another *gorm.DB than the checkpoint store (on pgx: a pgxstore.ParkingLot
+// on another pool): the row must land in the lot's own database, never in
+// the checkpoint database through the batch's (foreign) transaction.
 func TestParkingLotOnForeignDatabase(t *testing.T) {
 	t.Parallel()
+	// pgxLot is a pgxstore.ParkingLot on pool, with a GORM handle on the
+	// same database for the checks.
+	pgxLot := func(t *testing.T, pool *pgxpool.Pool, db *gorm.DB) (subscriptions.ParkingLot, *gorm.DB) {
+		lot, err := pgxstore.NewParkingLot(context.Background(), pool)
+		require.NoError(t, err)
+		return lot, db
+	}
 	cases := []struct {
 		name    string
 		backend string
 		// lotDB opens the lot's database given the checkpoint env.
 		lotDB func(t *testing.T, e *env) *gorm.DB
+		// lot, when set, builds the lot itself (instead of a GormParkingLot
+		// on lotDB) and returns it with a handle on its database.
+		lot func(t *testing.T, e *env) (subscriptions.ParkingLot, *gorm.DB)
 		// separate: the lot's database is not the checkpoint database.
 		separate bool
 		bug      string
@@ -300,6 +313,13 @@ func TestParkingLotOnForeignDatabase(t *testing.T) {
 		{name: "sqlite-file/second-file", backend: "sqlite-file", lotDB: func(t *testing.T, _ *env) *gorm.DB { return dbtest.NewSQLiteFile(t) }, separate: true},
 		{name: "postgres/second-schema", backend: "postgres", lotDB: func(t *testing.T, _ *env) *gorm.DB { return dbtest.NewPostgres(t).DB }, separate: true},
 		{name: "postgres/second-pool-same-schema", backend: "postgres", lotDB: func(t *testing.T, e *env) *gorm.DB { return e.PG.Open(t) }},
+		{name: "pgx/second-schema", backend: "pgx", lot: func(t *testing.T, _ *env) (subscriptions.ParkingLot, *gorm.DB) {
+			pg := dbtest.NewPostgres(t)
+			return pgxLot(t, pg.OpenPgx(t), pg.DB)
+		}, separate: true},
+		{name: "pgx/second-pool-same-schema", backend: "pgx", lot: func(t *testing.T, e *env) (subscriptions.ParkingLot, *gorm.DB) {
+			return pgxLot(t, e.PG.OpenPgx(t), e.DB)
+		}},
 		{name: "sqlite-file/second-handle-same-file", backend: "sqlite-file", lotDB: func(t *testing.T, e *env) *gorm.DB {
 			var path string
 			require.NoError(t, e.DB.Raw("SELECT file FROM pragma_database_list WHERE name = 'main'").Scan(&path).Error)
@@ -308,7 +328,7 @@ func TestParkingLotOnForeignDatabase(t *testing.T) {
 		}},
 	}
 	backends := map[string]envBackend{}
-	for _, b := range gormEnvs() {
+	for _, b := range dbEnvs() {
 		backends[b.Name] = b
 	}
 	for _, tc := range cases {
@@ -317,9 +337,16 @@ func TestParkingLotOnForeignDatabase(t *testing.T) {
 				t.Skip(tc.bug)
 			}
 			e := backends[tc.backend].New(t)
-			lotDB := tc.lotDB(t, e)
-			lot, err := subscriptions.NewGormParkingLot(lotDB)
-			require.NoError(t, err)
+			var lot subscriptions.ParkingLot
+			var lotDB *gorm.DB
+			if tc.lot != nil {
+				lot, lotDB = tc.lot(t, e)
+			} else {
+				lotDB = tc.lotDB(t, e)
+				var err error
+				lot, err = subscriptions.NewGormParkingLot(lotDB)
+				require.NoError(t, err)
+			}
 			// e.Parking (built on the checkpoint DB) has created parked_events
 			// there too, so a write through the foreign transaction would
 			// succeed silently instead of failing.
@@ -369,9 +396,7 @@ func TestParkingReparkAfterReset(t *testing.T) {
 			return sub.ResetCheckpoint(context.Background(), 0)
 		}},
 		{"second store", func(t *testing.T, e *env, sub *subscriptions.Subscriber) error {
-			other, err := subscriptions.NewGormCheckpointStore(e.DB)
-			require.NoError(t, err)
-			return other.Reset(context.Background(), sub.Name(), 0)
+			return e.freshCheckpoints(t).Reset(context.Background(), sub.Name(), 0)
 		}},
 	}
 	for _, b := range envBackends() {

@@ -18,6 +18,7 @@ import (
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
+	"github.com/eventfeed/subscriptions/pgxstore"
 )
 
 // partProjection is a projection that counts each event's handling and
@@ -27,6 +28,7 @@ import (
 // transaction, so only committed batches count; on the memory backend
 // (no transaction, and no rollback in these tests) it writes to a map.
 type partProjection struct {
+	e     *env
 	db    *gorm.DB // nil: memory
 	table string
 
@@ -38,7 +40,7 @@ type partProjection struct {
 
 func newPartProjection(t *testing.T, e *env, prefix string) *partProjection {
 	t.Helper()
-	p := &partProjection{db: e.DB, table: prefix, counts: map[string]int{}, last: map[string]int{}}
+	p := &partProjection{e: e, db: e.DB, table: prefix, counts: map[string]int{}, last: map[string]int{}}
 	if e.DB != nil {
 		require.NoError(t, e.DB.Exec(fmt.Sprintf("CREATE TABLE %s (event_id TEXT PRIMARY KEY, agg TEXT NOT NULL, n INTEGER NOT NULL, handled INTEGER NOT NULL)", prefix)).Error)
 	}
@@ -67,10 +69,9 @@ func (p *partProjection) handler(strict bool) subscriptions.Handler {
 			p.counts[ev.ID]++
 			return nil
 		}
-		tx := subscriptions.TxFromContext(ctx)
 		if strict {
 			var prev int
-			if err := tx.Raw(fmt.Sprintf("SELECT COALESCE(MAX(n), -1) FROM %s WHERE agg = ?", p.table), ev.AggregateID).Scan(&prev).Error; err != nil {
+			if err := p.e.QueryRow(ctx, fmt.Sprintf("SELECT COALESCE(MAX(n), -1) FROM %s WHERE agg = ?", p.table), ev.AggregateID).Scan(&prev); err != nil {
 				return err
 			}
 			if prev != n-1 {
@@ -79,8 +80,8 @@ func (p *partProjection) handler(strict bool) subscriptions.Handler {
 				p.mu.Unlock()
 			}
 		}
-		return tx.Exec(fmt.Sprintf(`INSERT INTO %s (event_id, agg, n, handled) VALUES (?, ?, ?, 1)
-			ON CONFLICT (event_id) DO UPDATE SET handled = %s.handled + 1`, p.table, p.table), ev.ID, ev.AggregateID, n).Error
+		return p.e.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (event_id, agg, n, handled) VALUES (?, ?, ?, 1)
+			ON CONFLICT (event_id) DO UPDATE SET handled = %s.handled + 1`, p.table, p.table), ev.ID, ev.AggregateID, n)
 	}
 }
 
@@ -136,6 +137,17 @@ func partReplica(t *testing.T, e *env) (domain.EventStore, subscriptions.Checkpo
 	t.Helper()
 	if !e.Postgres() {
 		return e.Events, e.Checkpoints, e.Parking
+	}
+	if e.Pgx != nil {
+		ctx := context.Background()
+		pool := e.PG.OpenPgx(t)
+		events, err := pgxstore.NewEventStore(ctx, pool)
+		require.NoError(t, err)
+		cps, err := pgxstore.NewCheckpointStore(ctx, pool)
+		require.NoError(t, err)
+		lot, err := pgxstore.NewParkingLot(ctx, pool)
+		require.NoError(t, err)
+		return events, cps, lot
 	}
 	db := e.PG.Open(t)
 	events, err := infrastructure.NewGormEventStore(db)
@@ -287,6 +299,7 @@ func TestPartitionsSuite(t *testing.T) {
 
 			t.Run("reset with cleanup while partitions run, wait caught up, delete state", func(t *testing.T) {
 				e := b.New(t)
+				e.requires(t, "PartitionCheckpointStore") // ResetCheckpointWith and DeleteState of partitions
 				proj := newPartProjection(t, e, "part_rebuild")
 				seq := map[string]int{}
 				want := partAppend(t, e.Events, seq, 16, 200)
@@ -299,8 +312,8 @@ func TestPartitionsSuite(t *testing.T) {
 				// to 0 at once: afterwards each event is projected once, in
 				// order per aggregate (the handler checks it).
 				require.NoError(t, sub.ResetCheckpointWith(context.Background(), 0, func(ctx context.Context) error {
-					if tx := subscriptions.TxFromContext(ctx); tx != nil {
-						return tx.Exec("DELETE FROM part_rebuild").Error
+					if e.DB != nil {
+						return e.Exec(ctx, "DELETE FROM part_rebuild")
 					}
 					proj.mu.Lock()
 					defer proj.mu.Unlock()
@@ -543,6 +556,7 @@ func TestPartitionParkedEntryRemovedOnLiveDelivery(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				t.Parallel()
 				e := b.New(t)
+				e.requires(t, "PartitionCheckpointStore") // ResetCheckpointWith of partitions
 				proj := newPartProjection(t, e, "part_unpark")
 				lenient, strict := proj.handler(false), proj.handler(true)
 				evs := partAppend(t, e.Events, map[string]int{}, 8, 64)
@@ -612,8 +626,8 @@ func TestPartitionParkedEntryRemovedOnLiveDelivery(t *testing.T) {
 				// Rebuild from the start.
 				afterReset.Store(true)
 				require.NoError(t, sub.ResetCheckpointWith(ctx, 0, func(ctx context.Context) error {
-					if tx := subscriptions.TxFromContext(ctx); tx != nil {
-						return tx.Exec("DELETE FROM part_unpark").Error
+					if e.DB != nil {
+						return e.Exec(ctx, "DELETE FROM part_unpark")
 					}
 					proj.mu.Lock()
 					defer proj.mu.Unlock()

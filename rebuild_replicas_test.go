@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/eventfeed/subscriptions"
-	"github.com/eventfeed/subscriptions/infrastructure"
 )
 
 // rebuildReplicas is a projection run by two replicas of one subscriber
@@ -27,22 +26,15 @@ func startRebuildReplicas(t *testing.T, eb envBackend) *rebuildReplicas {
 	t.Helper()
 	e := eb.New(t)
 	table := coreCountProjection(t, e.DB)
-	dbB := e.DB
-	if e.Postgres() {
-		dbB = e.PG.Open(t)
-	}
-	eventsB, err := infrastructure.NewGormEventStore(dbB)
-	require.NoError(t, err)
-	cpsB, err := subscriptions.NewGormCheckpointStore(dbB)
-	require.NoError(t, err)
-	handler := func(ctx context.Context, ev coreEnvelope) error { return coreCountEvent(ctx, table, ev) }
+	eventsB, cpsB := e.reopen(t)
+	handler := func(ctx context.Context, ev coreEnvelope) error { return coreCountEvent(ctx, e, table, ev) }
 	r := &rebuildReplicas{e: e, table: table}
 	r.a = coreNewSub(t, "rebuild", e.Events, e.Checkpoints, handler, subscriptions.WithBatchSize(3))
 	r.b = coreNewSub(t, "rebuild", eventsB, cpsB, handler, subscriptions.WithBatchSize(3))
 	start(t, r.a)
 	start(t, r.b)
 	appendN(t, e.Events, "rebuild.event", 0, 30)
-	_, err = r.a.WaitCaughtUp(context.Background())
+	_, err := r.a.WaitCaughtUp(context.Background())
 	require.NoError(t, err)
 	r.w = faultStartWriter(t, e.Events, "rebuild.live", 2*time.Millisecond, 2, 2000)
 	return r
@@ -77,7 +69,7 @@ func (r *rebuildReplicas) finish(t *testing.T) (feed []string, counts map[string
 func TestRebuildWithReplicasAndAppends(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for _, eb := range gormEnvs() {
+	for _, eb := range dbEnvs() {
 		t.Run(eb.Name, func(t *testing.T) {
 			t.Parallel()
 			t.Run("the old two-step procedure applies events twice", func(t *testing.T) {
@@ -112,7 +104,7 @@ func TestRebuildWithReplicasAndAppends(t *testing.T) {
 				r := startRebuildReplicas(t, eb)
 				r.waitAppended(t, 10)
 				require.NoError(t, r.b.ResetCheckpointWith(ctx, 0, func(ctx context.Context) error {
-					return subscriptions.TxFromContext(ctx).Exec("DELETE FROM " + r.table).Error
+					return r.e.Exec(ctx, "DELETE FROM "+r.table)
 				}))
 				r.waitAppended(t, 10)
 				feed, counts := r.finish(t)

@@ -121,21 +121,21 @@ func TestReplayParked(t *testing.T) {
 
 // TestReplayParkedSeesEntryInItsTransaction checks that on the database
 // backends the replay handler runs inside the transaction that deletes the
-// entry: the handler reads its own parked row through TxFromContext, and
-// the entry is gone only once the replay has committed.
+// entry: the handler reads its own parked row through TxFromContext (on
+// pgx pgxstore.TxFromContext), and the entry is gone only once the replay
+// has committed.
 func TestReplayParkedSeesEntryInItsTransaction(t *testing.T) {
 	t.Parallel()
-	for _, b := range gormEnvs() {
+	for _, b := range dbEnvs() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
 			ev := parkStoredEvent(t, e)
 			var inTx int64 = -1
 			sub := parkSubscriber(t, e, "park-replay-tx", func(ctx context.Context, got domain.EventEnvelope[any]) error {
-				tx := subscriptions.TxFromContext(ctx)
-				if tx == nil {
+				if !e.InTx(ctx) {
 					return errors.New("no replay transaction in the handler's context")
 				}
-				return tx.Raw("SELECT count(*) FROM parked_events WHERE subscriber = ? AND event_id = ?", "park-replay-tx", got.ID).Scan(&inTx).Error
+				return e.QueryRow(ctx, "SELECT count(*) FROM parked_events WHERE subscriber = ? AND event_id = ?", "park-replay-tx", got.ID).Scan(&inTx)
 			}, subscriptions.WithParkingLot(e.Parking))
 			require.NoError(t, e.Parking.Park(context.Background(), parkEntry("park-replay-tx", ev.ID, ev.Position)))
 			parkPastEvent(t, e, "park-replay-tx", ev)
@@ -157,13 +157,18 @@ func parkStoredEvent(t *testing.T, e *env) domain.EventEnvelope[any] {
 	return ev
 }
 
-// parkPGEnv is a Postgres env whose pool sets a unique application_name,
-// so that pg_stat_activity can tell what this test's sessions wait for.
-func parkPGEnv(t *testing.T) (e *env, admin *gorm.DB, app string) {
+// parkPGEnv is a Postgres env (GORM's, or with pgx pgx's) whose pool sets
+// a unique application_name, so that pg_stat_activity can tell what this
+// test's sessions wait for.
+func parkPGEnv(t *testing.T, pgx bool) (e *env, admin *gorm.DB, app string) {
 	t.Helper()
 	pg := dbtest.NewPostgres(t)
 	app = fmt.Sprintf("park_%d", time.Now().UnixNano())
-	db := dbtest.OpenPostgresDSN(t, pg.DSN+"&application_name="+app)
+	dsn := pg.DSN + "&application_name=" + app
+	if pgx {
+		return pgxEnvOn(t, pg, dbtest.OpenPgxDSN(t, dsn)), pg.DB, app
+	}
+	db := dbtest.OpenPostgresDSN(t, dsn)
 	return gormEnv(t, "postgres", db, pg), pg.DB, app
 }
 
@@ -358,8 +363,8 @@ func TestReplayParkedKeepsEntryReparkedMeanwhile(t *testing.T) {
 			var e *env
 			var admin *gorm.DB
 			var app string
-			if b.Name == "postgres" {
-				e, admin, app = parkPGEnv(t)
+			if b.Postgres {
+				e, admin, app = parkPGEnv(t, b.Name == "pgx")
 			} else {
 				e = b.New(t)
 			}
@@ -384,7 +389,7 @@ func TestReplayParkedKeepsEntryReparkedMeanwhile(t *testing.T) {
 				replay := parkAsync(func() error { return sub.ReplayParked(ctx, ev.ID) })
 				gate.waitEntered(t)
 				park := parkAsync(func() error { return e.Parking.Park(ctx, fresh) })
-				if b.Name == "postgres" {
+				if b.Postgres {
 					parkWaitLockWait(t, admin, app, "%INSERT INTO parked_events%")
 					select {
 					case err := <-park:

@@ -139,13 +139,9 @@ func coreCountProjection(t *testing.T, db *gorm.DB) string {
 	return table
 }
 
-func coreCountEvent(ctx context.Context, table string, ev coreEnvelope) error {
-	tx := subscriptions.TxFromContext(ctx)
-	if tx == nil {
-		return errors.New("no batch transaction")
-	}
-	return tx.Exec("INSERT INTO "+table+" (event_id, position, times) VALUES (?, ?, 1) ON CONFLICT (event_id) DO UPDATE SET times = "+table+".times + 1",
-		ev.ID, ev.Position).Error
+func coreCountEvent(ctx context.Context, e *env, table string, ev coreEnvelope) error {
+	return e.Exec(ctx, "INSERT INTO "+table+" (event_id, position, times) VALUES (?, ?, 1) ON CONFLICT (event_id) DO UPDATE SET times = "+table+".times + 1",
+		ev.ID, ev.Position)
 }
 
 func coreCounts(t *testing.T, db *gorm.DB, table string) map[string]int {
@@ -186,7 +182,7 @@ func TestSubscriberResetWhileBatchInFlight(t *testing.T) {
 			handler := func(ctx context.Context, ev coreEnvelope) error {
 				rec.record(ctx, ev)
 				if table != "" {
-					if err := coreCountEvent(ctx, table, ev); err != nil {
+					if err := coreCountEvent(ctx, e, table, ev); err != nil {
 						return err
 					}
 				}
@@ -304,7 +300,7 @@ func TestSubscriberResetRebuildsProjection(t *testing.T) {
 			}
 			write := func(ctx context.Context, ev coreEnvelope) error {
 				if table != "" {
-					return project(ctx, table, ev)
+					return e.project(ctx, table, ev)
 				}
 				memMu.Lock()
 				defer memMu.Unlock()
@@ -374,8 +370,7 @@ func TestSubscriberResetRebuildsProjection(t *testing.T) {
 			// A new subscriber (as after a restart) finishes the rebuild.
 			cps := e.Checkpoints
 			if e.DB != nil {
-				cps, err = subscriptions.NewGormCheckpointStore(e.DB)
-				require.NoError(t, err)
+				cps = e.freshCheckpoints(t)
 			}
 			sub2 := coreNewSub(t, name, e.Events, cps, handler, subscriptions.WithBatchSize(7))
 			run2 := start(t, sub2)

@@ -562,6 +562,7 @@ func TestRetryCountSharedByReplicas(t *testing.T) {
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
+			e.requires(t, "AttemptCounter") // the attempt count kept by the store
 			before, poison, after, probe, h := retryPoisonFeed(t, e, 2, 2)
 			var subs []*subscriptions.Subscriber
 			for range 2 {
@@ -592,6 +593,7 @@ func TestRetryCountSurvivesRestart(t *testing.T) {
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
+			e.requires(t, "AttemptCounter") // the attempt count kept by the store
 			_, poison, _, probe, h := retryPoisonFeed(t, e, 1, 1)
 			newSub := func(backoff time.Duration) *subscriptions.Subscriber {
 				return parkSubscriber(t, e, "retry-restart", h,
@@ -661,6 +663,7 @@ func TestRetryCrashingEventIsParked(t *testing.T) {
 		for _, b := range envBackends() {
 			t.Run(fmt.Sprintf("batch%d/%s", batch, b.Name), func(t *testing.T) {
 				e := b.New(t)
+				e.requires(t, "AttemptCounter") // the attempt count kept by the store
 				before, poison, after := parkFeed(t, e, 2, 2)
 				probe := newParkProbe()
 				h := parkHandler(e, probe, func(ev domain.EventEnvelope[any], _ int) error {
@@ -712,6 +715,7 @@ func TestRetrySuccessClearsCount(t *testing.T) {
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
+			e.requires(t, "AttemptCounter") // the attempt count kept by the store
 			_, poison, _ := parkFeed(t, e, 1, 1)
 			probe := newParkProbe()
 			failUntil := 3 // attempts 1 and 2 fail
@@ -759,6 +763,7 @@ func TestRetryResetClearsCount(t *testing.T) {
 		for _, b := range envBackends() {
 			t.Run(rs.name+"/"+b.Name, func(t *testing.T) {
 				e := b.New(t)
+				e.requires(t, "AttemptCounter") // the attempt count kept by the store
 				_, poison, _, _, h := retryPoisonFeed(t, e, 0, 1)
 				sub := parkSubscriber(t, e, "retry-reset", h,
 					subscriptions.WithParkingLot(e.Parking),
@@ -783,6 +788,7 @@ func TestRetryHaltedCountInStatus(t *testing.T) {
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
+			e.requires(t, "AttemptCounter") // the attempt count kept by the store
 			_, poison, _, probe, h := retryPoisonFeed(t, e, 0, 2)
 			for life := 1; life <= 3; life++ {
 				sub := parkSubscriber(t, e, "retry-halted", h, subscriptions.WithPollInterval(time.Hour))

@@ -155,13 +155,14 @@ func TestSQLiteDriverDefaultsHold(t *testing.T) {
 				store, err := infrastructure.NewGormEventStore(db)
 				require.NoError(t, err)
 				table := coreCountProjection(t, db)
+				e := &env{Name: d.Name, DB: db, Events: store}
 				logger, logs := newLogger()
 				var runs []*running
 				for range 2 {
 					cps, err := subscriptions.NewGormCheckpointStore(db)
 					require.NoError(t, err)
 					sub, err := subscriptions.NewSubscriber("defaults", store, cps, func(ctx context.Context, ev coreEnvelope) error {
-						return coreCountEvent(ctx, table, ev)
+						return coreCountEvent(ctx, e, table, ev)
 					}, subscriptions.WithBatchSize(7), subscriptions.WithPollInterval(5*time.Millisecond), subscriptions.WithLogger(logger))
 					require.NoError(t, err)
 					runs = append(runs, start(t, sub))

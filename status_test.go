@@ -277,10 +277,8 @@ func TestStatusAndHealthyStates(t *testing.T) {
 				}
 				e := b.New(t)
 				sub := coreNewSub(t, "status-down", e.Events, e.Checkpoints, coreNoop)
-				sqlDB, err := e.DB.DB()
-				require.NoError(t, err)
-				require.NoError(t, sqlDB.Close())
-				_, err = sub.Status(ctx)
+				e.closePool(t)
+				_, err := sub.Status(ctx)
 				require.Error(t, err)
 				err = sub.Healthy(ctx)
 				require.ErrorContains(t, err, "status-down")

@@ -45,14 +45,14 @@ var (
 type coreRecorder struct {
 	mu     sync.Mutex
 	events []domain.EventEnvelope[any]
-	tx     []bool // TxFromContext(ctx) != nil, per recorded event
+	tx     []bool // inBatchTx(ctx), per recorded event
 }
 
 func (r *coreRecorder) record(ctx context.Context, ev domain.EventEnvelope[any]) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.events = append(r.events, ev)
-	r.tx = append(r.tx, subscriptions.TxFromContext(ctx) != nil)
+	r.tx = append(r.tx, inBatchTx(ctx))
 }
 
 func (r *coreRecorder) snapshot() []domain.EventEnvelope[any] {

@@ -44,19 +44,7 @@ func TestSubscriberProcessesInOrderAndResumes(t *testing.T) {
 
 			// The restarted process: a new subscriber and, for databases, a
 			// new checkpoint store (and on Postgres a new pool and event store).
-			events, cps := e.Events, e.Checkpoints
-			if e.Postgres() {
-				db := e.PG.Open(t)
-				var err error
-				events, err = infrastructure.NewGormEventStore(db)
-				require.NoError(t, err)
-				cps, err = subscriptions.NewGormCheckpointStore(db)
-				require.NoError(t, err)
-			} else if e.DB != nil {
-				var err error
-				cps, err = subscriptions.NewGormCheckpointStore(e.DB)
-				require.NoError(t, err)
-			}
+			events, cps := e.reopen(t)
 			second := &coreRecorder{}
 			sub2 := coreNewSub(t, name, events, cps,
 				func(ctx context.Context, ev coreEnvelope) error { second.record(ctx, ev); return nil },
@@ -89,10 +77,10 @@ func TestSubscriberHandlerSeesBatchTx(t *testing.T) {
 			rec := &coreRecorder{}
 			sub := coreNewSub(t, "core-tx", e.Events, e.Checkpoints, func(ctx context.Context, ev coreEnvelope) error {
 				rec.record(ctx, ev)
-				if tx := subscriptions.TxFromContext(ctx); tx != nil {
+				if e.InTx(ctx) {
 					// The transaction is usable from the handler.
 					var n int64
-					return tx.Raw("SELECT count(*) FROM subscriber_checkpoints").Scan(&n).Error
+					return e.QueryRow(ctx, "SELECT count(*) FROM subscriber_checkpoints").Scan(&n)
 				}
 				return nil
 			})
@@ -113,62 +101,72 @@ func TestSubscriberHandlerSeesBatchTx(t *testing.T) {
 // of the failed batch; after a restart with a healthy handler every event
 // is in the projection exactly once (the primary key on event_id would
 // make any duplicate write fail). The handler writes through GORM
-// (TxFromContext) or through database/sql (SQLTxFromContext); on Postgres
-// the catch-up batches take the pipelined path and the others the
-// ordinary one.
+// (TxFromContext) or through database/sql (SQLTxFromContext), and on the
+// pgx backend through pgxstore.TxFromContext; on Postgres (GORM) the
+// catch-up batches take the pipelined path and the others the ordinary
+// one.
 func TestSubscriberExactlyOnceWithFailingHandler(t *testing.T) {
 	t.Parallel()
+	type backendProjector struct {
+		b envBackend
+		p projector
+	}
+	var runs []backendProjector
 	for _, b := range append(gormEnvs(), gooseEnvBackends()...) {
 		for _, p := range projectors {
-			t.Run(b.Name+"/"+p.Name, func(t *testing.T) {
-				t.Parallel()
-				e := b.New(t)
-				ctx := context.Background()
-				table := coreProjection(t, e.DB, "exactly_once")
-				const name = "core-exactly-once"
-				appendN(t, e.Events, "core.once", 0, 30)
-				feed := coreFeed(t, e.Events)
-				ids := coreIDs(feed)
-
-				var failures atomic.Int32
-				failing := func(ctx context.Context, ev coreEnvelope) error {
-					if err := p.Project(ctx, table, ev); err != nil {
-						return err
-					}
-					if ev.ID == ids[15] {
-						failures.Add(1)
-						return errors.New("core: handler fails after writing") // the write above must vanish
-					}
-					return nil
-				}
-				logger, logs := newLogger()
-				sub := coreNewSub(t, name, e.Events, e.Checkpoints, failing,
-					subscriptions.WithBatchSize(10), subscriptions.WithLogger(logger))
-				run := start(t, sub)
-				// Batch 10..19 fails at 15, the events before it commit on their
-				// own, then 15 keeps failing as the first of its batch.
-				require.Eventually(t, func() bool { return failures.Load() >= 3 }, 30*time.Second, time.Millisecond)
-				run.stop(t)
-
-				pos, err := e.Checkpoints.Position(ctx, name)
-				require.NoError(t, err)
-				require.Equal(t, feed[14].Position, pos, "the checkpoint stops before the failing event")
-				require.Equal(t, ids[:15], projected(t, e.DB, table), "the failed attempts left no trace")
-				require.Contains(t, logs.String(), "processing the event failed")
-				require.Contains(t, logs.String(), ids[15], "the log names the failing event")
-
-				// Restart with the bug fixed, from a fresh checkpoint store.
-				cps, err := subscriptions.NewGormCheckpointStore(e.DB)
-				require.NoError(t, err)
-				sub2 := coreNewSub(t, name, e.Events, cps, func(ctx context.Context, ev coreEnvelope) error {
-					return p.Project(ctx, table, ev)
-				}, subscriptions.WithBatchSize(10))
-				run2 := start(t, sub2)
-				waitCaughtUp(t, sub2)
-				run2.stop(t)
-				require.Equal(t, ids, projected(t, e.DB, table), "every event projected exactly once, in order")
-			})
+			runs = append(runs, backendProjector{b, p})
 		}
+	}
+	runs = append(runs, backendProjector{pgxBackend, pgxProjector})
+	for _, r := range runs {
+		b, p := r.b, r.p
+		t.Run(b.Name+"/"+p.Name, func(t *testing.T) {
+			t.Parallel()
+			e := b.New(t)
+			ctx := context.Background()
+			table := coreProjection(t, e.DB, "exactly_once")
+			const name = "core-exactly-once"
+			appendN(t, e.Events, "core.once", 0, 30)
+			feed := coreFeed(t, e.Events)
+			ids := coreIDs(feed)
+
+			var failures atomic.Int32
+			failing := func(ctx context.Context, ev coreEnvelope) error {
+				if err := p.Project(e, ctx, table, ev); err != nil {
+					return err
+				}
+				if ev.ID == ids[15] {
+					failures.Add(1)
+					return errors.New("core: handler fails after writing") // the write above must vanish
+				}
+				return nil
+			}
+			logger, logs := newLogger()
+			sub := coreNewSub(t, name, e.Events, e.Checkpoints, failing,
+				subscriptions.WithBatchSize(10), subscriptions.WithLogger(logger))
+			run := start(t, sub)
+			// Batch 10..19 fails at 15, the events before it commit on their
+			// own, then 15 keeps failing as the first of its batch.
+			require.Eventually(t, func() bool { return failures.Load() >= 3 }, 30*time.Second, time.Millisecond)
+			run.stop(t)
+
+			pos, err := e.Checkpoints.Position(ctx, name)
+			require.NoError(t, err)
+			require.Equal(t, feed[14].Position, pos, "the checkpoint stops before the failing event")
+			require.Equal(t, ids[:15], projected(t, e.DB, table), "the failed attempts left no trace")
+			require.Contains(t, logs.String(), "processing the event failed")
+			require.Contains(t, logs.String(), ids[15], "the log names the failing event")
+
+			// Restart with the bug fixed, from a fresh checkpoint store.
+			cps := e.freshCheckpoints(t)
+			sub2 := coreNewSub(t, name, e.Events, cps, func(ctx context.Context, ev coreEnvelope) error {
+				return p.Project(e, ctx, table, ev)
+			}, subscriptions.WithBatchSize(10))
+			run2 := start(t, sub2)
+			waitCaughtUp(t, sub2)
+			run2.stop(t)
+			require.Equal(t, ids, projected(t, e.DB, table), "every event projected exactly once, in order")
+		})
 	}
 }
 
@@ -197,7 +195,7 @@ func TestSubscriberDrainsOnShutdown(t *testing.T) {
 					gate.pass()
 				}
 				if table != "" {
-					return project(ctx, table, ev)
+					return e.project(ctx, table, ev)
 				}
 				return nil
 			}, subscriptions.WithBatchSize(10))
@@ -294,7 +292,7 @@ func TestSubscriberPanicReleasesCheckpoint(t *testing.T) {
 			type corePanic struct{ id string }
 			sub := coreNewSub(t, name, e.Events, e.Checkpoints, func(ctx context.Context, ev coreEnvelope) error {
 				if table != "" {
-					if err := project(ctx, table, ev); err != nil {
+					if err := e.project(ctx, table, ev); err != nil {
 						return err
 					}
 				}
@@ -312,7 +310,7 @@ func TestSubscriberPanicReleasesCheckpoint(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, feed[4].Position, pos, "the panicking batch did not commit")
 			if e.DB != nil {
-				require.Zero(t, coreInUse(t, e.DB), "a connection of the pool is still checked out")
+				require.Zero(t, e.inUse(t), "a connection of the pool is still checked out")
 				require.Equal(t, coreIDs(feed[:5]), projected(t, e.DB, table), "the panicking batch's writes rolled back")
 			}
 			if e.Postgres() {
@@ -327,7 +325,7 @@ func TestSubscriberPanicReleasesCheckpoint(t *testing.T) {
 			// The next run picks up where the panic left off.
 			sub2 := coreNewSub(t, name, e.Events, e.Checkpoints, func(ctx context.Context, ev coreEnvelope) error {
 				if table != "" {
-					return project(ctx, table, ev)
+					return e.project(ctx, table, ev)
 				}
 				return nil
 			}, subscriptions.WithBatchSize(5))
@@ -490,7 +488,7 @@ func TestSubscriberTransientErrorsAreRetried(t *testing.T) {
 			sub := coreNewSub(t, "core-flaky-checkpoints", e.Events, cps, func(ctx context.Context, ev coreEnvelope) error {
 				rec.record(ctx, ev)
 				if table != "" {
-					return project(ctx, table, ev)
+					return e.project(ctx, table, ev)
 				}
 				return nil
 			}, subscriptions.WithLogger(logger), subscriptions.WithBatchSize(10))
@@ -638,7 +636,7 @@ func TestSubscriberWithEventDispatcher(t *testing.T) {
 			var userEvents, all []string
 			var txMissing int
 			checkTx := func(ctx context.Context) {
-				if (subscriptions.TxFromContext(ctx) != nil) != (e.DB != nil) {
+				if e.InTx(ctx) != (e.DB != nil) {
 					txMissing++
 				}
 			}

@@ -247,10 +247,11 @@ func TestTakeOverOriginalDatabase(t *testing.T) {
 // TestParkedModelRowIsReadByTheLibrary: on a table the library created, a
 // row written through the documented model (subscriptions.
 // dbtest.OriginalParkedEvent, which has no key columns) is complete: listed,
-// re-parked and replayed like one the library parked.
+// re-parked and replayed like one the library parked; on pgx, by
+// pgxstore's lot on the same table.
 func TestParkedModelRowIsReadByTheLibrary(t *testing.T) {
 	t.Parallel()
-	for _, b := range gormEnvs() {
+	for _, b := range dbEnvs() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
 			ctx := context.Background()

@@ -172,7 +172,7 @@ func wakeLatencies(t *testing.T, appendTo domain.EventStore, counting *wakeCount
 func TestWakeSignalInProcess(t *testing.T) {
 	t.Parallel()
 	for _, b := range envBackends() {
-		if b.Name == "postgres" {
+		if b.Postgres {
 			continue // cross-process: TestWakeSignalAcrossProcessesPostgres
 		}
 		t.Run(b.Name, func(t *testing.T) {
