@@ -132,7 +132,6 @@ func bgOptions(e *env, n int) []subscriptions.SubscriberOption {
 func bgRun(t *testing.T, e *env, v1Parts, v2Parts int) {
 	ctx := context.Background()
 	if v1Parts > 0 {
-		e.requires(t, "PartitionCheckpointStore") // DeleteState of a partitioned name
 	}
 	readDB := e.DB
 	if e.Postgres() {

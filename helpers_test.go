@@ -247,43 +247,6 @@ func inBatchTx(ctx context.Context) bool {
 	return subscriptions.TxFromContext(ctx) != nil || pgxstore.TxFromContext(ctx) != nil
 }
 
-// pgxPending are the checkpoint-store capabilities pgxstore does not
-// implement yet, by name, each with the type assertion that tells.
-var pgxPending = map[string]func(subscriptions.CheckpointStore) bool{
-	"AttemptCounter": func(s subscriptions.CheckpointStore) bool {
-		_, ok := s.(subscriptions.AttemptCounter)
-		return ok
-	},
-	"PartitionCheckpointStore": func(s subscriptions.CheckpointStore) bool {
-		_, ok := s.(subscriptions.PartitionCheckpointStore)
-		return ok
-	},
-	"FeedSharer": func(s subscriptions.CheckpointStore) bool {
-		_, ok := s.(subscriptions.FeedSharer)
-		return ok
-	},
-}
-
-// requires keeps the pgx backend out of a test that needs capability, a
-// checkpoint-store interface pgxstore does not implement yet (a key of
-// pgxPending): the test is skipped there, naming it. Once the store
-// implements it the call fails the test instead, so that it is deleted
-// and the test runs on pgx. On every other backend it does nothing.
-func (e *env) requires(t testing.TB, capability string) {
-	t.Helper()
-	has, ok := pgxPending[capability]
-	if !ok {
-		t.Fatalf("requires: unknown capability %q", capability)
-	}
-	if e.Pgx == nil {
-		return
-	}
-	if has(e.Checkpoints) {
-		t.Fatalf("pgxstore now implements %s: delete this e.requires(t, %q) so that the test runs on pgx", capability, capability)
-	}
-	t.Skipf("pgx backend excluded: pgxstore does not implement %s yet", capability)
-}
-
 // gooseEnvBackends lists SQLite files and Postgres schemas whose schema
 // goose applied from migrations.FS, empty or over the original module's
 // tables, with stores built by the verify-only constructors (no DDL of

@@ -332,6 +332,10 @@ func (s *Subscriber) resetPartitions(ctx context.Context, position int64) error 
 	if ps, ok := s.checkpoints.(PartitionCheckpointStore); ok {
 		return ps.ResetAll(ctx, names, position, s.countGuard, nil)
 	}
+	// Without the capability the count is checked before, not inside.
+	if err := s.checkPartitionCount(ctx); err != nil {
+		return err
+	}
 	for _, name := range names {
 		if err := s.checkpoints.Reset(ctx, name, position); err != nil {
 			return err

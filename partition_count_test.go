@@ -26,7 +26,6 @@ func TestPartitionCountCheckedByEveryCall(t *testing.T) {
 	for _, b := range envBackends() {
 		t.Run(b.Name, func(t *testing.T) {
 			e := b.New(t)
-			e.requires(t, "PartitionCheckpointStore") // the count checked inside a reset's transaction
 			ctx := context.Background()
 			const name = "count-acct"
 			noop := func(context.Context, domain.EventEnvelope[any]) error { return nil }
@@ -115,4 +114,44 @@ func TestReservedSubscriberNames(t *testing.T) {
 		_, err := subscriptions.NewSubscriber(name, events, cps, noop)
 		require.NoError(t, err, name)
 	}
+}
+
+// plainCheckpointStore is a checkpoint store with none of the optional
+// capabilities: a store of one's own that implements only the interface.
+type plainCheckpointStore struct{ subscriptions.CheckpointStore }
+
+// TestPartitionCountCheckedWithoutPartitionStore: on a checkpoint store
+// without PartitionCheckpointStore, ResetCheckpoint of a Subscriber built
+// with another partition count is refused with ErrPartitionsChanged (the
+// count checked before the resets, as the capability's documentation
+// says), and the recorded partitions' checkpoints stay.
+func TestPartitionCountCheckedWithoutPartitionStore(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	events := infrastructure.NewMemoryStore()
+	checkpoints := plainCheckpointStore{subscriptions.NewMemoryCheckpointStore()}
+	noop := func(context.Context, domain.EventEnvelope[any]) error { return nil }
+	opts := []subscriptions.SubscriberOption{subscriptions.WithPollInterval(5 * time.Millisecond), subscriptions.WithLogger(quietLogger())}
+	real, err := subscriptions.NewSubscriber("plain-count", events, checkpoints, noop, append(opts, subscriptions.WithPartitions(4))...)
+	require.NoError(t, err)
+	partAppend(t, events, map[string]int{}, 40, 80)
+	run := start(t, real)
+	waitCaughtUp(t, real)
+	run.stop(t)
+	positions := func() []int64 {
+		out := make([]int64, 4)
+		for p := range out {
+			pos, err := checkpoints.Position(ctx, fmt.Sprintf("plain-count/partition-%d-of-4", p))
+			require.NoError(t, err)
+			out[p] = pos
+		}
+		return out
+	}
+	before := positions()
+	other, err := subscriptions.NewSubscriber("plain-count", events, checkpoints, noop, append(opts, subscriptions.WithPartitions(8))...)
+	require.NoError(t, err)
+	require.ErrorIs(t, other.ResetCheckpoint(ctx, 0), subscriptions.ErrPartitionsChanged)
+	require.Equal(t, before, positions())
+	require.NoError(t, real.ResetCheckpoint(ctx, 0), "the recorded count resets as usual")
+	require.Equal(t, []int64{0, 0, 0, 0}, positions())
 }

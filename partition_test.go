@@ -299,7 +299,6 @@ func TestPartitionsSuite(t *testing.T) {
 
 			t.Run("reset with cleanup while partitions run, wait caught up, delete state", func(t *testing.T) {
 				e := b.New(t)
-				e.requires(t, "PartitionCheckpointStore") // ResetCheckpointWith and DeleteState of partitions
 				proj := newPartProjection(t, e, "part_rebuild")
 				seq := map[string]int{}
 				want := partAppend(t, e.Events, seq, 16, 200)
@@ -556,7 +555,6 @@ func TestPartitionParkedEntryRemovedOnLiveDelivery(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				t.Parallel()
 				e := b.New(t)
-				e.requires(t, "PartitionCheckpointStore") // ResetCheckpointWith of partitions
 				proj := newPartProjection(t, e, "part_unpark")
 				lenient, strict := proj.handler(false), proj.handler(true)
 				evs := partAppend(t, e.Events, map[string]int{}, 8, 64)
