@@ -11,11 +11,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"gorm.io/gorm"
 
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
-	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
 )
 
@@ -31,11 +29,17 @@ func TestFaultPoisonStorm(t *testing.T) {
 	t.Parallel()
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
-		faultPoisonStorm(t, dbtest.NewPostgres(t).DB)
+		pg := dbtest.NewPostgres(t)
+		faultPoisonStorm(t, gormEnv(t, "postgres", pg.DB, pg))
+	})
+	t.Run("pgx", func(t *testing.T) {
+		t.Parallel()
+		faultPoisonStorm(t, pgxEnv(t))
 	})
 	t.Run("sqlite-file", func(t *testing.T) {
 		t.Parallel()
-		faultPoisonStorm(t, dbtest.OpenSQLite(t, dbtest.SQLiteFileDSN(filepath.Join(t.TempDir(), "poison.db"))))
+		db := dbtest.OpenSQLite(t, dbtest.SQLiteFileDSN(filepath.Join(t.TempDir(), "poison.db")))
+		faultPoisonStorm(t, gormEnv(t, "sqlite-file", db, nil))
 	})
 }
 
@@ -58,19 +62,14 @@ func faultKindOf(i int) faultKind {
 	return faultOK
 }
 
-func faultPoisonStorm(t *testing.T, db *gorm.DB) {
+func faultPoisonStorm(t *testing.T, e *env) {
 	const (
 		name       = "fault-poison"
 		table      = "fault_poison_proj"
 		maxRetries = 2
 	)
-	store, err := infrastructure.NewGormEventStore(db)
-	require.NoError(t, err)
-	cps, err := subscriptions.NewGormCheckpointStore(db)
-	require.NoError(t, err)
-	gormLot, err := subscriptions.NewGormParkingLot(db)
-	require.NoError(t, err)
-	lot := &faultCountingLot{ParkingLot: gormLot, parks: map[string]int{}}
+	db, store, cps := e.DB, e.Events, e.Checkpoints
+	lot := &faultCountingLot{ParkingLot: e.Parking, parks: map[string]int{}}
 	createProjection(t, db, table)
 
 	var (
@@ -80,7 +79,7 @@ func faultPoisonStorm(t *testing.T, db *gorm.DB) {
 		firstErr atomic.Int64 // transient first attempts that failed
 	)
 	handler := func(ctx context.Context, ev domain.EventEnvelope[any]) error {
-		if err := project(ctx, table, ev); err != nil {
+		if err := e.project(ctx, table, ev); err != nil {
 			return err
 		}
 		counter, _ := attempts.LoadOrStore(ev.ID, new(atomic.Int32))
@@ -193,7 +192,7 @@ func faultPoisonStorm(t *testing.T, db *gorm.DB) {
 	faultRequireExactlyOnce(t, "projected after the replay", projected(t, db, table), feed)
 	require.Equal(t, faultHead(t, store), faultCheckpoint(t, db, name))
 	require.Equal(t, len(permanent), lot.total(), "replaying parked nothing new")
-	t.Logf("poison storm on %s: %d events, %d parked and replayed, %d transient failures retried", db.Name(), n, len(permanent), len(transient))
+	t.Logf("poison storm on %s: %d events, %d parked and replayed, %d transient failures retried", e.Name, n, len(permanent), len(transient))
 }
 
 // faultCountingLot counts Park calls per event ID on top of a real lot.
