@@ -23,13 +23,16 @@ var _ subscriptions.PartitionCheckpointStore = (*CheckpointStore)(nil)
 // transaction in ctx when it was begun on this store's pool (a reset's or
 // delete's, whose guard reads the partition count), else on the pool.
 func (s *CheckpointStore) Positions(ctx context.Context, names []string) ([]int64, error) {
+	if len(names) == 0 {
+		return []int64{}, nil
+	}
 	var q querier = s.pool
 	if tx := txForPool(ctx, s.pool); tx != nil {
 		q = tx.Tx
 	}
 	rows, err := q.Query(ctx, "SELECT subscriber, position FROM subscriber_checkpoints WHERE subscriber = ANY($1)", names)
 	if err != nil {
-		return nil, fmt.Errorf("pgxstore: read %d checkpoints: %w", len(names), err)
+		return nil, fmt.Errorf("pgxstore: read %d checkpoints (%q ...): %w", len(names), names[0], err)
 	}
 	byName := make(map[string]int64, len(names))
 	var name string
@@ -38,7 +41,7 @@ func (s *CheckpointStore) Positions(ctx context.Context, names []string) ([]int6
 		byName[name] = position
 		return nil
 	}); err != nil {
-		return nil, fmt.Errorf("pgxstore: read %d checkpoints: %w", len(names), err)
+		return nil, fmt.Errorf("pgxstore: read %d checkpoints (%q ...): %w", len(names), names[0], err)
 	}
 	out := make([]int64, len(names))
 	for i, n := range names {
