@@ -1,4 +1,4 @@
-package infrastructure
+package pgevents
 
 import (
 	"encoding"
@@ -21,14 +21,24 @@ import (
 // Postgres B-tree index entry can hold.
 const MaxIdentifierBytes = ident.MaxBytes
 
-// preparedEvent is an envelope validated and completed for storage.
-type preparedEvent struct {
-	env      domain.EventEnvelope[any]
-	payload  []byte // JSON
-	metadata []byte // JSON object
+// DefaultNotifyChannel is the channel on which the Postgres event stores
+// NOTIFY after every committed append unless told otherwise (and the
+// channel subscriptions.NewPostgresListener listens on by default), so
+// that a listener of either backend is woken by appends of both.
+const DefaultNotifyChannel = "pericarp_events"
+
+// Prepared is an envelope validated and completed for storage by
+// PrepareAppend. It is a plain value: safe to share once built, never
+// changed by this package.
+type Prepared struct {
+	// Envelope is the event as it is stored: aggregate ID, sequence
+	// number (when known) and Created filled in, Position zero.
+	Envelope domain.EventEnvelope[any]
+	Payload  []byte // JSON
+	Metadata []byte // JSON object
 }
 
-// prepareAppend validates an Append call and completes its envelopes:
+// PrepareAppend validates an Append call and completes its envelopes:
 // aggregate ID filled in, sequence numbers assigned after current, Created
 // defaulted to now (microsecond precision, as databases keep it), payload
 // and metadata encoded as JSON. What Postgres cannot store (NUL characters)
@@ -37,8 +47,12 @@ type preparedEvent struct {
 // current < 0 means the aggregate's version is not known yet: everything
 // but the version check and the sequence numbers' relation to the stored
 // ones is validated, as a check before taking a database lock.
-func prepareAppend(aggregateID string, expectedVersion, current int, events []domain.EventEnvelope[any]) ([]preparedEvent, error) {
-	if err := checkIdentifier("aggregate ID", aggregateID); err != nil {
+//
+// It exists so that every store of the events table refuses and encodes
+// an append alike. It is safe for concurrent use; it reads events and
+// never keeps or changes them.
+func PrepareAppend(aggregateID string, expectedVersion, current int, events []domain.EventEnvelope[any]) ([]Prepared, error) {
+	if err := CheckIdentifier("aggregate ID", aggregateID); err != nil {
 		return nil, err
 	}
 	if expectedVersion < -1 {
@@ -49,10 +63,10 @@ func prepareAppend(aggregateID string, expectedVersion, current int, events []do
 	}
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	seen := make(map[string]struct{}, len(events))
-	out := make([]preparedEvent, 0, len(events))
+	out := make([]Prepared, 0, len(events))
 	for i, ev := range events {
 		where := eventRef{aggregateID, i + 1, ev.ID} // formatted only on error
-		if err := checkIdentifier("event ID", ev.ID); err != nil {
+		if err := CheckIdentifier("event ID", ev.ID); err != nil {
 			return nil, fmt.Errorf("%s: %w", where, err)
 		}
 		if _, dup := seen[ev.ID]; dup {
@@ -64,11 +78,11 @@ func prepareAppend(aggregateID string, expectedVersion, current int, events []do
 		} else if ev.AggregateID != aggregateID {
 			return nil, fmt.Errorf("%w: %s: envelope aggregate ID %q differs from the append's", domain.ErrInvalidEvent, where, ev.AggregateID)
 		}
-		if err := checkIdentifier("event type", ev.EventType); err != nil {
+		if err := CheckIdentifier("event type", ev.EventType); err != nil {
 			return nil, fmt.Errorf("%s: %w", where, err)
 		}
 		if ev.TransactionID != "" {
-			if err := checkIdentifier("transaction ID", ev.TransactionID); err != nil {
+			if err := CheckIdentifier("transaction ID", ev.TransactionID); err != nil {
 				return nil, fmt.Errorf("%s: %w", where, err)
 			}
 		}
@@ -94,19 +108,19 @@ func prepareAppend(aggregateID string, expectedVersion, current int, events []do
 					domain.ErrInvalidEvent, where, ev.EventType, ev.Created.Format(time.RFC3339Nano))
 			}
 		}
-		payload, err := encodeJSON(ev.Payload)
+		payload, err := EncodeJSON(ev.Payload)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s (type %q): payload: %v", domain.ErrInvalidEvent, where, ev.EventType, err)
 		}
 		if ev.Metadata == nil {
 			ev.Metadata = map[string]any{}
 		}
-		metadata, err := encodeJSON(ev.Metadata)
+		metadata, err := EncodeJSON(ev.Metadata)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s (type %q): metadata: %v", domain.ErrInvalidEvent, where, ev.EventType, err)
 		}
 		ev.Position = 0
-		out = append(out, preparedEvent{env: ev, payload: payload, metadata: metadata})
+		out = append(out, Prepared{Envelope: ev, Payload: payload, Metadata: metadata})
 	}
 	return out, nil
 }
@@ -124,17 +138,42 @@ func (r eventRef) String() string {
 	return fmt.Sprintf("aggregate %q, event #%d (ID %q)", r.aggregateID, r.index, r.id)
 }
 
-// checkIdentifier rejects identifiers that a store could not keep exactly:
+// CheckIdentifier rejects identifiers that a store could not keep exactly:
 // empty, invalid UTF-8, NUL characters (Postgres text cannot hold them) or
-// longer than MaxIdentifierBytes.
-func checkIdentifier(what, value string) error {
+// longer than MaxIdentifierBytes, with an error wrapping
+// domain.ErrInvalidEvent; what names the identifier ("event ID", ...).
+// The stores check their reads' arguments with it too. It is safe for
+// concurrent use.
+func CheckIdentifier(what, value string) error {
 	if err := ident.Check(what, value); err != nil {
 		return fmt.Errorf("%w: %v", domain.ErrInvalidEvent, err)
 	}
 	return nil
 }
 
-// encodeJSON encodes v, refusing what JSON (or Postgres jsonb) would
+// CheckChannel rejects a NOTIFY channel name that LISTEN and pg_notify
+// would not treat alike: empty, longer than Postgres's 63-byte identifier
+// limit, or with a NUL byte. The stores and subscriptions' listener check
+// with the same rule, so that any name one accepts, the others accept
+// too. It is safe for concurrent use.
+func CheckChannel(channel string) error { return ident.CheckChannel(channel) }
+
+// CheckVersionRange checks the version range of a read (GetEventsRange)
+// and resolves it: -1 means 1 for fromVersion and "to the end" for
+// toVersion, which stays -1; other negative bounds are refused with an
+// error wrapping domain.ErrInvalidEvent. It is safe for concurrent use.
+func CheckVersionRange(aggregateID string, fromVersion, toVersion int) (from, to int, err error) {
+	if fromVersion < -1 || toVersion < -1 {
+		return 0, 0, fmt.Errorf("%w: aggregate %q: version range [%d, %d] (only -1 may be negative)", domain.ErrInvalidEvent, aggregateID, fromVersion, toVersion)
+	}
+	if fromVersion < 1 {
+		fromVersion = 1
+	}
+	return fromVersion, toVersion, nil
+}
+
+// EncodeJSON encodes a payload or metadata value as the stores store it,
+// refusing what JSON (or Postgres jsonb) would
 // silently alter or refuse: invalid UTF-8, which encoding/json replaces with
 // U+FFFD in Go strings, NUL characters and unpaired UTF-16 surrogate
 // escapes, which jsonb rejects. Go strings are checked before encoding (the
@@ -142,8 +181,9 @@ func checkIdentifier(what, value string) error {
 // which also covers json.RawMessage and other json.Marshaler values, whose
 // output the encoder copies as it is. The guarantee is an exact round trip
 // or a clear error, never a quiet change. json.RawMessage is stored as its
-// compacted bytes, so that numbers keep their exact digits.
-func encodeJSON(v any) ([]byte, error) {
+// compacted bytes, so that numbers keep their exact digits. It is safe
+// for concurrent use on a value nobody writes meanwhile.
+func EncodeJSON(v any) ([]byte, error) {
 	if err := checkStrings(reflect.ValueOf(v), 0, 0); err != nil {
 		return nil, err
 	}
@@ -302,7 +342,7 @@ var (
 	textMarshalerType = reflect.TypeFor[encoding.TextMarshaler]()
 )
 
-// checkStrings walks a Go value before it is encoded (see encodeJSON).
+// checkStrings walks a Go value before it is encoded (see EncodeJSON).
 // levels counts the JSON arrays and objects around v, hops every step
 // taken; both are bounded (errTooDeep).
 func checkStrings(v reflect.Value, levels, hops int) error {

@@ -1,4 +1,4 @@
-package infrastructure
+package pgevents
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 // Coalescing limits: a batch takes no more joiners once it holds this many
 // events or appends (an append larger than the limit still runs, alone).
 const (
-	maxBatchEvents  = insertChunk
+	maxBatchEvents  = 1000
 	maxBatchAppends = 64
 )
 
@@ -50,6 +50,10 @@ type appendCoalescer struct {
 	// found rows appended after lastEnd by others (see observe).
 	lastEnd int64
 	shared  bool
+	// solo sends every append alone, in its own transaction (set before
+	// the first append: Appender.SetCoalescing), as coalesce.Disabled
+	// does for every store of the process.
+	solo bool
 }
 
 // maxInFlight: one batch holding the lock and one queued on it, so that
@@ -94,7 +98,7 @@ type appendRequest struct {
 	aggregateID     string
 	expectedVersion int
 	events          []domain.EventEnvelope[any] // without payloads and metadata: see prepared
-	prepared        []preparedEvent             // validated and encoded in Append
+	prepared        []Prepared                  // validated and encoded by the store's Append
 	done            chan error                  // buffered: the batch's result for this append
 }
 
@@ -127,7 +131,7 @@ func (c *appendCoalescer) run(req *appendRequest, runBatch func(*appendBatch)) e
 		return fmt.Errorf("append %d event(s) to aggregate %q: %w", len(req.events), req.aggregateID, context.Cause(req.ctx))
 	}
 	req.done = make(chan error, 1)
-	solo := coalesce.Disabled.Load()
+	solo := c.solo || coalesce.Disabled.Load()
 	c.mu.Lock()
 	var b *appendBatch
 	if n := len(c.forming); n > 0 && !solo && c.forming[n-1].canJoin(req) {
