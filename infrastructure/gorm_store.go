@@ -38,10 +38,10 @@ import (
 // or not, never hold the feed back. The price is that appends to one table
 // are serialized, the lock held through each commit's WAL flush. Within
 // one process, concurrent appends that wait for the lock at the same time
-// share one transaction (appendCoalescer), so they share the lock and the
-// flush while each keeps its own version check and outcome; cmd/subbench
-// scenario 7 measures both, and docs/appends.md explains the choice. The
-// pipelined append and its coalescing are pgevents.Appender, which
+// share one transaction, so they share the lock and the flush while each
+// keeps its own version check and outcome; cmd/subbench scenario 7
+// measures both, and docs/appends.md explains the choice. The pipelined
+// append and its coalescing are pgevents.Appender, which
 // pgxstore.EventStore runs too.
 //
 // # Transactions
@@ -331,7 +331,7 @@ func (s *GormEventStore) appendOnce(ctx context.Context, aggregateID string, exp
 }
 
 // lookupStored reads, inside the append's transaction, the stored events
-// among the append's event IDs, for checkStoredIDs.
+// among the append's event IDs, for pgevents.CheckStoredIDs.
 func lookupStored(tx *gorm.DB, events []domain.EventEnvelope[any]) (map[string]pgevents.Stored, error) {
 	stored := map[string]pgevents.Stored{}
 	for start := 0; start < len(events); start += insertChunk {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -293,10 +291,9 @@ func (s *EventStore) HeadPosition(ctx context.Context) (int64, error) {
 func (s *EventStore) Close() error { return nil }
 
 // partitionHash is subscriptions.PartitionOf's hash of aggregate_id in
-// SQL: the first eight hex digits of md5(aggregate_id) as an unsigned
-// 32-bit integer (a bigint, so that the modulo stays non-negative), as
-// infrastructure's Postgres reads compute it.
-const partitionHash = `('x' || substr(md5(aggregate_id), 1, 8))::bit(32)::bigint`
+// SQL (pgevents.PartitionHash), as the GORM store's Postgres reads
+// compute it.
+const partitionHash = pgevents.PartitionHash
 
 // ReadPartitionAfter returns up to limit events (all when limit <= 0) of
 // partition p of n (subscriptions.PartitionOf) with Position >
@@ -375,17 +372,8 @@ func readPositions(ctx context.Context, q querier, positions []int64) ([]domain.
 	if len(positions) == 0 {
 		return []domain.EventEnvelope[any]{}, nil
 	}
-	// One bigint[] literal, as infrastructure passes it: one statement
+	// One bigint[] literal, as the GORM store passes it: one statement
 	// text whatever the number of positions.
-	var b strings.Builder
-	b.WriteByte('{')
-	for i, p := range positions {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.FormatInt(p, 10))
-	}
-	b.WriteByte('}')
 	return queryEvents(ctx, q, fmt.Sprintf("read %d events at positions %d...", len(positions), positions[0]),
-		"WHERE position = ANY($1::bigint[]) ORDER BY position", b.String())
+		"WHERE position = ANY($1::bigint[]) ORDER BY position", pgevents.PositionsArray(positions))
 }

@@ -3,6 +3,8 @@ package pgevents
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,6 +18,30 @@ const Columns = "id, aggregate_id, event_type, sequence_no, transaction_id, posi
 // SelectEvents reads whole events from the events table; a caller appends
 // its WHERE, ORDER BY and LIMIT.
 const SelectEvents = "SELECT " + Columns + " FROM events "
+
+// PartitionHash is subscriptions.PartitionOf's hash as an SQL expression
+// on aggregate_id: the first eight hex digits of md5(aggregate_id) as an
+// unsigned 32-bit integer (a bigint, so that a modulo stays
+// non-negative), so that every Postgres store reads a partition's events
+// as PartitionOf assigns them.
+const PartitionHash = `('x' || substr(md5(aggregate_id), 1, 8))::bit(32)::bigint`
+
+// PositionsArray is the bigint[] literal of positions ("{1,2,3}"), to
+// select the rows at positions with one parameter whatever their number
+// (position = ANY($1::bigint[])): one statement text for a driver's
+// statement cache. It is safe for concurrent use.
+func PositionsArray(positions []int64) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, p := range positions {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatInt(p, 10))
+	}
+	b.WriteByte('}')
+	return b.String()
+}
 
 // Row is one event as stored, the one decoding of the events table's rows
 // into envelopes for every reader (both stores, and the subscriptions

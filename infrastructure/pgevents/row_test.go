@@ -49,3 +49,9 @@ func TestTargetsFollowColumns(t *testing.T) {
 	var r Row
 	require.Len(t, r.Targets(), len(strings.Split(Columns, ",")))
 }
+
+func TestPositionsArray(t *testing.T) {
+	require.Equal(t, "{}", PositionsArray(nil))
+	require.Equal(t, "{7}", PositionsArray([]int64{7}))
+	require.Equal(t, "{1,-2,9223372036854775807}", PositionsArray([]int64{1, -2, 1<<63 - 1}))
+}
