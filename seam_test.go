@@ -27,6 +27,7 @@ var coreForbiddenImports = []string{
 	"github.com/eventfeed/subscriptions/internal/dialect",
 	"github.com/eventfeed/subscriptions/internal/sqlerr",
 	"github.com/eventfeed/subscriptions/internal/eventrow",
+	"github.com/eventfeed/subscriptions/infrastructure/pgevents",
 	"github.com/eventfeed/subscriptions/internal/pgxconn",
 	"github.com/eventfeed/subscriptions/internal/sqliteconf",
 	"net/http", "html/template",

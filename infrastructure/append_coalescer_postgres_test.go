@@ -237,30 +237,6 @@ func (p *countedPayload) MarshalJSON() ([]byte, error) {
 	return []byte(`{"amount": 1}`), nil
 }
 
-// TestPostgresRefusalUnexplainedIsNoConflict: when the stored events
-// cannot be read after the commit, a refused append may be the retry of
-// one that committed; it is told the outcome is unknown, with the read's
-// error in the chain, never a version conflict (which would have the
-// caller run its command twice).
-func TestPostgresRefusalUnexplainedIsNoConflict(t *testing.T) {
-	ctx := testCtx(t)
-	pg := dbtest.NewPostgres(t)
-	store := newGormStore(t, pg.DB)
-	ev := newEvent("co-unknown", "x", nil)
-	require.NoError(t, store.Append(ctx, "co-unknown", 0, ev))
-	conn := pgConnect(t, pg.DSN)
-	require.ErrorIs(t, infrastructure.ExplainRefusal(ctx, conn, "co-unknown", 0, ev), domain.ErrAlreadyAppended, "read: explained")
-
-	canceled, cancel := context.WithCancel(ctx)
-	cancel()
-	err := infrastructure.ExplainRefusal(canceled, conn, "co-unknown", 0, ev)
-	require.ErrorIs(t, err, context.Canceled, "the read's error is kept in the chain")
-	require.NotErrorIs(t, err, domain.ErrConcurrencyConflict)
-	require.NotErrorIs(t, err, domain.ErrAlreadyAppended)
-	require.ErrorContains(t, err, "retry the same call")
-	require.ErrorContains(t, err, "co-unknown")
-}
-
 // TestPostgresAppendsInFlightFollowOtherStores: a store keeps one append
 // transaction in flight once another store (its own pool: another
 // process) appended between two of its batches, so that its next append

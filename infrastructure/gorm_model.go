@@ -3,14 +3,22 @@ package infrastructure
 import (
 	"time"
 
-	"github.com/eventfeed/subscriptions/internal/eventrow"
+	"github.com/eventfeed/subscriptions/infrastructure/pgevents"
 )
 
 // PostgresNotifyChannel is the default channel on which GormEventStore
 // NOTIFYs after every committed append on Postgres (WithNotifyChannel
 // chooses another). It keeps the documented original's name:
-// subscriptions.WithListenerChannel defaults to it.
-const PostgresNotifyChannel = "pericarp_events"
+// subscriptions.WithListenerChannel defaults to it. It is
+// pgevents.DefaultNotifyChannel, pgxstore's default too.
+const PostgresNotifyChannel = pgevents.DefaultNotifyChannel
+
+// MaxIdentifierBytes bounds event IDs, aggregate IDs, event types and
+// transaction IDs in every store of this package (and pgxstore's).
+// Longer values are rejected with domain.ErrInvalidEvent rather than
+// truncated, and the bound keeps every identifier inside what a Postgres
+// B-tree index entry can hold. It is pgevents.MaxIdentifierBytes.
+const MaxIdentifierBytes = pgevents.MaxIdentifierBytes
 
 // GormEventModel is the row layout of the events table. The table is
 // created by the module's migrations (package migrations, applied by
@@ -30,6 +38,6 @@ type GormEventModel struct {
 // TableName returns "events".
 func (GormEventModel) TableName() string { return "events" }
 
-// The feed's reads scan into eventrow.Row, which must keep this model's
+// The feed's reads scan into pgevents.Row, which must keep this model's
 // fields: the conversion stops compiling when the two drift.
-var _ = eventrow.Row(GormEventModel{})
+var _ = pgevents.Row(GormEventModel{})

@@ -3,7 +3,7 @@ package infrastructure
 import (
 	"fmt"
 
-	"github.com/eventfeed/subscriptions/internal/ident"
+	"github.com/eventfeed/subscriptions/infrastructure/pgevents"
 )
 
 // GormEventStoreOption configures NewGormEventStore. Options are applied in
@@ -23,7 +23,7 @@ func newGormEventStoreConfig(opts []GormEventStoreOption) (gormEventStoreConfig,
 			opt(&c)
 		}
 	}
-	if err := ident.CheckChannel(c.channel); err != nil {
+	if err := pgevents.CheckChannel(c.channel); err != nil {
 		return c, fmt.Errorf("%w (WithNotifyChannel)", err)
 	}
 	return c, nil

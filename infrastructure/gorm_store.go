@@ -9,15 +9,16 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
 
 	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/infrastructure/pgevents"
 	"github.com/eventfeed/subscriptions/internal/dialect"
 	"github.com/eventfeed/subscriptions/internal/eventrow"
 	"github.com/eventfeed/subscriptions/internal/sqlerr"
 	"github.com/eventfeed/subscriptions/internal/sqliteconf"
 	"github.com/eventfeed/subscriptions/migrations"
-	"github.com/eventfeed/subscriptions/migrations/schema"
 )
 
 // GormEventStore is a domain.EventStore on Postgres or SQLite through GORM.
@@ -37,9 +38,11 @@ import (
 // or not, never hold the feed back. The price is that appends to one table
 // are serialized, the lock held through each commit's WAL flush. Within
 // one process, concurrent appends that wait for the lock at the same time
-// share one transaction (appendCoalescer), so they share the lock and the
-// flush while each keeps its own version check and outcome; cmd/subbench
-// scenario 7 measures both, and docs/appends.md explains the choice.
+// share one transaction, so they share the lock and the flush while each
+// keeps its own version check and outcome; cmd/subbench scenario 7
+// measures both, and docs/appends.md explains the choice. The pipelined
+// append and its coalescing are pgevents.Appender, which
+// pgxstore.EventStore runs too.
 //
 // # Transactions
 //
@@ -77,7 +80,9 @@ type GormEventStore struct {
 	dialect      *dialect.Dialect
 	lockKey      int64  // Postgres: the append lock's key
 	channel      string // Postgres: the NOTIFY channel
-	coalescer    appendCoalescer
+	// appender runs the pipelined append (and coalesces it); nil without
+	// pool.
+	appender *pgevents.Appender
 }
 
 var _ domain.EventStore = (*GormEventStore)(nil)
@@ -123,19 +128,18 @@ func NewGormEventStore(db *gorm.DB, opts ...GormEventStoreOption) (*GormEventSto
 	s := &GormEventStore{db: db, dialect: d, inTx: inTransaction(db), channel: cfg.channel}
 	if d.AdvisoryLocks {
 		var qualified string
-		err := db.WithContext(ctx).Raw(`SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
-			FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-			WHERE c.oid = to_regclass('events')`).Scan(&qualified).Error
+		err := db.WithContext(ctx).Raw(pgevents.EventsTableQuery).Scan(&qualified).Error
 		if err != nil || qualified == "" {
 			return nil, fmt.Errorf("infrastructure: resolve the events table's schema: %v", err)
 		}
-		s.lockKey = schema.LockKey("append", qualified)
+		s.lockKey = pgevents.AppendLockKey(qualified)
 	}
 	// On a caller's transaction every append must join it: the pipelined
 	// path would take a connection of its own and commit outside it.
 	if d.Pipelines && !s.inTx {
 		if pool, err := db.DB(); err == nil {
 			s.pool = pool
+			s.appender = pgevents.NewAppender(s.lockKey, s.channel, s.withPgxConn)
 		}
 	}
 	return s, nil
@@ -152,7 +156,7 @@ func (s *GormEventStore) Append(ctx context.Context, aggregateID string, expecte
 	// input never takes the append lock. The aggregate's version is not
 	// known yet (-1): the version check and sequence numbers are checked
 	// again inside the transaction.
-	given, err := prepareAppend(aggregateID, expectedVersion, -1, events)
+	given, err := pgevents.PrepareAppend(aggregateID, expectedVersion, -1, events)
 	if err != nil {
 		return err
 	}
@@ -166,20 +170,20 @@ func (s *GormEventStore) Append(ctx context.Context, aggregateID string, expecte
 		if err != nil {
 			return err
 		}
-		_, err = prepareAppend(aggregateID, expectedVersion, current, nil)
+		_, err = pgevents.PrepareAppend(aggregateID, expectedVersion, current, nil)
 		return err
 	}
 	// The pipelined Postgres path when the pool is pgx's (the
 	// gorm.io/driver/postgres default), the portable one otherwise.
-	if s.pool != nil && !s.portableOnly && !s.notPgx.Load() {
-		err := s.appendPipelined(ctx, aggregateID, expectedVersion, events, given)
+	if s.appender != nil && !s.portableOnly && !s.notPgx.Load() {
+		err := s.appender.Append(ctx, aggregateID, expectedVersion, events, given)
 		if !errors.Is(err, errNotPgx) {
 			return err
 		}
 		s.notPgx.Store(true)
 	}
 	err = s.appendOnce(ctx, aggregateID, expectedVersion, events, s.dialect.Notify)
-	if s.dialect.Notify && isNotifyFailure(err) {
+	if s.dialect.Notify && pgevents.IsNotifyFailure(err) {
 		// A full notification queue must not fail the append: notifications
 		// are wake-ups, and subscribers poll anyway. (On a caller's
 		// transaction the NOTIFY is queued until the caller's COMMIT, which
@@ -213,7 +217,7 @@ type insertStatement struct {
 // insertStatements builds the INSERTs for prepared events whose positions
 // follow head, insertChunk rows at a time. numbered selects Postgres's $n
 // placeholders (for pgx) instead of GORM's ?; jsonb casts the JSON columns.
-func insertStatements(prepared []preparedEvent, head int64, jsonb, numbered bool) []insertStatement {
+func insertStatements(prepared []pgevents.Prepared, head int64, jsonb, numbered bool) []insertStatement {
 	var out []insertStatement
 	for start := 0; start < len(prepared); start += insertChunk {
 		end := min(start+insertChunk, len(prepared))
@@ -239,9 +243,9 @@ func insertStatements(prepared []preparedEvent, head int64, jsonb, numbered bool
 				}
 			}
 			q.WriteString(")")
-			e := p.env
+			e := p.Envelope
 			args = append(args, e.ID, e.AggregateID, e.EventType, e.SequenceNo, e.TransactionID,
-				head+int64(start+i+1), string(p.payload), string(p.metadata), e.Created)
+				head+int64(start+i+1), string(p.Payload), string(p.Metadata), e.Created)
 		}
 		out = append(out, insertStatement{sql: q.String(), args: args})
 	}
@@ -288,15 +292,15 @@ func (s *GormEventStore) appendOnce(ctx context.Context, aggregateID string, exp
 			return err
 		}
 		if len(stored) > 0 {
-			given, err := prepareAppend(aggregateID, expectedVersion, -1, events)
+			given, err := pgevents.PrepareAppend(aggregateID, expectedVersion, -1, events)
 			if err != nil {
 				return err
 			}
-			if err := checkStoredIDs(aggregateID, expectedVersion, events, payloadsOf(given), stored); err != nil {
+			if err := pgevents.CheckStoredIDs(aggregateID, expectedVersion, events, given, stored); err != nil {
 				return err
 			}
 		}
-		prepared, err := prepareAppend(aggregateID, expectedVersion, heads.Version, events)
+		prepared, err := pgevents.PrepareAppend(aggregateID, expectedVersion, heads.Version, events)
 		if err != nil {
 			return err
 		}
@@ -311,25 +315,25 @@ func (s *GormEventStore) appendOnce(ctx context.Context, aggregateID string, exp
 		}
 		if notify {
 			if err := tx.Exec("SELECT pg_notify(?, '')", s.channel).Error; err != nil {
-				if !isNotifyFailure(err) { // a lost connection, a cancellation
+				if !pgevents.IsNotifyFailure(err) { // a lost connection, a cancellation
 					return fmt.Errorf("notify subscribers: %w", err)
 				}
-				return notifyError{err}
+				return pgevents.NotifyError{Err: err}
 			}
 		}
 		return nil
 	}, s.dialect.TxOptionsList()...)
 	if err == nil || errors.Is(err, domain.ErrInvalidEvent) || errors.Is(err, domain.ErrConcurrencyConflict) ||
-		errors.Is(err, domain.ErrAlreadyAppended) || errors.As(err, new(notifyError)) {
+		errors.Is(err, domain.ErrAlreadyAppended) || errors.As(err, new(pgevents.NotifyError)) {
 		return err
 	}
 	return fmt.Errorf("append %d event(s) to aggregate %q: %w", len(events), aggregateID, err)
 }
 
 // lookupStored reads, inside the append's transaction, the stored events
-// among the append's event IDs, for checkStoredIDs.
-func lookupStored(tx *gorm.DB, events []domain.EventEnvelope[any]) (map[string]storedEvent, error) {
-	stored := map[string]storedEvent{}
+// among the append's event IDs, for pgevents.CheckStoredIDs.
+func lookupStored(tx *gorm.DB, events []domain.EventEnvelope[any]) (map[string]pgevents.Stored, error) {
+	stored := map[string]pgevents.Stored{}
 	for start := 0; start < len(events); start += insertChunk {
 		ids := make([]string, 0, insertChunk)
 		for _, ev := range events[start:min(start+insertChunk, len(events))] {
@@ -340,48 +344,32 @@ func lookupStored(tx *gorm.DB, events []domain.EventEnvelope[any]) (map[string]s
 			return nil, fmt.Errorf("read stored event IDs: %w", err)
 		}
 		for _, r := range rows {
-			stored[r.ID] = storedEvent{ID: r.ID, AggregateID: r.AggregateID, EventType: r.EventType,
+			stored[r.ID] = pgevents.Stored{ID: r.ID, AggregateID: r.AggregateID, EventType: r.EventType,
 				TransactionID: r.TransactionID, SequenceNo: r.SequenceNo, Payload: r.Payload}
 		}
 	}
 	return stored, nil
 }
 
-type notifyError struct{ err error }
-
-func (e notifyError) Error() string { return "notify subscribers: " + e.err.Error() }
-func (e notifyError) Unwrap() error { return e.err }
-
-// isNotifyFailure reports an error caused by NOTIFY: the statement itself,
-// or a commit refused because the notification queue is full.
-func isNotifyFailure(err error) bool {
-	if err == nil {
-		return false
-	}
-	if errors.As(err, new(notifyError)) {
-		return true
-	}
-	return sqlerr.NotifyQueueFull(err)
-}
-
 // insertError maps unique violations to the domain's errors, from any
-// driver (classified by internal/sqlerr: no driver is imported).
+// driver: Postgres's as pgevents.InsertError maps them for both Postgres
+// stores, SQLite's (and those gorm.Config.TranslateError stripped of
+// their detail) classified by internal/sqlerr: no driver is imported.
 func (s *GormEventStore) insertError(aggregateID string, err error) error {
+	if errors.As(err, new(*pgconn.PgError)) {
+		return pgevents.InsertError(aggregateID, err)
+	}
 	violation, unique := sqlerr.UniqueViolation(err)
 	if !unique {
 		return fmt.Errorf("insert events: %w", err)
 	}
-	switch {
-	case violation.Constraint == "events_pkey": // Postgres
-		return fmt.Errorf("%w: aggregate %q: an event ID is already stored: %s", domain.ErrInvalidEvent, aggregateID, violation.Detail)
-	case violation.Constraint == "events.id": // SQLite
+	switch violation.Constraint {
+	case "events.id": // SQLite
 		return fmt.Errorf("%w: aggregate %q: an event ID is already stored", domain.ErrInvalidEvent, aggregateID)
-	case violation.Constraint == "":
+	case "":
 		// gorm.Config.TranslateError dropped the detail: the caller
 		// tells an ID clash from a version clash (duplicateIDError).
 		return fmt.Errorf("%w: aggregate %q: %w", domain.ErrConcurrencyConflict, aggregateID, errUndetailed)
-	case violation.Detail != "": // Postgres
-		return fmt.Errorf("%w: aggregate %q: %s", domain.ErrConcurrencyConflict, aggregateID, violation.Detail)
 	}
 	return fmt.Errorf("%w: aggregate %q: UNIQUE constraint failed: %s", domain.ErrConcurrencyConflict, aggregateID, violation.Constraint)
 }
@@ -392,13 +380,13 @@ var errUndetailed = errors.New("unique constraint violated")
 // duplicateIDError replaces an undetailed unique violation by
 // ErrInvalidEvent when one of the events' IDs is already stored. tx is the
 // append's SQLite transaction, still usable after a failed statement.
-func duplicateIDError(tx *gorm.DB, aggregateID string, prepared []preparedEvent, err error) error {
+func duplicateIDError(tx *gorm.DB, aggregateID string, prepared []pgevents.Prepared, err error) error {
 	if !errors.Is(err, errUndetailed) {
 		return err
 	}
 	ids := make([]string, len(prepared))
 	for i, p := range prepared {
-		ids[i] = p.env.ID
+		ids[i] = p.Envelope.ID
 	}
 	var n int64
 	if qerr := tx.Raw("SELECT count(*) FROM events WHERE id IN ?", ids).Scan(&n).Error; qerr != nil || n == 0 {
@@ -430,10 +418,10 @@ func (s *GormEventStore) GetEventsFromVersion(ctx context.Context, aggregateID s
 // [fromVersion, toVersion]; -1 means 1 for fromVersion and "to the end" for
 // toVersion.
 func (s *GormEventStore) GetEventsRange(ctx context.Context, aggregateID string, fromVersion, toVersion int) ([]domain.EventEnvelope[any], error) {
-	if err := checkIdentifier("aggregate ID", aggregateID); err != nil {
+	if err := pgevents.CheckIdentifier("aggregate ID", aggregateID); err != nil {
 		return nil, err
 	}
-	from, to, err := versionBounds(aggregateID, fromVersion, toVersion)
+	from, to, err := pgevents.CheckVersionRange(aggregateID, fromVersion, toVersion)
 	if err != nil {
 		return nil, err
 	}
@@ -447,7 +435,7 @@ func (s *GormEventStore) GetEventsRange(ctx context.Context, aggregateID string,
 // GetEventByID returns one event or an error wrapping
 // domain.ErrEventNotFound.
 func (s *GormEventStore) GetEventByID(ctx context.Context, eventID string) (domain.EventEnvelope[any], error) {
-	if err := checkIdentifier("event ID", eventID); err != nil {
+	if err := pgevents.CheckIdentifier("event ID", eventID); err != nil {
 		return domain.EventEnvelope[any]{}, err
 	}
 	events, err := s.query(ctx, fmt.Sprintf("read event %q", eventID), "WHERE id = ?", eventID)
@@ -463,7 +451,7 @@ func (s *GormEventStore) GetEventByID(ctx context.Context, eventID string) (doma
 // GetEventsByTransactionID returns the transaction's events ordered by
 // aggregate ID, then sequence number.
 func (s *GormEventStore) GetEventsByTransactionID(ctx context.Context, transactionID string) ([]domain.EventEnvelope[any], error) {
-	if err := checkIdentifier("transaction ID", transactionID); err != nil {
+	if err := pgevents.CheckIdentifier("transaction ID", transactionID); err != nil {
 		return nil, err
 	}
 	// Aggregate IDs sort by their bytes, as in MemoryStore, whatever the
@@ -476,7 +464,7 @@ func (s *GormEventStore) GetEventsByTransactionID(ctx context.Context, transacti
 // GetCurrentVersion returns the aggregate's last sequence number, 0 when it
 // does not exist.
 func (s *GormEventStore) GetCurrentVersion(ctx context.Context, aggregateID string) (int, error) {
-	if err := checkIdentifier("aggregate ID", aggregateID); err != nil {
+	if err := pgevents.CheckIdentifier("aggregate ID", aggregateID); err != nil {
 		return 0, err
 	}
 	var version int

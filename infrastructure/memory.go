@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/infrastructure/pgevents"
 	"github.com/eventfeed/subscriptions/internal/partition"
 )
 
@@ -52,31 +53,31 @@ func (m *MemoryStore) Append(ctx context.Context, aggregateID string, expectedVe
 	}
 	// Input first, then stored IDs (a retry's version is stale by
 	// construction), then the version.
-	given, err := prepareAppend(aggregateID, expectedVersion, -1, events)
+	given, err := pgevents.PrepareAppend(aggregateID, expectedVersion, -1, events)
 	if err != nil {
 		return err
 	}
-	stored := map[string]storedEvent{}
+	stored := map[string]pgevents.Stored{}
 	for _, ev := range events {
 		if idx, dup := m.byID[ev.ID]; dup {
 			e := m.events[idx]
-			payload, err := encodeJSON(e.Payload)
+			payload, err := pgevents.EncodeJSON(e.Payload)
 			if err != nil {
 				return fmt.Errorf("append to aggregate %q: encode stored event %q: %w", aggregateID, e.ID, err)
 			}
-			stored[e.ID] = storedEvent{ID: e.ID, AggregateID: e.AggregateID, EventType: e.EventType,
+			stored[e.ID] = pgevents.Stored{ID: e.ID, AggregateID: e.AggregateID, EventType: e.EventType,
 				TransactionID: e.TransactionID, SequenceNo: e.SequenceNo, Payload: payload}
 		}
 	}
-	if err := checkStoredIDs(aggregateID, expectedVersion, events, payloadsOf(given), stored); err != nil {
+	if err := pgevents.CheckStoredIDs(aggregateID, expectedVersion, events, given, stored); err != nil {
 		return err
 	}
-	prepared, err := prepareAppend(aggregateID, expectedVersion, len(m.byAgg[aggregateID]), events)
+	prepared, err := pgevents.PrepareAppend(aggregateID, expectedVersion, len(m.byAgg[aggregateID]), events)
 	if err != nil {
 		return err
 	}
 	for _, p := range prepared {
-		env := p.env
+		env := p.Envelope
 		env.Metadata = cloneMetadata(env.Metadata)
 		idx := len(m.events)
 		env.Position = int64(idx + 1)
@@ -113,10 +114,10 @@ func (m *MemoryStore) GetEventsFromVersion(ctx context.Context, aggregateID stri
 // [fromVersion, toVersion]; -1 means 1 for fromVersion and "to the end" for
 // toVersion.
 func (m *MemoryStore) GetEventsRange(ctx context.Context, aggregateID string, fromVersion, toVersion int) ([]domain.EventEnvelope[any], error) {
-	if err := checkIdentifier("aggregate ID", aggregateID); err != nil {
+	if err := pgevents.CheckIdentifier("aggregate ID", aggregateID); err != nil {
 		return nil, err
 	}
-	from, to, err := versionBounds(aggregateID, fromVersion, toVersion)
+	from, to, err := pgevents.CheckVersionRange(aggregateID, fromVersion, toVersion)
 	if err != nil {
 		return nil, err
 	}
@@ -134,22 +135,10 @@ func (m *MemoryStore) GetEventsRange(ctx context.Context, aggregateID string, fr
 	return out, nil
 }
 
-// versionBounds normalises GetEventsRange bounds: fromVersion -1 (or 0)
-// means 1, toVersion -1 means the end; other negative values are errors.
-func versionBounds(aggregateID string, fromVersion, toVersion int) (int, int, error) {
-	if fromVersion < -1 || toVersion < -1 {
-		return 0, 0, fmt.Errorf("%w: aggregate %q: version range [%d, %d] (only -1 may be negative)", domain.ErrInvalidEvent, aggregateID, fromVersion, toVersion)
-	}
-	if fromVersion < 1 {
-		fromVersion = 1
-	}
-	return fromVersion, toVersion, nil
-}
-
 // GetEventByID returns the event with the given ID or an error wrapping
 // domain.ErrEventNotFound.
 func (m *MemoryStore) GetEventByID(ctx context.Context, eventID string) (domain.EventEnvelope[any], error) {
-	if err := checkIdentifier("event ID", eventID); err != nil {
+	if err := pgevents.CheckIdentifier("event ID", eventID); err != nil {
 		return domain.EventEnvelope[any]{}, err
 	}
 	m.mu.RLock()
@@ -167,7 +156,7 @@ func (m *MemoryStore) GetEventByID(ctx context.Context, eventID string) (domain.
 // GetEventsByTransactionID returns the transaction's events ordered by
 // aggregate ID, then sequence number.
 func (m *MemoryStore) GetEventsByTransactionID(ctx context.Context, transactionID string) ([]domain.EventEnvelope[any], error) {
-	if err := checkIdentifier("transaction ID", transactionID); err != nil {
+	if err := pgevents.CheckIdentifier("transaction ID", transactionID); err != nil {
 		return nil, err
 	}
 	m.mu.RLock()
@@ -191,7 +180,7 @@ func (m *MemoryStore) GetEventsByTransactionID(ctx context.Context, transactionI
 // GetCurrentVersion returns the aggregate's last sequence number, 0 when it
 // does not exist.
 func (m *MemoryStore) GetCurrentVersion(ctx context.Context, aggregateID string) (int, error) {
-	if err := checkIdentifier("aggregate ID", aggregateID); err != nil {
+	if err := pgevents.CheckIdentifier("aggregate ID", aggregateID); err != nil {
 		return 0, err
 	}
 	m.mu.RLock()

@@ -2,26 +2,30 @@ package pgxstore
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/eventfeed/subscriptions/domain"
-	"github.com/eventfeed/subscriptions/migrations/schema"
+	"github.com/eventfeed/subscriptions/infrastructure/pgevents"
 )
 
 // DefaultNotifyChannel is the channel on which an EventStore NOTIFYs
 // after every committed append unless WithNotifyChannel says otherwise.
-// It is the value of infrastructure.PostgresNotifyChannel, the default of
-// infrastructure.GormEventStore and of subscriptions.NewPostgresListener,
-// so that a listener of either backend is woken by appends of both.
-const DefaultNotifyChannel = "pericarp_events"
+// It is pgevents.DefaultNotifyChannel, the default of
+// infrastructure.GormEventStore and of subscriptions.NewPostgresListener
+// too, so that a listener of either backend is woken by appends of both.
+const DefaultNotifyChannel = pgevents.DefaultNotifyChannel
+
+// MaxIdentifierBytes bounds event IDs, aggregate IDs, event types and
+// transaction IDs. Longer values are rejected with domain.ErrInvalidEvent
+// rather than truncated, and the bound keeps every identifier inside what a
+// Postgres B-tree index entry can hold. It is pgevents.MaxIdentifierBytes,
+// infrastructure.MaxIdentifierBytes too: both stores refuse the same
+// identifiers.
+const MaxIdentifierBytes = pgevents.MaxIdentifierBytes
 
 // EventStore is a domain.EventStore on Postgres through a pgx pool, on
 // the events table that infrastructure.GormEventStore uses: the two
@@ -45,7 +49,10 @@ const DefaultNotifyChannel = "pericarp_events"
 // table are serialized, the lock held through each commit's WAL flush.
 // Within one store, concurrent appends that wait for the lock at the same
 // time share one transaction (coalescing), so they share the lock and the
-// flush while each keeps its own version check and outcome.
+// flush while each keeps its own version check and outcome. The append,
+// its validation, its coalescing and the decoding of rows are
+// pgevents', which the GORM store runs too: both stores give one append
+// the same answer.
 //
 // Each append runs pg_notify on its channel, with an empty payload, in
 // its transaction, delivered at commit, for subscriptions.PostgresListener;
@@ -55,10 +62,8 @@ const DefaultNotifyChannel = "pericarp_events"
 // The store also implements subscriptions.PartitionFeed and
 // subscriptions.FeedIndex, in SQL.
 type EventStore struct {
-	pool      *pgxpool.Pool
-	lockKey   int64  // the append lock's key
-	channel   string // the NOTIFY channel
-	coalescer appendCoalescer
+	pool     *pgxpool.Pool
+	appender *pgevents.Appender // the append transaction, coalesced
 }
 
 var _ domain.EventStore = (*EventStore)(nil)
@@ -86,7 +91,7 @@ func NewEventStore(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Ev
 	if cfg.channelSet {
 		channel = cfg.channel
 	}
-	if err := checkChannel(channel); err != nil {
+	if err := pgevents.CheckChannel(channel); err != nil {
 		return nil, fmt.Errorf("pgxstore: NewEventStore: %w (WithNotifyChannel)", err)
 	}
 	if err := ensureSchema(ctx, "NewEventStore", pool, cfg); err != nil {
@@ -94,16 +99,28 @@ func NewEventStore(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Ev
 	}
 	// The lock key of infrastructure.GormEventStore, resolved as it does.
 	var qualified *string
-	err := pool.QueryRow(ctx, `SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
-		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE c.oid = to_regclass('events')`).Scan(&qualified)
+	err := pool.QueryRow(ctx, pgevents.EventsTableQuery).Scan(&qualified)
 	if err == nil && (qualified == nil || *qualified == "") {
 		err = errors.New("no events table on the search_path")
 	}
 	if err != nil {
 		return nil, fmt.Errorf("pgxstore: NewEventStore: resolve the events table's schema: %w", err)
 	}
-	return &EventStore{pool: pool, lockKey: schema.LockKey("append", *qualified), channel: channel}, nil
+	s := &EventStore{pool: pool}
+	s.appender = pgevents.NewAppender(pgevents.AppendLockKey(*qualified), channel, s.withConn)
+	return s, nil
+}
+
+// withConn is the store's pgevents.ConnFunc: f runs on a connection of
+// the pool, which the Appender hands back outside any transaction.
+func (s *EventStore) withConn(ctx context.Context, f func(*pgx.Conn)) error {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("acquire a connection: %w", err)
+	}
+	defer conn.Release()
+	f(conn.Conn())
+	return nil
 }
 
 // Append stores events for one aggregate atomically; see
@@ -119,7 +136,7 @@ func (s *EventStore) append(ctx context.Context, aggregateID string, expectedVer
 	// What can be checked without the database is checked first, so bad
 	// input never takes the append lock. The version check and sequence
 	// numbers are checked again in the database.
-	given, err := prepareAppend(aggregateID, expectedVersion, -1, events)
+	given, err := pgevents.PrepareAppend(aggregateID, expectedVersion, -1, events)
 	if err != nil {
 		return err
 	}
@@ -132,10 +149,10 @@ func (s *EventStore) append(ctx context.Context, aggregateID string, expectedVer
 		if err != nil {
 			return err
 		}
-		_, err = prepareAppend(aggregateID, expectedVersion, current, nil)
+		_, err = pgevents.PrepareAppend(aggregateID, expectedVersion, current, nil)
 		return err
 	}
-	return s.appendRequest(ctx, aggregateID, expectedVersion, events, given)
+	return s.appender.Append(ctx, aggregateID, expectedVersion, events, given)
 }
 
 // wrap prefixes an error with the package's name.
@@ -146,68 +163,9 @@ func wrap(err error) error {
 	return fmt.Errorf("pgxstore: %w", err)
 }
 
-// selectEvents reads whole events; a caller appends its WHERE, ORDER BY
-// and LIMIT. The columns are those infrastructure's reads select.
-const selectEvents = "SELECT id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at FROM events "
-
-// eventRow is one event as stored.
-type eventRow struct {
-	ID            string
-	AggregateID   string
-	EventType     string
-	SequenceNo    int
-	TransactionID string
-	Position      int64
-	Payload       []byte
-	Metadata      []byte
-	CreatedAt     time.Time
-}
-
-func (r *eventRow) targets() []any {
-	return []any{&r.ID, &r.AggregateID, &r.EventType, &r.SequenceNo, &r.TransactionID, &r.Position, &r.Payload, &r.Metadata, &r.CreatedAt}
-}
-
-// envelope converts the row into the envelope readers see, as
-// infrastructure's reads decode it: payload and metadata decoded from
-// JSON (objects as map[string]any, numbers as float64), Created in UTC,
-// Metadata never nil.
-func (r *eventRow) envelope() (domain.EventEnvelope[any], error) {
-	payload, err := decodeJSON(r.Payload)
-	if err != nil {
-		return domain.EventEnvelope[any]{}, fmt.Errorf("event %s (type %q, position %d): decode payload: %w", r.ID, r.EventType, r.Position, err)
-	}
-	meta, err := decodeJSON(r.Metadata)
-	if err != nil {
-		return domain.EventEnvelope[any]{}, fmt.Errorf("event %s (type %q, position %d): decode metadata: %w", r.ID, r.EventType, r.Position, err)
-	}
-	metadata, _ := meta.(map[string]any)
-	if metadata == nil {
-		metadata = map[string]any{}
-	}
-	return domain.EventEnvelope[any]{
-		ID:            r.ID,
-		AggregateID:   r.AggregateID,
-		EventType:     r.EventType,
-		Payload:       payload,
-		Created:       r.CreatedAt.UTC(),
-		SequenceNo:    r.SequenceNo,
-		TransactionID: r.TransactionID,
-		Metadata:      metadata,
-		Position:      r.Position,
-	}, nil
-}
-
-// decodeJSON decodes a stored JSON column; an empty (NULL) one is nil.
-func decodeJSON(raw []byte) (any, error) {
-	if len(raw) == 0 {
-		return nil, nil
-	}
-	var v any
-	if err := json.Unmarshal(raw, &v); err != nil {
-		return nil, err
-	}
-	return v, nil
-}
+// selectEvents reads whole events (pgevents.SelectEvents); a caller
+// appends its WHERE, ORDER BY and LIMIT.
+const selectEvents = pgevents.SelectEvents
 
 // query reads whole events on the pool; what names the read in the error.
 func (s *EventStore) query(ctx context.Context, what, clause string, args ...any) ([]domain.EventEnvelope[any], error) {
@@ -228,22 +186,10 @@ func queryEvents(ctx context.Context, q querier, what, clause string, args ...an
 	return out, nil
 }
 
-// collectEvents decodes the rows of a selectEvents query and closes them.
+// collectEvents decodes the rows of a selectEvents query and closes them
+// (pgevents.ScanEnvelopes).
 func collectEvents(rows pgx.Rows) ([]domain.EventEnvelope[any], error) {
-	defer rows.Close()
-	out := []domain.EventEnvelope[any]{}
-	for rows.Next() {
-		var r eventRow
-		if err := rows.Scan(r.targets()...); err != nil {
-			return nil, err
-		}
-		env, err := r.envelope()
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, env)
-	}
-	return out, rows.Err()
+	return pgevents.ScanEnvelopes(rows)
 }
 
 // GetEvents returns every event of the aggregate in sequence order.
@@ -261,10 +207,10 @@ func (s *EventStore) GetEventsFromVersion(ctx context.Context, aggregateID strin
 // [fromVersion, toVersion]; -1 means 1 for fromVersion and "to the end"
 // for toVersion.
 func (s *EventStore) GetEventsRange(ctx context.Context, aggregateID string, fromVersion, toVersion int) ([]domain.EventEnvelope[any], error) {
-	if err := checkIdentifier("aggregate ID", aggregateID); err != nil {
+	if err := pgevents.CheckIdentifier("aggregate ID", aggregateID); err != nil {
 		return nil, wrap(err)
 	}
-	from, to, err := versionBounds(aggregateID, fromVersion, toVersion)
+	from, to, err := pgevents.CheckVersionRange(aggregateID, fromVersion, toVersion)
 	if err != nil {
 		return nil, wrap(err)
 	}
@@ -275,22 +221,10 @@ func (s *EventStore) GetEventsRange(ctx context.Context, aggregateID string, fro
 	return s.query(ctx, what, "WHERE aggregate_id = $1 AND sequence_no BETWEEN $2 AND $3 ORDER BY sequence_no", aggregateID, from, to)
 }
 
-// versionBounds checks a version range and resolves fromVersion -1, as
-// infrastructure's stores do.
-func versionBounds(aggregateID string, fromVersion, toVersion int) (int, int, error) {
-	if fromVersion < -1 || toVersion < -1 {
-		return 0, 0, fmt.Errorf("%w: aggregate %q: version range [%d, %d] (only -1 may be negative)", domain.ErrInvalidEvent, aggregateID, fromVersion, toVersion)
-	}
-	if fromVersion < 1 {
-		fromVersion = 1
-	}
-	return fromVersion, toVersion, nil
-}
-
 // GetEventByID returns one event or an error wrapping
 // domain.ErrEventNotFound.
 func (s *EventStore) GetEventByID(ctx context.Context, eventID string) (domain.EventEnvelope[any], error) {
-	if err := checkIdentifier("event ID", eventID); err != nil {
+	if err := pgevents.CheckIdentifier("event ID", eventID); err != nil {
 		return domain.EventEnvelope[any]{}, wrap(err)
 	}
 	events, err := s.query(ctx, fmt.Sprintf("read event %q", eventID), "WHERE id = $1", eventID)
@@ -307,7 +241,7 @@ func (s *EventStore) GetEventByID(ctx context.Context, eventID string) (domain.E
 // aggregate ID (by its bytes, whatever the column's collation), then
 // sequence number.
 func (s *EventStore) GetEventsByTransactionID(ctx context.Context, transactionID string) ([]domain.EventEnvelope[any], error) {
-	if err := checkIdentifier("transaction ID", transactionID); err != nil {
+	if err := pgevents.CheckIdentifier("transaction ID", transactionID); err != nil {
 		return nil, wrap(err)
 	}
 	return s.query(ctx, fmt.Sprintf("read transaction %q", transactionID),
@@ -322,7 +256,7 @@ func (s *EventStore) GetCurrentVersion(ctx context.Context, aggregateID string) 
 }
 
 func (s *EventStore) currentVersion(ctx context.Context, aggregateID string) (int, error) {
-	if err := checkIdentifier("aggregate ID", aggregateID); err != nil {
+	if err := pgevents.CheckIdentifier("aggregate ID", aggregateID); err != nil {
 		return 0, err
 	}
 	var version int
@@ -357,10 +291,9 @@ func (s *EventStore) HeadPosition(ctx context.Context) (int64, error) {
 func (s *EventStore) Close() error { return nil }
 
 // partitionHash is subscriptions.PartitionOf's hash of aggregate_id in
-// SQL: the first eight hex digits of md5(aggregate_id) as an unsigned
-// 32-bit integer (a bigint, so that the modulo stays non-negative), as
-// infrastructure's Postgres reads compute it.
-const partitionHash = `('x' || substr(md5(aggregate_id), 1, 8))::bit(32)::bigint`
+// SQL (pgevents.PartitionHash), as the GORM store's Postgres reads
+// compute it.
+const partitionHash = pgevents.PartitionHash
 
 // ReadPartitionAfter returns up to limit events (all when limit <= 0) of
 // partition p of n (subscriptions.PartitionOf) with Position >
@@ -439,17 +372,8 @@ func readPositions(ctx context.Context, q querier, positions []int64) ([]domain.
 	if len(positions) == 0 {
 		return []domain.EventEnvelope[any]{}, nil
 	}
-	// One bigint[] literal, as infrastructure passes it: one statement
+	// One bigint[] literal, as the GORM store passes it: one statement
 	// text whatever the number of positions.
-	var b strings.Builder
-	b.WriteByte('{')
-	for i, p := range positions {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.FormatInt(p, 10))
-	}
-	b.WriteByte('}')
 	return queryEvents(ctx, q, fmt.Sprintf("read %d events at positions %d...", len(positions), positions[0]),
-		"WHERE position = ANY($1::bigint[]) ORDER BY position", b.String())
+		"WHERE position = ANY($1::bigint[]) ORDER BY position", pgevents.PositionsArray(positions))
 }

@@ -15,12 +15,11 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"gorm.io/gorm"
 
+	"github.com/eventfeed/subscriptions/infrastructure/pgevents"
 	"github.com/eventfeed/subscriptions/migrations/schema"
 )
 
@@ -71,11 +70,11 @@ type Dialect struct {
 }
 
 // MD5PartitionHash is subscriptions.PartitionOf's hash as an SQL
-// expression on aggregate_id, for engines with md5() (Postgres): the first
-// eight hex digits of md5(aggregate_id) as an unsigned 32-bit integer (a
-// bigint, so that a modulo stays non-negative). It is a constant for
-// queries built at compile time; elsewhere ask PartitionHash.
-const MD5PartitionHash = `('x' || substr(md5(aggregate_id), 1, 8))::bit(32)::bigint`
+// expression on aggregate_id, for engines with md5() (Postgres):
+// pgevents.PartitionHash, the one every Postgres store reads with. It is
+// a constant for queries built at compile time; elsewhere ask
+// PartitionHash.
+const MD5PartitionHash = pgevents.PartitionHash
 
 var (
 	// Postgres is the Postgres dialect.
@@ -259,14 +258,5 @@ func (d *Dialect) PositionIn(positions []int64) (string, []any) {
 	if !d.JSONB { // SQLite: GORM expands the slice
 		return "position IN ?", []any{positions}
 	}
-	var b strings.Builder
-	b.WriteByte('{')
-	for i, p := range positions {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.FormatInt(p, 10))
-	}
-	b.WriteByte('}')
-	return "position = ANY(?::bigint[])", []any{b.String()}
+	return "position = ANY(?::bigint[])", []any{pgevents.PositionsArray(positions)}
 }

@@ -64,14 +64,6 @@ func UniqueViolation(err error) (violation Unique, unique bool) {
 	return Unique{}, false
 }
 
-// NotifyQueueFull reports whether err is Postgres refusing a NOTIFY, or
-// the COMMIT that delivers it, because the server's notification queue is
-// full (program_limit_exceeded about notifications).
-func NotifyQueueFull(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "54000" && strings.Contains(pgErr.Message, "notif")
-}
-
 // Busy reports whether err is SQLite's SQLITE_BUSY or SQLITE_LOCKED
 // ("database is locked", "database table is locked"), by message, from
 // any driver.

@@ -79,9 +79,3 @@ func TestUniqueViolation(t *testing.T) {
 		})
 	}
 }
-
-func TestNotifyQueueFull(t *testing.T) {
-	require.True(t, sqlerr.NotifyQueueFull(fmt.Errorf("commit: %w", &pgconn.PgError{Code: "54000", Message: "too many notifications in the NOTIFY queue"})))
-	require.False(t, sqlerr.NotifyQueueFull(&pgconn.PgError{Code: "54000", Message: "stack depth limit exceeded"}))
-	require.False(t, sqlerr.NotifyQueueFull(errors.New("too many notifications in the NOTIFY queue")))
-}

@@ -1,4 +1,4 @@
-package pgxstore
+package pgevents
 
 import (
 	"context"
@@ -11,87 +11,175 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/migrations/schema"
 )
 
-// The append transaction, as infrastructure.GormEventStore's pipelined
-// Postgres path runs it (gorm_postgres_append.go), on a connection of the
-// store's pgx pool: BEGIN READ COMMITTED, the append lock, every member's
-// checked INSERT, the NOTIFY and the COMMIT, sent in one round trip. The
-// statements are the GORM store's, so that both stores number rows alike
-// on one table, under one lock.
+// EventsTableQuery resolves the events table that a connection's
+// search_path names to its schema-qualified name (NULL when there is
+// none), for AppendLockKey.
+const EventsTableQuery = `SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
+	FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+	WHERE c.oid = to_regclass('events')`
 
-// appendRequest runs the append through the coalescer: alone when the
+// AppendLockKey is the key of the transaction-scoped advisory lock that
+// every append to the events table named qualified (EventsTableQuery)
+// takes before its rows take positions, whichever store makes it: the
+// ordered feed's soundness rests on every appender taking this one lock.
+func AppendLockKey(qualified string) int64 { return schema.LockKey("append", qualified) }
+
+// ConnFunc runs f on a pgx connection that is outside any transaction,
+// and returns nil once f has returned; an error only when it could not
+// run f (no connection could be had), which then becomes every waiting
+// append's outcome. f leaves the connection outside any transaction, or
+// closed. A store passes its own: a connection of its pgx pool, or the
+// pgx connection under a database/sql one.
+type ConnFunc func(ctx context.Context, f func(pc *pgx.Conn)) error
+
+// Appender is the engine of the Postgres append: it runs appends to the
+// events table as the pipelined transaction both of the module's Postgres
+// stores run (BEGIN READ COMMITTED, the append lock, every append's
+// checked INSERT, the NOTIFY and the COMMIT, in one round trip), and
+// coalesces the appends of one store that wait for the lock at the same
+// time into one transaction, each keeping its own version check and
+// outcome. It exists so that infrastructure.GormEventStore and
+// pgxstore.EventStore number rows, notify, refuse and answer retries
+// alike on one table, under one lock; a backend of one's own may use it
+// too.
+//
+// An Appender is safe for concurrent use; use one per store (its
+// coalescing and its in-flight limit are the store's).
+type Appender struct {
+	lockKey   int64
+	channel   string
+	conn      ConnFunc
+	coalescer appendCoalescer
+}
+
+// NewAppender returns an Appender that takes the append lock lockKey
+// (AppendLockKey), NOTIFYs channel after every committed append (checked
+// by the caller: CheckChannel) and runs its transactions on connections
+// from conn.
+func NewAppender(lockKey int64, channel string, conn ConnFunc) *Appender {
+	return &Appender{lockKey: lockKey, channel: channel, conn: conn}
+}
+
+// SetCoalescing turns the coalescing of concurrent appends on (the
+// default) or off, every append then its own transaction, for tests and
+// benchmarks that compare the two. Call it before the first Append.
+func (a *Appender) SetCoalescing(on bool) { a.coalescer.solo = !on }
+
+// Waiting is the number of appends waiting in batches that form behind
+// the transactions in flight (0 when none waits).
+func (a *Appender) Waiting() int {
+	a.coalescer.mu.Lock()
+	defer a.coalescer.mu.Unlock()
+	n := 0
+	for _, b := range a.coalescer.forming {
+		n += len(b.members)
+	}
+	return n
+}
+
+// InFlightLimit is the number of append transactions the Appender keeps
+// in flight at present: two while its transactions follow one another in
+// the feed, one once another appender's rows came between two of them.
+func (a *Appender) InFlightLimit() int {
+	a.coalescer.mu.Lock()
+	defer a.coalescer.mu.Unlock()
+	return a.coalescer.limit()
+}
+
+// Append stores events for one aggregate atomically, as
+// domain.EventStore.Append says, through the coalescer: alone when the
 // store's appends are not queued for the lock, in a shared transaction
-// otherwise. prepared is the call's events as Append validated and
-// encoded them: the batch reads those and a copy of the envelopes
-// without their payloads and metadata, never the caller's values, which
-// the caller owns again once Append returns.
-func (s *EventStore) appendRequest(ctx context.Context, aggregateID string, expectedVersion int, events []domain.EventEnvelope[any], prepared []preparedEvent) error {
+// otherwise. prepared is what PrepareAppend returned for the call's
+// events with an unknown version (-1); events must not be empty (a store
+// answers an empty append's version check itself). The batch reads
+// prepared and a copy of the envelopes without their payloads and
+// metadata, never the caller's values, which the caller owns again once
+// Append returns, even when it gave up on an append that may still
+// commit. The error is unwrapped: the domain's errors as they are, others
+// naming the append.
+func (a *Appender) Append(ctx context.Context, aggregateID string, expectedVersion int, events []domain.EventEnvelope[any], prepared []Prepared) error {
 	own := make([]domain.EventEnvelope[any], len(events))
 	for i, ev := range events {
 		ev.Payload, ev.Metadata = nil, nil
 		own[i] = ev
 	}
-	return s.coalescer.run(&appendRequest{ctx: ctx, aggregateID: aggregateID, expectedVersion: expectedVersion, events: own, prepared: prepared}, s.runBatch)
+	return a.coalescer.run(&appendRequest{ctx: ctx, aggregateID: aggregateID, expectedVersion: expectedVersion, events: own, prepared: prepared}, a.runBatch)
 }
 
 // runBatch is one append transaction for a batch of appends, delivering
 // each member's outcome. When a full notification queue refuses the
 // NOTIFY, the batch runs again without it: notifications are wake-ups,
 // subscribers poll anyway, and a failed notify never fails an append.
-func (s *EventStore) runBatch(b *appendBatch) {
+func (a *Appender) runBatch(b *appendBatch) {
 	defer b.cancel()
-	results := s.appendBatchOnce(b, nil, true)
+	results := a.appendBatchOnce(b, nil, true)
 	var retry []*appendRequest
 	for m, err := range results {
-		if isNotifyFailure(err) {
+		if IsNotifyFailure(err) {
 			retry = append(retry, m)
 		}
 	}
 	if len(retry) > 0 {
-		for m, err := range s.appendBatchOnce(b, retry, false) {
+		for m, err := range a.appendBatchOnce(b, retry, false) {
 			results[m] = err
 		}
 	}
 	for _, m := range b.members {
 		err, ok := results[m]
 		if !ok {
-			// Every path should have answered; never leave a caller
-			// waiting for an answer that will not come.
+			// Every path above should have answered; never leave a
+			// caller waiting for an answer that will not come.
 			err = fmt.Errorf("append %d event(s) to aggregate %q: internal error: the append transaction gave no outcome for this append, which may or may not be stored: retry the same call", len(m.events), m.aggregateID)
 		}
 		m.done <- err
 	}
 }
 
-// appendBatchOnce runs the append transaction on one connection of the
-// pool for the closed batch b's members or, when members is set, for
-// those only (the NOTIFY-less retry), and returns every member's outcome.
-// The connection goes back to the pool outside any transaction, or is
-// closed (endSession).
-func (s *EventStore) appendBatchOnce(b *appendBatch, members []*appendRequest, notify bool) map[*appendRequest]error {
+// appendBatchOnce runs the append transaction on one pgx connection, for
+// the closed batch b's members or, when members is set, for those only
+// (the NOTIFY-less retry). It returns every member's outcome, and leaves
+// the connection outside any transaction, or closed (endSession).
+//
+// The transaction is one network round trip, pipelined with pgx, however
+// many appends share it (appendOnConn). Each INSERT checks its append's
+// version and numbers its rows in the database (checkedInsert), in a
+// statement that starts after the lock was granted, under READ COMMITTED,
+// so it sees every earlier append. An append whose check fails inserts
+// nothing and is told why after the commit (explainRefusals).
+//
+// Commit latency is what a subscriber's wake-up waits for, and the lock is
+// held through it, which is why the append is worth the pipelining.
+func (a *Appender) appendBatchOnce(b *appendBatch, members []*appendRequest, notify bool) map[*appendRequest]error {
 	ctx := b.ctx
 	if members == nil {
 		members = b.members // closed: final
 	}
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
-		results := map[*appendRequest]error{}
-		for _, m := range members {
-			results[m] = fmt.Errorf("append %d event(s) to aggregate %q: acquire a connection: %w", len(m.events), m.aggregateID, err)
-		}
+	var results map[*appendRequest]error
+	err := a.conn(ctx, func(pc *pgx.Conn) {
+		results = a.appendOnConn(ctx, pc, members, notify)
+		// Never hand a connection back to the pool inside a transaction.
+		_ = endSession(ctx, pc)
+	})
+	if results != nil {
+		// The outcomes stand, whatever handing the connection back said.
 		return results
 	}
-	defer conn.Release()
-	pc := conn.Conn()
-	results := s.appendOnConn(ctx, pc, members, notify)
-	_ = endSession(ctx, pc)
+	if err == nil {
+		err = errors.New("no outcome from the append transaction")
+	}
+	results = map[*appendRequest]error{}
+	for _, m := range members {
+		results[m] = fmt.Errorf("append %d event(s) to aggregate %q: %w", len(m.events), m.aggregateID, err)
+	}
 	return results
 }
 
 // endSession rolls back whatever transaction the session still has open,
-// so that the connection goes back to the pool clean; a connection that
-// cannot be rolled back is closed (the pool then drops it). The rollback
+// so that the connection goes back to its pool clean; a connection that
+// cannot be rolled back is closed (its pool then drops it). The rollback
 // runs even when ctx is cancelled, with its own deadline.
 func endSession(ctx context.Context, pc *pgx.Conn) error {
 	if pc.IsClosed() || pc.PgConn().TxStatus() == 'I' {
@@ -110,18 +198,11 @@ const (
 	// selectHeads reads the versions of the aggregates in $1.
 	selectHeads = `SELECT a.id, (SELECT COALESCE(MAX(sequence_no), 0) FROM events WHERE aggregate_id = a.id)
 		FROM unnest($1::text[]) AS a(id)`
-	selectStored = `SELECT id, aggregate_id, event_type, transaction_id, sequence_no, payload FROM events WHERE id = ANY($1)`
 	// notifyIfWritten notifies only if the transaction inserted a row
 	// (an append whose version check failed inserts none), and returns
 	// the feed head after the transaction's rows (appendCoalescer.observe).
 	notifyIfWritten = `SELECT (SELECT MAX(position) FROM events), pg_notify($1, '') WHERE txid_current_if_assigned() IS NOT NULL`
 )
-
-// insertStatement is one statement and its arguments.
-type insertStatement struct {
-	sql  string
-	args []any
-}
 
 // checkedInsert is one append's INSERT that checks its version and
 // numbers its rows in the database, under the append lock: it reads the
@@ -129,21 +210,27 @@ type insertStatement struct {
 // was granted, under READ COMMITTED, and after the statements of the
 // appends before it in the transaction), so that no round trip is needed
 // between the lock and the rows. It inserts nothing unless the version is
-// the required one (required >= 0; -1: any). The rows travel as arrays,
-// so one statement text carries an append of any size, all or nothing.
-func checkedInsert(aggregateID string, required int, prepared []preparedEvent) insertStatement {
+// the required one (required >= 0: the append's expected version, or the
+// one its explicit sequence numbers imply; -1: any). The rows travel as
+// arrays, so one statement (one text, prepared once per connection)
+// carries an append of any size, all or nothing.
+func checkedInsert(aggregateID string, required int, prepared []Prepared) insertStatement {
 	n := len(prepared)
 	ids, types, txs, payloads, metas := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	created := make([]time.Time, n)
 	for i, p := range prepared {
-		ids[i], types[i], txs[i] = p.env.ID, p.env.EventType, p.env.TransactionID
-		payloads[i], metas[i], created[i] = string(p.payload), string(p.metadata), p.env.Created
+		ids[i], types[i], txs[i] = p.Envelope.ID, p.Envelope.EventType, p.Envelope.TransactionID
+		payloads[i], metas[i], created[i] = string(p.Payload), string(p.Metadata), p.Envelope.Created
 	}
 	return insertStatement{sql: checkedInsertSQL, args: []any{aggregateID, required, ids, types, txs, payloads, metas, created}}
 }
 
-// checkedInsertSQL is infrastructure's, verbatim: payload and metadata
-// are cast from their JSON text to jsonb, as the GORM store writes them.
+// insertStatement is one statement and its arguments.
+type insertStatement struct {
+	sql  string
+	args []any
+}
+
 const checkedInsertSQL = `INSERT INTO events (id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at)
 	SELECT v.id, $1, v.event_type, cur.version + v.ord, v.transaction_id, head.position + v.ord, v.payload::jsonb, v.metadata::jsonb, v.created_at
 	FROM (SELECT COALESCE(MAX(sequence_no), 0) AS version FROM events WHERE aggregate_id = $1) AS cur,
@@ -171,21 +258,21 @@ func requiredVersion(m *appendRequest) (required int, ok bool) {
 }
 
 // readStored reads the stored events among reqs' event IDs (see
-// checkStoredIDs).
-func readStored(ctx context.Context, pc *pgx.Conn, reqs []*appendRequest, into map[string]storedEvent) error {
+// CheckStoredIDs).
+func readStored(ctx context.Context, pc *pgx.Conn, reqs []*appendRequest, into map[string]Stored) error {
 	var ids []string
 	for _, m := range reqs {
 		for _, ev := range m.events {
 			ids = append(ids, ev.ID)
 		}
 	}
-	rows, err := pc.Query(ctx, selectStored, ids)
+	rows, err := pc.Query(ctx, SelectStored, ids)
 	if err != nil {
 		return fmt.Errorf("read stored event IDs: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var e storedEvent
+		var e Stored
 		if err := rows.Scan(&e.ID, &e.AggregateID, &e.EventType, &e.TransactionID, &e.SequenceNo, &e.Payload); err != nil {
 			return fmt.Errorf("read stored event IDs: %w", err)
 		}
@@ -203,7 +290,7 @@ func readStored(ctx context.Context, pc *pgx.Conn, reqs []*appendRequest, into m
 // version conflict with the version now stored. It runs after the
 // transaction ended: stored events never change, and versions only grow.
 func explainRefusals(ctx context.Context, pc *pgx.Conn, refused []*appendRequest, results map[*appendRequest]error) {
-	stored := map[string]storedEvent{}
+	stored := map[string]Stored{}
 	versions := map[string]int{}
 	err := readStored(ctx, pc, refused, stored)
 	if err == nil {
@@ -233,8 +320,8 @@ func explainRefusals(ctx context.Context, pc *pgx.Conn, refused []*appendRequest
 			// Maybe the retry of an append that committed: not a
 			// conflict, which would have the caller run its command again.
 			why = outcomeUnknown(m, err)
-		} else if why = checkStoredIDs(m.aggregateID, m.expectedVersion, m.events, payloadsOf(m.prepared), stored); why == nil {
-			if _, why = prepareAppend(m.aggregateID, m.expectedVersion, versions[m.aggregateID], m.events); why == nil {
+		} else if why = CheckStoredIDs(m.aggregateID, m.expectedVersion, m.events, m.prepared, stored); why == nil {
+			if _, why = PrepareAppend(m.aggregateID, m.expectedVersion, versions[m.aggregateID], m.events); why == nil {
 				why = fmt.Errorf("%w: aggregate %q: the version check failed, nothing was stored (the aggregate is now at version %d)", domain.ErrConcurrencyConflict, m.aggregateID, versions[m.aggregateID])
 			}
 		}
@@ -243,12 +330,13 @@ func explainRefusals(ctx context.Context, pc *pgx.Conn, refused []*appendRequest
 }
 
 // appendOnConn runs the append transaction of members on pc, in one
-// round trip. The lock is held for the statements and the commit's flush
-// only, never for a round trip to the client. Every member gets an
-// outcome, however the transaction ends: an append refused before the
-// batch is sent (sequence numbers no version fits) stored nothing either
-// way and is explained after it (explainRefusals).
-func (s *EventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, members []*appendRequest, notify bool) map[*appendRequest]error {
+// round trip: BEGIN, the append lock, every member's checked INSERTs, the
+// NOTIFY and the COMMIT. The lock is held for the statements and the
+// commit's flush only, never for a round trip to the client. Every member
+// gets an outcome, however the transaction ends: an append refused before
+// the batch is sent (sequence numbers no version fits) stored nothing
+// either way and is explained after it (explainRefusals).
+func (a *Appender) appendOnConn(ctx context.Context, pc *pgx.Conn, members []*appendRequest, notify bool) map[*appendRequest]error {
 	results := map[*appendRequest]error{}
 	var (
 		plans   []appendPlan
@@ -263,7 +351,7 @@ func (s *EventStore) appendOnConn(ctx context.Context, pc *pgx.Conn, members []*
 		plans = append(plans, appendPlan{m, checkedInsert(m.aggregateID, required, m.prepared)})
 	}
 	if len(plans) > 0 {
-		refused = append(refused, s.runPlans(ctx, pc, plans, notify, results)...)
+		refused = append(refused, a.runPlans(ctx, pc, plans, notify, results)...)
 	}
 	if len(refused) > 0 {
 		// The transaction may have ended in an error: end it before reading.
@@ -287,17 +375,11 @@ func outcomeUnknown(m *appendRequest, readErr error) error {
 		len(m.events), m.aggregateID, readErr)
 }
 
-// appendPlan is one member's statement in the append transaction.
-type appendPlan struct {
-	m      *appendRequest
-	insert insertStatement
-}
-
 // runPlans sends the transaction of plans and records the outcome of
 // every plan's member in results, except the members whose version check
 // failed in a transaction that committed: those it returns, for
 // explainRefusals.
-func (s *EventStore) runPlans(ctx context.Context, pc *pgx.Conn, plans []appendPlan, notify bool, results map[*appendRequest]error) (refused []*appendRequest) {
+func (a *Appender) runPlans(ctx context.Context, pc *pgx.Conn, plans []appendPlan, notify bool, results map[*appendRequest]error) (refused []*appendRequest) {
 	fail := func(err error) []*appendRequest {
 		for _, p := range plans {
 			results[p.m] = fmt.Errorf("append %d event(s) to aggregate %q: %w", len(p.m.events), p.m.aggregateID, err)
@@ -308,12 +390,12 @@ func (s *EventStore) runPlans(ctx context.Context, pc *pgx.Conn, plans []appendP
 	// READ COMMITTED whatever the server's default: the INSERT after the
 	// lock must see every append committed before the lock was granted.
 	write.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
-	write.Queue("SELECT pg_advisory_xact_lock($1)", s.lockKey)
+	write.Queue("SELECT pg_advisory_xact_lock($1)", a.lockKey)
 	for _, p := range plans {
 		write.Queue(p.insert.sql, p.insert.args...)
 	}
 	if notify {
-		write.Queue(notifyIfWritten, s.channel)
+		write.Queue(notifyIfWritten, a.channel)
 	}
 	write.Queue("COMMIT")
 	br := pc.SendBatch(ctx, write)
@@ -337,7 +419,7 @@ func (s *EventStore) runPlans(ctx context.Context, pc *pgx.Conn, plans []appendP
 		if err != nil {
 			// Not committed: the rest of the batch is skipped.
 			_ = br.Close()
-			s.afterRefusedInsert(ctx, pc, plans, err, notify, results)
+			a.afterRefusedInsert(ctx, pc, plans, err, notify, results)
 			return nil
 		}
 		if tag.RowsAffected() == int64(len(p.m.events)) {
@@ -357,12 +439,12 @@ func (s *EventStore) runPlans(ctx context.Context, pc *pgx.Conn, plans []appendP
 			err = errors.Join(err, rows.Err())
 		}
 		if err != nil {
-			if !isNotifyFailure(err) {
+			if !IsNotifyFailure(err) {
 				// A lost connection, a cancellation: not the queue.
 				return fail(fmt.Errorf("notify subscribers: %w", err))
 			}
 			for _, p := range plans {
-				results[p.m] = notifyError{err}
+				results[p.m] = NotifyError{err}
 			}
 			return nil
 		}
@@ -372,7 +454,7 @@ func (s *EventStore) runPlans(ctx context.Context, pc *pgx.Conn, plans []appendP
 		err = fmt.Errorf("the transaction was rolled back (%s)", tag.String())
 	}
 	if err != nil {
-		if isNotifyFailure(err) {
+		if IsNotifyFailure(err) {
 			for _, p := range plans {
 				results[p.m] = err
 			}
@@ -381,14 +463,20 @@ func (s *EventStore) runPlans(ctx context.Context, pc *pgx.Conn, plans []appendP
 		return fail(fmt.Errorf("commit: %w", err))
 	}
 	// COMMIT acknowledged: the outcome is decided, whatever closing the
-	// batch reports.
+	// batch reports (the deferred Close; the connection is then dropped).
 	for _, m := range accepted {
 		results[m] = nil
 	}
 	if end != nil && inserted > 0 {
-		s.coalescer.observe(*end-inserted, *end)
+		a.coalescer.observe(*end-inserted, *end)
 	}
 	return refused
+}
+
+// appendPlan is one member's statement in the append transaction.
+type appendPlan struct {
+	m      *appendRequest
+	insert insertStatement
 }
 
 // afterRefusedInsert answers for a transaction whose INSERT the database
@@ -396,7 +484,7 @@ func (s *EventStore) runPlans(ctx context.Context, pc *pgx.Conn, plans []appendP
 // gets the refusal, mapped to the domain's errors; a stored event ID is
 // then told apart from the retry of an append that committed. Several
 // appends are run again one by one, so that each gets its own answer.
-func (s *EventStore) afterRefusedInsert(ctx context.Context, pc *pgx.Conn, plans []appendPlan, insertErr error, notify bool, results map[*appendRequest]error) {
+func (a *Appender) afterRefusedInsert(ctx context.Context, pc *pgx.Conn, plans []appendPlan, insertErr error, notify bool, results map[*appendRequest]error) {
 	if len(plans) > 1 {
 		for i, p := range plans {
 			if err := endSession(ctx, pc); err != nil || pc.IsClosed() {
@@ -408,19 +496,19 @@ func (s *EventStore) afterRefusedInsert(ctx context.Context, pc *pgx.Conn, plans
 				}
 				return
 			}
-			for m, err := range s.appendOnConn(ctx, pc, []*appendRequest{p.m}, notify) {
+			for m, err := range a.appendOnConn(ctx, pc, []*appendRequest{p.m}, notify) {
 				results[m] = err
 			}
 		}
 		return
 	}
 	m := plans[0].m
-	err := insertError(m.aggregateID, insertErr)
+	err := InsertError(m.aggregateID, insertErr)
 	if errors.Is(err, domain.ErrInvalidEvent) {
 		// An event ID is stored: stored events never change, so which
 		// kind is decided after the rollback.
 		rerr := endSession(ctx, pc)
-		stored := map[string]storedEvent{}
+		stored := map[string]Stored{}
 		if rerr == nil {
 			rerr = readStored(ctx, pc, []*appendRequest{m}, stored)
 		}
@@ -429,7 +517,7 @@ func (s *EventStore) afterRefusedInsert(ctx context.Context, pc *pgx.Conn, plans
 			results[m] = outcomeUnknown(m, fmt.Errorf("%v; then: %w", err, rerr))
 			return
 		}
-		if classified := checkStoredIDs(m.aggregateID, m.expectedVersion, m.events, payloadsOf(m.prepared), stored); classified != nil {
+		if classified := CheckStoredIDs(m.aggregateID, m.expectedVersion, m.events, m.prepared, stored); classified != nil {
 			err = classified
 		}
 	}
@@ -439,29 +527,39 @@ func (s *EventStore) afterRefusedInsert(ctx context.Context, pc *pgx.Conn, plans
 	results[m] = err
 }
 
-// notifyError marks a failure of the NOTIFY statement itself.
-type notifyError struct{ err error }
+// NotifyError marks the failure of an append's NOTIFY statement itself
+// (IsNotifyFailure): a store that runs the NOTIFY outside an Appender
+// wraps the statement's error in it, to run the append again without it.
+type NotifyError struct{ Err error }
 
-func (e notifyError) Error() string { return "notify subscribers: " + e.err.Error() }
-func (e notifyError) Unwrap() error { return e.err }
+func (e NotifyError) Error() string { return "notify subscribers: " + e.Err.Error() }
 
-// isNotifyFailure reports an error caused by NOTIFY: the statement
-// itself, or a commit refused because the notification queue is full
-// (SQLSTATE 54000, as infrastructure's sqlerr.NotifyQueueFull tells it).
-func isNotifyFailure(err error) bool {
+// Unwrap returns the statement's error.
+func (e NotifyError) Unwrap() error { return e.Err }
+
+// IsNotifyFailure reports an error caused by an append's NOTIFY: a
+// NotifyError, or Postgres refusing the NOTIFY or the COMMIT that
+// delivers it because the server's notification queue is full
+// (program_limit_exceeded about notifications, SQLSTATE 54000). Such an
+// append is run again without the NOTIFY: notifications are wake-ups,
+// subscribers poll anyway. It is safe for concurrent use.
+func IsNotifyFailure(err error) bool {
 	if err == nil {
 		return false
 	}
-	if errors.As(err, new(notifyError)) {
+	if errors.As(err, new(NotifyError)) {
 		return true
 	}
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "54000" && strings.Contains(pgErr.Message, "notif")
 }
 
-// insertError maps unique violations to the domain's errors, as
-// infrastructure.GormEventStore does on Postgres.
-func insertError(aggregateID string, err error) error {
+// InsertError maps a Postgres unique violation of an append's INSERT to
+// the domain's errors: an event ID already stored (events_pkey) to
+// domain.ErrInvalidEvent, any other (a sequence number or a position
+// taken) to domain.ErrConcurrencyConflict; any other error is wrapped as
+// the INSERT's failure. It is safe for concurrent use.
+func InsertError(aggregateID string, err error) error {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
 		return fmt.Errorf("insert events: %w", err)

@@ -1,4 +1,4 @@
-package pgxstore
+package pgevents
 
 import (
 	"errors"
@@ -13,26 +13,29 @@ import (
 
 // TestIsNotifyFailure: a full notification queue, at the NOTIFY or at the
 // commit, is a notify failure (the append runs again without it); other
-// errors are not.
+// errors are not, whatever their text.
 func TestIsNotifyFailure(t *testing.T) {
 	full := &pgconn.PgError{Code: "54000", Message: "too many notifications in the NOTIFY queue"}
-	require.True(t, isNotifyFailure(fmt.Errorf("commit: %w", full)))
-	require.True(t, isNotifyFailure(notifyError{errors.New("boom")}))
-	require.False(t, isNotifyFailure(nil))
-	require.False(t, isNotifyFailure(&pgconn.PgError{Code: "54000", Message: "statement too complex"}))
-	require.False(t, isNotifyFailure(&pgconn.PgError{Code: "57014", Message: "canceling statement due to user request"}))
+	require.True(t, IsNotifyFailure(fmt.Errorf("commit: %w", full)))
+	require.True(t, IsNotifyFailure(NotifyError{errors.New("boom")}))
+	require.True(t, IsNotifyFailure(fmt.Errorf("append: %w", NotifyError{errors.New("boom")})))
+	require.False(t, IsNotifyFailure(nil))
+	require.False(t, IsNotifyFailure(&pgconn.PgError{Code: "54000", Message: "statement too complex"}))
+	require.False(t, IsNotifyFailure(&pgconn.PgError{Code: "54000", Message: "stack depth limit exceeded"}))
+	require.False(t, IsNotifyFailure(&pgconn.PgError{Code: "57014", Message: "canceling statement due to user request"}))
+	require.False(t, IsNotifyFailure(errors.New("too many notifications in the NOTIFY queue")))
 }
 
-// TestInsertError maps unique violations as infrastructure's store does.
+// TestInsertError maps unique violations to the domain's errors.
 func TestInsertError(t *testing.T) {
-	id := insertError("a", &pgconn.PgError{Code: "23505", ConstraintName: "events_pkey", Detail: "Key (id)=(x) already exists."})
+	id := InsertError("a", &pgconn.PgError{Code: "23505", ConstraintName: "events_pkey", Detail: "Key (id)=(x) already exists."})
 	require.ErrorIs(t, id, domain.ErrInvalidEvent)
 	require.ErrorContains(t, id, "Key (id)=(x)")
-	seq := insertError("a", &pgconn.PgError{Code: "23505", ConstraintName: "events_aggregate_sequence_key", Detail: "Key (aggregate_id, sequence_no)=(a, 1) already exists."})
+	seq := InsertError("a", &pgconn.PgError{Code: "23505", ConstraintName: "events_aggregate_sequence_key", Detail: "Key (aggregate_id, sequence_no)=(a, 1) already exists."})
 	require.ErrorIs(t, seq, domain.ErrConcurrencyConflict)
-	pos := insertError("a", &pgconn.PgError{Code: "23505", ConstraintName: "events_position_key"})
+	pos := InsertError("a", &pgconn.PgError{Code: "23505", ConstraintName: "events_position_key"})
 	require.ErrorIs(t, pos, domain.ErrConcurrencyConflict)
-	other := insertError("a", &pgconn.PgError{Code: "23502"})
+	other := InsertError("a", &pgconn.PgError{Code: "23502"})
 	require.False(t, errors.Is(other, domain.ErrConcurrencyConflict) || errors.Is(other, domain.ErrInvalidEvent))
 }
 

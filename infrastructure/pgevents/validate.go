@@ -1,16 +1,6 @@
-// Code in this file is copied from package infrastructure (validate.go,
-// already_appended.go) so that NewEventStore validates, encodes and
-// recognises retries exactly as infrastructure.GormEventStore does: both
-// stores append to one events table, and an append must get the same
-// answer from either. This package may not import infrastructure (it is
-// written on the module's exported API alone, as another team's backend
-// would be); keep the two copies in step. TestValidationMatchesGorm checks
-// that they give the same answers.
-
-package pgxstore
+package pgevents
 
 import (
-	"bytes"
 	"encoding"
 	"encoding/json"
 	"errors"
@@ -22,24 +12,33 @@ import (
 	"unicode/utf8"
 
 	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/internal/ident"
 )
 
 // MaxIdentifierBytes bounds event IDs, aggregate IDs, event types and
 // transaction IDs. Longer values are rejected with domain.ErrInvalidEvent
 // rather than truncated, and the bound keeps every identifier inside what a
-// Postgres B-tree index entry can hold. It is the value of
-// infrastructure.MaxIdentifierBytes: both stores refuse the same
-// identifiers.
-const MaxIdentifierBytes = 2048
+// Postgres B-tree index entry can hold.
+const MaxIdentifierBytes = ident.MaxBytes
 
-// preparedEvent is an envelope validated and completed for storage.
-type preparedEvent struct {
-	env      domain.EventEnvelope[any]
-	payload  []byte // JSON
-	metadata []byte // JSON object
+// DefaultNotifyChannel is the channel on which the Postgres event stores
+// NOTIFY after every committed append unless told otherwise (and the
+// channel subscriptions.NewPostgresListener listens on by default), so
+// that a listener of either backend is woken by appends of both.
+const DefaultNotifyChannel = "pericarp_events"
+
+// Prepared is an envelope validated and completed for storage by
+// PrepareAppend. It is a plain value: safe to share once built, never
+// changed by this package.
+type Prepared struct {
+	// Envelope is the event as it is stored: aggregate ID, sequence
+	// number (when known) and Created filled in, Position zero.
+	Envelope domain.EventEnvelope[any]
+	Payload  []byte // JSON
+	Metadata []byte // JSON object
 }
 
-// prepareAppend validates an Append call and completes its envelopes:
+// PrepareAppend validates an Append call and completes its envelopes:
 // aggregate ID filled in, sequence numbers assigned after current, Created
 // defaulted to now (microsecond precision, as databases keep it), payload
 // and metadata encoded as JSON. What Postgres cannot store (NUL characters)
@@ -48,8 +47,12 @@ type preparedEvent struct {
 // current < 0 means the aggregate's version is not known yet: everything
 // but the version check and the sequence numbers' relation to the stored
 // ones is validated, as a check before taking a database lock.
-func prepareAppend(aggregateID string, expectedVersion, current int, events []domain.EventEnvelope[any]) ([]preparedEvent, error) {
-	if err := checkIdentifier("aggregate ID", aggregateID); err != nil {
+//
+// It exists so that every store of the events table refuses and encodes
+// an append alike. It is safe for concurrent use; it reads events and
+// never keeps or changes them.
+func PrepareAppend(aggregateID string, expectedVersion, current int, events []domain.EventEnvelope[any]) ([]Prepared, error) {
+	if err := CheckIdentifier("aggregate ID", aggregateID); err != nil {
 		return nil, err
 	}
 	if expectedVersion < -1 {
@@ -60,10 +63,10 @@ func prepareAppend(aggregateID string, expectedVersion, current int, events []do
 	}
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	seen := make(map[string]struct{}, len(events))
-	out := make([]preparedEvent, 0, len(events))
+	out := make([]Prepared, 0, len(events))
 	for i, ev := range events {
 		where := eventRef{aggregateID, i + 1, ev.ID} // formatted only on error
-		if err := checkIdentifier("event ID", ev.ID); err != nil {
+		if err := CheckIdentifier("event ID", ev.ID); err != nil {
 			return nil, fmt.Errorf("%s: %w", where, err)
 		}
 		if _, dup := seen[ev.ID]; dup {
@@ -75,11 +78,11 @@ func prepareAppend(aggregateID string, expectedVersion, current int, events []do
 		} else if ev.AggregateID != aggregateID {
 			return nil, fmt.Errorf("%w: %s: envelope aggregate ID %q differs from the append's", domain.ErrInvalidEvent, where, ev.AggregateID)
 		}
-		if err := checkIdentifier("event type", ev.EventType); err != nil {
+		if err := CheckIdentifier("event type", ev.EventType); err != nil {
 			return nil, fmt.Errorf("%s: %w", where, err)
 		}
 		if ev.TransactionID != "" {
-			if err := checkIdentifier("transaction ID", ev.TransactionID); err != nil {
+			if err := CheckIdentifier("transaction ID", ev.TransactionID); err != nil {
 				return nil, fmt.Errorf("%s: %w", where, err)
 			}
 		}
@@ -105,19 +108,19 @@ func prepareAppend(aggregateID string, expectedVersion, current int, events []do
 					domain.ErrInvalidEvent, where, ev.EventType, ev.Created.Format(time.RFC3339Nano))
 			}
 		}
-		payload, err := encodeJSON(ev.Payload)
+		payload, err := EncodeJSON(ev.Payload)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s (type %q): payload: %v", domain.ErrInvalidEvent, where, ev.EventType, err)
 		}
 		if ev.Metadata == nil {
 			ev.Metadata = map[string]any{}
 		}
-		metadata, err := encodeJSON(ev.Metadata)
+		metadata, err := EncodeJSON(ev.Metadata)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s (type %q): metadata: %v", domain.ErrInvalidEvent, where, ev.EventType, err)
 		}
 		ev.Position = 0
-		out = append(out, preparedEvent{env: ev, payload: payload, metadata: metadata})
+		out = append(out, Prepared{Envelope: ev, Payload: payload, Metadata: metadata})
 	}
 	return out, nil
 }
@@ -135,45 +138,42 @@ func (r eventRef) String() string {
 	return fmt.Sprintf("aggregate %q, event #%d (ID %q)", r.aggregateID, r.index, r.id)
 }
 
-// checkIdentifier rejects identifiers that a store could not keep exactly:
+// CheckIdentifier rejects identifiers that a store could not keep exactly:
 // empty, invalid UTF-8, NUL characters (Postgres text cannot hold them) or
-// longer than MaxIdentifierBytes.
-func checkIdentifier(what, value string) error {
-	switch {
-	case value == "":
-		return fmt.Errorf("%w: empty %s", domain.ErrInvalidEvent, what)
-	case len(value) > MaxIdentifierBytes:
-		return fmt.Errorf("%w: %s is %d bytes long, at most %d are stored", domain.ErrInvalidEvent, what, len(value), MaxIdentifierBytes)
-	case !utf8.ValidString(value):
-		return fmt.Errorf("%w: %s %q is not valid UTF-8", domain.ErrInvalidEvent, what, value)
-	case strings.IndexByte(value, 0) >= 0:
-		return fmt.Errorf("%w: %s %q contains a NUL character", domain.ErrInvalidEvent, what, value)
+// longer than MaxIdentifierBytes, with an error wrapping
+// domain.ErrInvalidEvent; what names the identifier ("event ID", ...).
+// The stores check their reads' arguments with it too. It is safe for
+// concurrent use.
+func CheckIdentifier(what, value string) error {
+	if err := ident.Check(what, value); err != nil {
+		return fmt.Errorf("%w: %v", domain.ErrInvalidEvent, err)
 	}
 	return nil
 }
 
-// maxChannelBytes is Postgres's identifier limit (NAMEDATALEN-1) as it
-// applies to NOTIFY channels: LISTEN silently truncates a longer name
-// while pg_notify refuses it (the rule of infrastructure.WithNotifyChannel
-// and subscriptions.WithListenerChannel).
-const maxChannelBytes = 63
+// CheckChannel rejects a NOTIFY channel name that LISTEN and pg_notify
+// would not treat alike: empty, longer than Postgres's 63-byte identifier
+// limit, or with a NUL byte. The stores and subscriptions' listener check
+// with the same rule, so that any name one accepts, the others accept
+// too. It is safe for concurrent use.
+func CheckChannel(channel string) error { return ident.CheckChannel(channel) }
 
-// checkChannel rejects a NOTIFY channel name that LISTEN and pg_notify
-// would not treat alike: empty, longer than maxChannelBytes, or with a NUL
-// byte.
-func checkChannel(channel string) error {
-	switch {
-	case channel == "":
-		return fmt.Errorf("empty channel name")
-	case len(channel) > maxChannelBytes:
-		return fmt.Errorf("channel name %q is %d bytes, longer than Postgres's %d-byte identifier limit", channel, len(channel), maxChannelBytes)
-	case strings.IndexByte(channel, 0) >= 0:
-		return fmt.Errorf("channel name %q contains a NUL byte", channel)
+// CheckVersionRange checks the version range of a read (GetEventsRange)
+// and resolves it: -1 means 1 for fromVersion and "to the end" for
+// toVersion, which stays -1; other negative bounds are refused with an
+// error wrapping domain.ErrInvalidEvent. It is safe for concurrent use.
+func CheckVersionRange(aggregateID string, fromVersion, toVersion int) (from, to int, err error) {
+	if fromVersion < -1 || toVersion < -1 {
+		return 0, 0, fmt.Errorf("%w: aggregate %q: version range [%d, %d] (only -1 may be negative)", domain.ErrInvalidEvent, aggregateID, fromVersion, toVersion)
 	}
-	return nil
+	if fromVersion < 1 {
+		fromVersion = 1
+	}
+	return fromVersion, toVersion, nil
 }
 
-// encodeJSON encodes v, refusing what JSON (or Postgres jsonb) would
+// EncodeJSON encodes a payload or metadata value as the stores store it,
+// refusing what JSON (or Postgres jsonb) would
 // silently alter or refuse: invalid UTF-8, which encoding/json replaces with
 // U+FFFD in Go strings, NUL characters and unpaired UTF-16 surrogate
 // escapes, which jsonb rejects. Go strings are checked before encoding (the
@@ -181,8 +181,9 @@ func checkChannel(channel string) error {
 // which also covers json.RawMessage and other json.Marshaler values, whose
 // output the encoder copies as it is. The guarantee is an exact round trip
 // or a clear error, never a quiet change. json.RawMessage is stored as its
-// compacted bytes, so that numbers keep their exact digits.
-func encodeJSON(v any) ([]byte, error) {
+// compacted bytes, so that numbers keep their exact digits. It is safe
+// for concurrent use on a value nobody writes meanwhile.
+func EncodeJSON(v any) ([]byte, error) {
 	if err := checkStrings(reflect.ValueOf(v), 0, 0); err != nil {
 		return nil, err
 	}
@@ -341,7 +342,7 @@ var (
 	textMarshalerType = reflect.TypeFor[encoding.TextMarshaler]()
 )
 
-// checkStrings walks a Go value before it is encoded (see encodeJSON).
+// checkStrings walks a Go value before it is encoded (see EncodeJSON).
 // levels counts the JSON arrays and objects around v, hops every step
 // taken; both are bounded (errTooDeep).
 func checkStrings(v reflect.Value, levels, hops int) error {
@@ -443,188 +444,4 @@ func truncateForError(s string) string {
 		return s[:64] + "..."
 	}
 	return s
-}
-
-// storedEvent is what the identical-retry check compares of a stored
-// event (see domain.ErrAlreadyAppended).
-type storedEvent struct {
-	ID            string
-	AggregateID   string
-	EventType     string
-	TransactionID string
-	SequenceNo    int
-	Payload       []byte // JSON
-}
-
-// checkStoredIDs tells an append whose event IDs may already be stored
-// apart from a new one, given the stored events among its IDs: nil when
-// none is stored; an error wrapping domain.ErrAlreadyAppended when every
-// event is stored exactly as given (a retry of an append that committed);
-// an error wrapping domain.ErrInvalidEvent when some ID is stored with
-// other content or another sequence number than the call asks for
-// (expectedVersion included), or only some of them are stored.
-//
-// Every store calls it with the events' IDs looked up where they cannot
-// change under it (under its lock or write transaction), before the
-// version check: a retry's expectedVersion is stale by construction.
-// events must have passed prepareAppend; payloads are their payloads as
-// it encoded them (payloadsOf), in order.
-func checkStoredIDs(aggregateID string, expectedVersion int, events []domain.EventEnvelope[any], payloads [][]byte, stored map[string]storedEvent) error {
-	// stored may hold other appends' events too (a coalesced batch).
-	var found []storedEvent
-	for _, ev := range events {
-		if s, ok := stored[ev.ID]; ok {
-			found = append(found, s)
-		}
-	}
-	switch {
-	case len(found) == 0:
-		return nil
-	case len(found) < len(events):
-		// Some IDs stored, some not: not the retry of one append.
-		s := found[0]
-		return fmt.Errorf("%w: aggregate %q: an event ID is already stored: event %q (aggregate %q, version %d), while other events of the append are new", domain.ErrInvalidEvent, aggregateID, s.ID, s.AggregateID, s.SequenceNo)
-	}
-	// The sequence numbers the call asks for: its own, or the ones after
-	// expectedVersion; with neither (-1 and zeros), any consecutive ones.
-	firstSeq := expectedVersion + 1
-	for i, ev := range events {
-		got := stored[ev.ID]
-		where := eventRef{aggregateID, i + 1, ev.ID}
-		if i == 0 && expectedVersion == -1 {
-			firstSeq = got.SequenceNo
-		}
-		var differs string
-		switch {
-		case got.AggregateID != aggregateID:
-			differs = fmt.Sprintf("aggregate %q", got.AggregateID)
-		case ev.SequenceNo != 0 && ev.SequenceNo != got.SequenceNo,
-			ev.SequenceNo == 0 && got.SequenceNo != firstSeq+i:
-			differs = fmt.Sprintf("sequence number %d", got.SequenceNo)
-		case got.EventType != ev.EventType:
-			differs = fmt.Sprintf("event type %q", got.EventType)
-		case got.TransactionID != ev.TransactionID:
-			differs = fmt.Sprintf("transaction ID %q", got.TransactionID)
-		default:
-			if !samePayload(payloads[i], got.Payload) {
-				differs = "another payload"
-			}
-		}
-		if differs != "" {
-			return fmt.Errorf("%w: %s: an event ID is already stored, with %s", domain.ErrInvalidEvent, where, differs)
-		}
-	}
-	return fmt.Errorf("%w: aggregate %q: the %d event(s) from ID %q (version %d) are stored exactly as given: the retry of an append that committed", domain.ErrAlreadyAppended, aggregateID, len(events), events[0].ID, firstSeq)
-}
-
-// payloadsOf is the encoded payloads of prepared events, in order.
-func payloadsOf(prepared []preparedEvent) [][]byte {
-	out := make([][]byte, len(prepared))
-	for i, p := range prepared {
-		out[i] = p.payload
-	}
-	return out
-}
-
-// samePayload compares an encoded payload with a stored one as JSON
-// values, so that a database's normalisation (jsonb reorders keys, drops
-// whitespace and writes numbers its own way: 1e2 as 100, 1.50 kept) does
-// not matter, while every difference in value does: numbers are compared
-// by exact decimal value (sameNumber), never through float64, which
-// would take 9007199254740993 for 9007199254740992.
-func samePayload(given, stored []byte) bool {
-	a, errA := decodeExact(given)
-	b, errB := decodeExact(stored)
-	return errA == nil && errB == nil && sameJSON(a, b)
-}
-
-// decodeExact decodes a JSON text keeping numbers as their text.
-func decodeExact(raw []byte) (any, error) {
-	if len(bytes.TrimSpace(raw)) == 0 {
-		return nil, nil
-	}
-	d := json.NewDecoder(bytes.NewReader(raw))
-	d.UseNumber()
-	var v any
-	if err := d.Decode(&v); err != nil {
-		return nil, err
-	}
-	return v, nil
-}
-
-func sameJSON(a, b any) bool {
-	switch a := a.(type) {
-	case map[string]any:
-		b, ok := b.(map[string]any)
-		if !ok || len(a) != len(b) {
-			return false
-		}
-		for k, av := range a {
-			bv, ok := b[k]
-			if !ok || !sameJSON(av, bv) {
-				return false
-			}
-		}
-		return true
-	case []any:
-		b, ok := b.([]any)
-		if !ok || len(a) != len(b) {
-			return false
-		}
-		for i := range a {
-			if !sameJSON(a[i], b[i]) {
-				return false
-			}
-		}
-		return true
-	case json.Number:
-		b, ok := b.(json.Number)
-		return ok && sameNumber(string(a), string(b))
-	default: // string, bool, nil
-		return a == b
-	}
-}
-
-// sameNumber compares two JSON numbers by exact value, through a
-// canonical form (sign, significant digits, exponent) rather than big.Rat,
-// so that a number like 1e999999999 costs nothing to compare.
-func sameNumber(a, b string) bool {
-	ca, okA := canonicalNumber(a)
-	cb, okB := canonicalNumber(b)
-	if !okA || !okB {
-		return a == b
-	}
-	return ca == cb
-}
-
-// canonicalNumber writes a JSON number as sign, significant digits
-// without leading or trailing zeros, and exponent: "-1.50e1" and "-15"
-// both as "-15e0"; every zero as "0". ok is false for an exponent beyond
-// int64 (then only identical texts compare equal).
-func canonicalNumber(s string) (string, bool) {
-	sign := ""
-	if strings.HasPrefix(s, "-") {
-		sign, s = "-", s[1:]
-	}
-	mant, exp := s, int64(0)
-	if i := strings.IndexAny(s, "eE"); i >= 0 {
-		e, err := strconv.ParseInt(strings.TrimPrefix(s[i+1:], "+"), 10, 64)
-		if err != nil {
-			return "", false
-		}
-		mant, exp = s[:i], e
-	}
-	digits := mant
-	if i := strings.IndexByte(mant, '.'); i >= 0 {
-		frac := mant[i+1:]
-		digits = mant[:i] + frac
-		exp -= int64(len(frac))
-	}
-	digits = strings.TrimLeft(digits, "0")
-	if digits == "" {
-		return "0", true
-	}
-	trimmed := strings.TrimRight(digits, "0")
-	exp += int64(len(digits) - len(trimmed))
-	return sign + trimmed + "e" + strconv.FormatInt(exp, 10), true
 }

@@ -1,4 +1,4 @@
-package infrastructure
+package pgevents
 
 import (
 	"bytes"
@@ -10,9 +10,10 @@ import (
 	"github.com/eventfeed/subscriptions/domain"
 )
 
-// storedEvent is what the identical-retry check compares of a stored
-// event (see domain.ErrAlreadyAppended).
-type storedEvent struct {
+// Stored is what the identical-retry check (CheckStoredIDs) compares of
+// a stored event (see domain.ErrAlreadyAppended): the columns that
+// SelectStored reads, in its order.
+type Stored struct {
 	ID            string
 	AggregateID   string
 	EventType     string
@@ -21,7 +22,11 @@ type storedEvent struct {
 	Payload       []byte // JSON
 }
 
-// checkStoredIDs tells an append whose event IDs may already be stored
+// SelectStored reads the Stored columns of the events whose IDs are in
+// $1 (a text[] on pgx).
+const SelectStored = `SELECT id, aggregate_id, event_type, transaction_id, sequence_no, payload FROM events WHERE id = ANY($1)`
+
+// CheckStoredIDs tells an append whose event IDs may already be stored
 // apart from a new one, given the stored events among its IDs: nil when
 // none is stored; an error wrapping domain.ErrAlreadyAppended when every
 // event is stored exactly as given (a retry of an append that committed);
@@ -32,11 +37,12 @@ type storedEvent struct {
 // Every store calls it with the events' IDs looked up where they cannot
 // change under it (under its lock or write transaction), before the
 // version check: a retry's expectedVersion is stale by construction.
-// events must have passed prepareAppend; payloads are their payloads as
-// it encoded them (payloadsOf), in order.
-func checkStoredIDs(aggregateID string, expectedVersion int, events []domain.EventEnvelope[any], payloads [][]byte, stored map[string]storedEvent) error {
+// events must have passed PrepareAppend; prepared is what it returned for
+// them, in order. It exists so that every store answers a retry alike.
+// It is safe for concurrent use and changes none of its arguments.
+func CheckStoredIDs(aggregateID string, expectedVersion int, events []domain.EventEnvelope[any], prepared []Prepared, stored map[string]Stored) error {
 	// stored may hold other appends' events too (a coalesced batch).
-	var found []storedEvent
+	var found []Stored
 	for _, ev := range events {
 		if s, ok := stored[ev.ID]; ok {
 			found = append(found, s)
@@ -71,7 +77,7 @@ func checkStoredIDs(aggregateID string, expectedVersion int, events []domain.Eve
 		case got.TransactionID != ev.TransactionID:
 			differs = fmt.Sprintf("transaction ID %q", got.TransactionID)
 		default:
-			if !samePayload(payloads[i], got.Payload) {
+			if !samePayload(prepared[i].Payload, got.Payload) {
 				differs = "another payload"
 			}
 		}
@@ -80,15 +86,6 @@ func checkStoredIDs(aggregateID string, expectedVersion int, events []domain.Eve
 		}
 	}
 	return fmt.Errorf("%w: aggregate %q: the %d event(s) from ID %q (version %d) are stored exactly as given: the retry of an append that committed", domain.ErrAlreadyAppended, aggregateID, len(events), events[0].ID, firstSeq)
-}
-
-// payloadsOf is the encoded payloads of prepared events, in order.
-func payloadsOf(prepared []preparedEvent) [][]byte {
-	out := make([][]byte, len(prepared))
-	for i, p := range prepared {
-		out[i] = p.payload
-	}
-	return out
 }
 
 // samePayload compares an encoded payload with a stored one as JSON

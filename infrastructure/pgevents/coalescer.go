@@ -1,8 +1,4 @@
-package pgxstore
-
-// The coalescer is infrastructure's (append_coalescer.go), copied: this
-// package may not import infrastructure, and the two stores batch their
-// appends the same way.
+package pgevents
 
 import (
 	"context"
@@ -12,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/internal/coalesce"
 )
 
 // Coalescing limits: a batch takes no more joiners once it holds this many
@@ -54,7 +51,8 @@ type appendCoalescer struct {
 	lastEnd int64
 	shared  bool
 	// solo sends every append alone, in its own transaction (set before
-	// the store is used; tests and benchmarks compare the two).
+	// the first append: Appender.SetCoalescing), as coalesce.Disabled
+	// does for every store of the process.
 	solo bool
 }
 
@@ -71,7 +69,7 @@ const maxInFlight = 2
 // in the database, each waiting for the lock and paying its own flush.
 // The caller holds c.mu.
 func (c *appendCoalescer) limit() int {
-	if c.shared {
+	if c.shared && !coalesce.FixedInFlight.Load() {
 		return 1
 	}
 	return maxInFlight
@@ -100,7 +98,7 @@ type appendRequest struct {
 	aggregateID     string
 	expectedVersion int
 	events          []domain.EventEnvelope[any] // without payloads and metadata: see prepared
-	prepared        []preparedEvent             // validated and encoded in Append
+	prepared        []Prepared                  // validated and encoded by the store's Append
 	done            chan error                  // buffered: the batch's result for this append
 }
 
@@ -133,7 +131,7 @@ func (c *appendCoalescer) run(req *appendRequest, runBatch func(*appendBatch)) e
 		return fmt.Errorf("append %d event(s) to aggregate %q: %w", len(req.events), req.aggregateID, context.Cause(req.ctx))
 	}
 	req.done = make(chan error, 1)
-	solo := c.solo
+	solo := c.solo || coalesce.Disabled.Load()
 	c.mu.Lock()
 	var b *appendBatch
 	if n := len(c.forming); n > 0 && !solo && c.forming[n-1].canJoin(req) {

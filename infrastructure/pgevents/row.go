@@ -1,0 +1,147 @@
+package pgevents
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/eventfeed/subscriptions/domain"
+)
+
+// Columns are the columns of a whole event, in the order of Row.Targets.
+const Columns = "id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at"
+
+// SelectEvents reads whole events from the events table; a caller appends
+// its WHERE, ORDER BY and LIMIT.
+const SelectEvents = "SELECT " + Columns + " FROM events "
+
+// PartitionHash is subscriptions.PartitionOf's hash as an SQL expression
+// on aggregate_id: the first eight hex digits of md5(aggregate_id) as an
+// unsigned 32-bit integer (a bigint, so that a modulo stays
+// non-negative), so that every Postgres store reads a partition's events
+// as PartitionOf assigns them.
+const PartitionHash = `('x' || substr(md5(aggregate_id), 1, 8))::bit(32)::bigint`
+
+// PositionsArray is the bigint[] literal of positions ("{1,2,3}"), to
+// select the rows at positions with one parameter whatever their number
+// (position = ANY($1::bigint[])): one statement text for a driver's
+// statement cache. It is safe for concurrent use.
+func PositionsArray(positions []int64) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, p := range positions {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatInt(p, 10))
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+// Row is one event as stored, the one decoding of the events table's rows
+// into envelopes for every reader (both stores, and the subscriptions
+// package's pipelined reads), so that they all return the same values.
+// Its fields are those of infrastructure.GormEventModel, the table's
+// documented model; the gorm tags (mere strings: nothing here imports
+// GORM) let GORM scan into it under any naming strategy. A Row is a plain
+// value, not safe for concurrent writes.
+type Row struct {
+	ID            string    `gorm:"column:id"`
+	AggregateID   string    `gorm:"column:aggregate_id"`
+	EventType     string    `gorm:"column:event_type"`
+	SequenceNo    int       `gorm:"column:sequence_no"`
+	TransactionID string    `gorm:"column:transaction_id"`
+	Position      int64     `gorm:"column:position"`
+	Payload       []byte    `gorm:"column:payload"`
+	Metadata      []byte    `gorm:"column:metadata"`
+	CreatedAt     time.Time `gorm:"column:created_at"`
+}
+
+// Targets returns the scan destinations of Columns, for a driver-level
+// scan (pgx).
+func (r *Row) Targets() []any {
+	return []any{&r.ID, &r.AggregateID, &r.EventType, &r.SequenceNo, &r.TransactionID, &r.Position, &r.Payload, &r.Metadata, &r.CreatedAt}
+}
+
+// Envelope converts the row into the envelope readers see: payload and
+// metadata decoded from JSON (objects as map[string]any, numbers as
+// float64), Created in UTC, Metadata never nil. The error names the event.
+func (r *Row) Envelope() (domain.EventEnvelope[any], error) {
+	payload, err := decodeJSON(r.Payload)
+	if err != nil {
+		return domain.EventEnvelope[any]{}, fmt.Errorf("event %s (type %q, position %d): decode payload: %w", r.ID, r.EventType, r.Position, err)
+	}
+	meta, err := decodeJSON(r.Metadata)
+	if err != nil {
+		return domain.EventEnvelope[any]{}, fmt.Errorf("event %s (type %q, position %d): decode metadata: %w", r.ID, r.EventType, r.Position, err)
+	}
+	metadata, _ := meta.(map[string]any)
+	if metadata == nil {
+		metadata = map[string]any{}
+	}
+	return domain.EventEnvelope[any]{
+		ID:            r.ID,
+		AggregateID:   r.AggregateID,
+		EventType:     r.EventType,
+		Payload:       payload,
+		Created:       r.CreatedAt.UTC(),
+		SequenceNo:    r.SequenceNo,
+		TransactionID: r.TransactionID,
+		Metadata:      metadata,
+		Position:      r.Position,
+	}, nil
+}
+
+// Envelopes converts rows in order; the first row that does not decode
+// fails the whole read. It is safe for concurrent use on rows nobody
+// writes.
+func Envelopes(rows []Row) ([]domain.EventEnvelope[any], error) {
+	out := make([]domain.EventEnvelope[any], len(rows))
+	for i := range rows {
+		env, err := rows[i].Envelope()
+		if err != nil {
+			return nil, err
+		}
+		out[i] = env
+	}
+	return out, nil
+}
+
+// ScanEnvelopes decodes the rows of a SelectEvents query and closes them;
+// the first row that does not scan or decode fails the whole read. An
+// empty result is an empty, non-nil slice.
+func ScanEnvelopes(rows pgx.Rows) ([]domain.EventEnvelope[any], error) {
+	defer rows.Close()
+	out := []domain.EventEnvelope[any]{}
+	for rows.Next() {
+		var r Row
+		if err := rows.Scan(r.Targets()...); err != nil {
+			return nil, err
+		}
+		env, err := r.Envelope()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, env)
+	}
+	return out, rows.Err()
+}
+
+// decodeJSON decodes a stored JSON column into the value a reader sees:
+// map[string]any for objects, []any, string, float64, bool or nil (an
+// empty column).
+func decodeJSON(raw []byte) (any, error) {
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
