@@ -13,11 +13,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"gorm.io/gorm"
 
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
-	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
 )
 
@@ -56,23 +54,24 @@ func TestFaultCancelAtEveryStep(t *testing.T) {
 		pg := dbtest.NewPostgres(t)
 		app := faultAppName()
 		db := dbtest.OpenPostgresDSN(t, faultDSN(t, pg.DSN, "application_name", app))
-		faultCancelSuite(t, db, func(t *testing.T) { faultRequireNoIdleInTx(t, pg.DB, app) })
+		faultCancelSuite(t, gormEnv(t, "postgres", db, pg), func(t *testing.T) { faultRequireNoIdleInTx(t, pg.DB, app) })
+	})
+	t.Run("pgx", func(t *testing.T) {
+		t.Parallel()
+		pg := dbtest.NewPostgres(t)
+		app := faultAppName()
+		pool := dbtest.OpenPgxDSN(t, faultDSN(t, pg.DSN, "application_name", app))
+		faultCancelSuite(t, pgxEnvOn(t, pg, pool), func(t *testing.T) { faultRequireNoIdleInTx(t, pg.DB, app) })
 	})
 	t.Run("sqlite-file", func(t *testing.T) {
 		t.Parallel()
-		faultCancelSuite(t, dbtest.OpenSQLite(t, dbtest.SQLiteFileDSN(filepath.Join(t.TempDir(), "cancel.db"))), nil)
+		db := dbtest.OpenSQLite(t, dbtest.SQLiteFileDSN(filepath.Join(t.TempDir(), "cancel.db")))
+		faultCancelSuite(t, gormEnv(t, "sqlite-file", db, nil), nil)
 	})
 }
 
-func faultCancelSuite(t *testing.T, db *gorm.DB, noLeakedTx func(t *testing.T)) {
-	store, err := infrastructure.NewGormEventStore(db)
-	require.NoError(t, err)
-	cps, err := subscriptions.NewGormCheckpointStore(db)
-	require.NoError(t, err)
-	lot, err := subscriptions.NewGormParkingLot(db)
-	require.NoError(t, err)
-	pool, err := db.DB()
-	require.NoError(t, err)
+func faultCancelSuite(t *testing.T, e *env, noLeakedTx func(t *testing.T)) {
+	db, store, cps, lot := e.DB, e.Events, e.Checkpoints, e.Parking
 
 	ids := appendN(t, store, "fault.cancel", 0, 30)
 	transient, poison := ids[4], ids[11]
@@ -101,7 +100,7 @@ func faultCancelSuite(t *testing.T, db *gorm.DB, noLeakedTx func(t *testing.T)) 
 			ctx, cancel := context.WithCancel(context.Background())
 			point := &faultCancelPoint{step: step, nth: nth, cancel: cancel, counts: map[string]int{}}
 			attempts := &sync.Map{}
-			handler := faultCancelHandler(table, transient, poison, attempts, point)
+			handler := faultCancelHandler(e, table, transient, poison, attempts, point)
 			sub, err := subscriptions.NewSubscriber(name,
 				&faultCancelEvents{EventStore: store, point: point},
 				&faultCancelCheckpoints{CheckpointStore: cps, point: point},
@@ -142,7 +141,7 @@ func faultCancelSuite(t *testing.T, db *gorm.DB, noLeakedTx func(t *testing.T)) 
 			}
 
 			// Nothing left open.
-			require.Eventually(t, func() bool { return pool.Stats().InUse == 0 }, 5*time.Second, 5*time.Millisecond,
+			require.Eventually(t, func() bool { return e.inUse(t) == 0 }, 5*time.Second, 5*time.Millisecond,
 				"%s: a connection is still in use after Run returned (a leaked transaction)", name)
 			if noLeakedTx != nil {
 				noLeakedTx(t)
@@ -150,7 +149,7 @@ func faultCancelSuite(t *testing.T, db *gorm.DB, noLeakedTx func(t *testing.T)) 
 
 			// Restart: the subscriber catches up, nothing lost or doubled.
 			plain, err := subscriptions.NewSubscriber(name, store, cps,
-				faultCancelHandler(table, transient, poison, attempts, nil),
+				faultCancelHandler(e, table, transient, poison, attempts, nil),
 				subscriptions.WithParkingLot(lot),
 				subscriptions.WithMaxRetries(1), subscriptions.WithRetryBackoff(time.Millisecond, time.Millisecond),
 				subscriptions.WithBatchSize(7), subscriptions.WithPollInterval(10*time.Millisecond),
@@ -179,16 +178,16 @@ func faultCancelSuite(t *testing.T, db *gorm.DB, noLeakedTx func(t *testing.T)) 
 	}
 	require.Empty(t, missed, "steps the feed never reached: the cancellation was never tried there")
 	t.Logf("cancel at every step on %s: %d cases (%d steps x occurrences %v), %d events each, none lost or doubled",
-		db.Name(), cases, len(faultCancelSteps), nths, len(feed))
+		e.Name, cases, len(faultCancelSteps), nths, len(feed))
 }
 
 // faultCancelHandler projects every event; transient fails its first
 // attempt, poison fails always. With a point, it cancels at "handler" and
 // "handler-fail".
-func faultCancelHandler(table, transient, poison string, attempts *sync.Map, point *faultCancelPoint) subscriptions.Handler {
+func faultCancelHandler(e *env, table, transient, poison string, attempts *sync.Map, point *faultCancelPoint) subscriptions.Handler {
 	return func(ctx context.Context, ev domain.EventEnvelope[any]) error {
 		point.hit("handler")
-		if err := project(ctx, table, ev); err != nil {
+		if err := e.project(ctx, table, ev); err != nil {
 			return err
 		}
 		counter, _ := attempts.LoadOrStore(ev.ID, new(atomic.Int32))
