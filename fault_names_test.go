@@ -16,7 +16,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
-	"gorm.io/gorm"
 
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
@@ -55,23 +54,25 @@ func TestFaultHostileNames(t *testing.T) {
 	t.Parallel()
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
-		faultHostileNames(t, dbtest.NewPostgres(t).DB)
+		pg := dbtest.NewPostgres(t)
+		faultHostileNames(t, gormEnv(t, "postgres", pg.DB, pg))
+	})
+	t.Run("pgx", func(t *testing.T) {
+		t.Parallel()
+		faultHostileNames(t, pgxEnv(t))
 	})
 	t.Run("sqlite-file", func(t *testing.T) {
 		t.Parallel()
-		faultHostileNames(t, dbtest.OpenSQLite(t, dbtest.SQLiteFileDSN(filepath.Join(t.TempDir(), "names.db"))))
+		db := dbtest.OpenSQLite(t, dbtest.SQLiteFileDSN(filepath.Join(t.TempDir(), "names.db")))
+		faultHostileNames(t, gormEnv(t, "sqlite-file", db, nil))
 	})
 }
 
-func faultHostileNames(t *testing.T, db *gorm.DB) {
+func faultHostileNames(t *testing.T, e *env) {
 	ctx := context.Background()
 	rng := faultRand(t)
-	store, err := infrastructure.NewGormEventStore(db)
-	require.NoError(t, err)
-	cps, err := subscriptions.NewGormCheckpointStore(db)
-	require.NoError(t, err)
-	lot, err := subscriptions.NewGormParkingLot(db)
-	require.NoError(t, err)
+	db, store, cps, lot := e.DB, e.Events, e.Checkpoints, e.Parking
+	var err error
 	const table = "fault_names_proj"
 	require.NoError(t, db.Exec("CREATE TABLE "+table+" (subscriber text NOT NULL, event_id text NOT NULL, position bigint NOT NULL)").Error)
 
@@ -151,11 +152,7 @@ func faultHostileNames(t *testing.T, db *gorm.DB) {
 			if isPoison[ev.ID] && !fixed.Load() {
 				return errors.New("poison " + ev.ID + " for " + name)
 			}
-			tx := subscriptions.TxFromContext(ctx)
-			if tx == nil {
-				return errors.New("no batch transaction")
-			}
-			return tx.Exec("INSERT INTO "+table+" (subscriber, event_id, position) VALUES (?, ?, ?)", name, ev.ID, ev.Position).Error
+			return e.Exec(ctx, "INSERT INTO "+table+" (subscriber, event_id, position) VALUES (?, ?, ?)", name, ev.ID, ev.Position)
 		}
 		sub, err := subscriptions.NewSubscriber(name, store, cps, handler,
 			subscriptions.WithParkingLot(lot), subscriptions.WithMaxRetries(0),
@@ -269,28 +266,23 @@ func TestFaultHostileMaxLengthParking(t *testing.T) {
 		{"max", faultIncompressible(rng, subscriptions.MaxSubscriberNameBytes), faultIncompressible(rng, infrastructure.MaxIdentifierBytes)},
 		{"1000-characters", faultHostile(rng, 1000), faultHostile(rng, 1000)},
 	}
-	for _, b := range dbtest.GormBackends() {
+	for _, b := range dbEnvs() {
 		if b.Name == "sqlite-memory" {
 			continue
 		}
 		for _, c := range cases {
 			t.Run(b.Name+"/"+c.what, func(t *testing.T) {
 				t.Parallel()
-				faultParkLong(t, b.Open(t), b.Name, c.what, c.name, c.id)
+				faultParkLong(t, b.New(t), b.Name, c.what, c.name, c.id)
 			})
 		}
 	}
 }
 
-func faultParkLong(t *testing.T, db *gorm.DB, backend, what, name, id string) {
+func faultParkLong(t *testing.T, e *env, backend, what, name, id string) {
 	t.Helper()
 	ctx := context.Background()
-	store, err := infrastructure.NewGormEventStore(db)
-	require.NoError(t, err)
-	cps, err := subscriptions.NewGormCheckpointStore(db)
-	require.NoError(t, err)
-	lot, err := subscriptions.NewGormParkingLot(db)
-	require.NoError(t, err)
+	store, cps, lot := e.Events, e.Checkpoints, e.Parking
 	ev := domain.NewEventEnvelope[any](map[string]any{}, "agg-long", "fault.long", 0)
 	ev.ID = id
 	require.NoError(t, store.Append(ctx, "agg-long", -1, ev))
@@ -317,7 +309,7 @@ func faultParkLong(t *testing.T, db *gorm.DB, backend, what, name, id string) {
 	require.NoError(t, err)
 	require.Equal(t, id, list[0].EventID)
 	require.Equal(t, name, list[0].Subscriber)
-	require.Equal(t, faultHead(t, store), faultCheckpoint(t, db, name))
+	require.Equal(t, faultHead(t, store), faultCheckpoint(t, e.DB, name))
 }
 
 // faultLogError returns the error attribute of the first log line that
@@ -375,20 +367,15 @@ func TestFaultHostileCollidingDigests(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, md5.Sum([]byte(faultMD5Collision[0])), md5.Sum([]byte(faultMD5Collision[1])))
 	require.NotEqual(t, faultMD5Collision[0], faultMD5Collision[1])
-	for _, b := range dbtest.GormBackends() {
+	for _, b := range dbEnvs() {
 		if b.Name == "sqlite-memory" {
 			continue
 		}
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			db := b.Open(t)
-			store, err := infrastructure.NewGormEventStore(db)
-			require.NoError(t, err)
-			cps, err := subscriptions.NewGormCheckpointStore(db)
-			require.NoError(t, err)
-			lot, err := subscriptions.NewGormParkingLot(db)
-			require.NoError(t, err)
+			e := b.New(t)
+			store, cps, lot := e.Events, e.Checkpoints, e.Parking
 			for _, id := range faultMD5Collision {
 				ev := domain.NewEventEnvelope[any](map[string]any{}, "agg-md5", "fault.md5", 0)
 				ev.ID = id
@@ -411,7 +398,7 @@ func TestFaultHostileCollidingDigests(t *testing.T) {
 				require.NoError(t, err)
 				fixed.Store(false)
 				r := start(t, sub)
-				faultWaitCheckpointAtHead(t, db, store, name, 30*time.Second)
+				faultWaitCheckpointAtHead(t, e.DB, store, name, 30*time.Second)
 				r.stop(t)
 
 				parked, err := sub.ListParked(ctx)
@@ -425,7 +412,7 @@ func TestFaultHostileCollidingDigests(t *testing.T) {
 				}
 				if !slices.Equal(ids, faultMD5Collision[:]) {
 					problems = append(problems, fmt.Sprintf("subscriber #%d (checkpoint %d of %d) lists %d parked events %v instead of IDs #1 and #2",
-						n+1, faultCheckpoint(t, db, name), head, len(ids), listed))
+						n+1, faultCheckpoint(t, e.DB, name), head, len(ids), listed))
 					continue
 				}
 				fixed.Store(true)
@@ -436,7 +423,7 @@ func TestFaultHostileCollidingDigests(t *testing.T) {
 				require.NoError(t, err)
 				require.Empty(t, left)
 			}
-			require.Equal(t, head, faultCheckpoint(t, db, faultMD5Collision[0]))
+			require.Equal(t, head, faultCheckpoint(t, e.DB, faultMD5Collision[0]))
 			// Regression: on Postgres parked_events was keyed on
 			// (md5(subscriber), md5(event_id)) and Park's ON CONFLICT DO
 			// UPDATE merged the second event into the first one's row.
