@@ -1,6 +1,7 @@
 package pgxstore_test
 
 import (
+	"context"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -9,6 +10,7 @@ import (
 	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
 	"github.com/eventfeed/subscriptions/internal/feedtest/pgfeed"
+	"github.com/eventfeed/subscriptions/pgxstore"
 )
 
 // newGormEventStore returns a GormEventStore on pg's schema, on a pool of
@@ -26,7 +28,14 @@ func newGormEventStore(t testing.TB, pg *dbtest.Postgres) *infrastructure.GormEv
 // follower reads).
 func TestPostgresFeedSuite(t *testing.T) {
 	pgfeed.RunSuite(t,
-		pgfeed.Store{Name: "pgx", New: func(t testing.TB, pg *dbtest.Postgres) domain.EventStore { return newEventStoreOn(t, pg) }},
+		pgfeed.Store{
+			Name: "pgx",
+			New:  func(t testing.TB, pg *dbtest.Postgres) domain.EventStore { return newEventStoreOn(t, pg) },
+			Construct: func(t testing.TB, pg *dbtest.Postgres) func(context.Context) (domain.EventStore, error) {
+				pool := pg.OpenPgx(t)
+				return func(ctx context.Context) (domain.EventStore, error) { return pgxstore.NewEventStore(ctx, pool) }
+			},
+		},
 		pgfeed.Store{Name: "gorm", New: func(t testing.TB, pg *dbtest.Postgres) domain.EventStore { return newGormEventStore(t, pg) }},
 	)
 }

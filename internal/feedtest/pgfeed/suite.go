@@ -2,9 +2,12 @@ package pgfeed
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -23,6 +26,12 @@ type Store struct {
 	// It builds on pg.DB or on a pool of its own opened on pg.DSN (say
 	// pg.Open or pg.OpenPgx), never on another database.
 	New func(t testing.TB, pg *dbtest.Postgres) domain.EventStore
+	// Construct opens a pool of its own on pg.DSN (closed at cleanup), as
+	// a separate process would have, and returns a function that builds a
+	// store on it from any goroutine: the suite builds stores concurrently
+	// with it, on an empty schema and while others append. Required of
+	// the store under test; not used of the others.
+	Construct func(t testing.TB, pg *dbtest.Postgres) func(ctx context.Context) (domain.EventStore, error)
 }
 
 // RunSuite runs the spec's ordered-feed tests against store on real
@@ -64,6 +73,9 @@ func RunSuite(t *testing.T, store Store, others ...Store) {
 	})
 	t.Run("transaction order ignores collation", func(t *testing.T) {
 		runCollation(t, store)
+	})
+	t.Run("construction while appending", func(t *testing.T) {
+		runConstructionWhileAppending(t, store)
 	})
 }
 
@@ -393,4 +405,113 @@ func runCollation(t *testing.T, store Store) {
 		aggs[i] = e.AggregateID
 	}
 	require.Equal(t, []string{"A", "B", "a", "b"}, aggs)
+}
+
+// runConstructionWhileAppending constructs stores concurrently, on
+// separate pools as separate processes would, while others append.
+func runConstructionWhileAppending(t *testing.T, store Store) {
+	require.NotNil(t, store.Construct, "the store under test has a Construct")
+	t.Run("concurrent first construction on an empty schema", func(t *testing.T) {
+		ctx := feedtest.Context(t)
+		pg := dbtest.NewPostgres(t)
+		const procs = 4
+		constructors := make([]func(context.Context) (domain.EventStore, error), procs)
+		for i := range constructors {
+			constructors[i] = store.Construct(t, pg)
+		}
+		start := make(chan struct{})
+		errs := make(chan error, procs)
+		var wg sync.WaitGroup
+		for i, construct := range constructors {
+			wg.Go(func() {
+				<-start
+				agg := fmt.Sprintf("proc%d", i)
+				for round := range 3 {
+					c, err := construct(ctx)
+					if err == nil {
+						err = c.Append(ctx, agg, round, feedtest.NewEvent(agg, "x", round))
+						err = errors.Join(err, closeStore(c))
+					}
+					if err != nil {
+						errs <- err
+						return
+					}
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err)
+		}
+		feed, err := store.New(t, pg).ReadAfter(ctx, 0, 0)
+		require.NoError(t, err)
+		require.Len(t, feed, procs*3)
+		feedtest.RequireStrictlyIncreasing(t, feed)
+	})
+
+	t.Run("construction while writers append", func(t *testing.T) {
+		ctx := feedtest.Context(t)
+		pg := dbtest.NewPostgres(t)
+		s := store.New(t, pg)
+		constructors := make([]func(context.Context) (domain.EventStore, error), 3)
+		for i := range constructors {
+			constructors[i] = store.Construct(t, pg)
+		}
+		var (
+			constructing atomic.Int32
+			appends      atomic.Int32
+			wg           sync.WaitGroup
+			errs         = make(chan error, 16)
+		)
+		constructing.Store(int32(len(constructors)))
+		for w := range 3 {
+			wg.Go(func() {
+				agg := fmt.Sprintf("writer%d", w)
+				// Keep appending until every constructor is done, and at
+				// least a few times.
+				for i := 0; i < 5 || constructing.Load() > 0; i++ {
+					if err := s.Append(ctx, agg, 2*i, feedtest.NewEvent(agg, "x", i), feedtest.NewEvent(agg, "x", i)); err != nil {
+						errs <- err
+						return
+					}
+					appends.Add(1)
+				}
+			})
+		}
+		for _, construct := range constructors {
+			wg.Go(func() {
+				defer constructing.Add(-1)
+				for range 5 {
+					c, err := construct(ctx)
+					if err == nil {
+						_, err = c.HeadPosition(ctx)
+						err = errors.Join(err, closeStore(c))
+					}
+					if err != nil {
+						errs <- err
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err)
+		}
+		feed, err := s.ReadAfter(ctx, 0, 0)
+		require.NoError(t, err)
+		require.Len(t, feed, 2*int(appends.Load()))
+		feedtest.RequireStrictlyIncreasing(t, feed)
+	})
+}
+
+// closeStore closes s if it has a Close method.
+func closeStore(s domain.EventStore) error {
+	if c, ok := s.(io.Closer); ok {
+		return c.Close()
+	}
+	return nil
 }
