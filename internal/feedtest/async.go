@@ -44,6 +44,17 @@ func Finished(done chan error) bool {
 	}
 }
 
+// WaitNoErrors waits for wg's goroutines, which report failures on errs,
+// then closes errs and fails the test on the first error it holds.
+func WaitNoErrors(t testing.TB, wg *sync.WaitGroup, errs chan error) {
+	t.Helper()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+}
+
 // Eventually polls cond until it holds, failing the test at the test
 // context's deadline. It is how a test waits for another goroutine or
 // connection to reach a state, never with a bare sleep. Call it on the

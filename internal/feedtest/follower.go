@@ -88,11 +88,7 @@ func RequireFollowerReadsEveryEventOnce(t *testing.T, stores ...domain.EventStor
 			break // nothing was in flight when this empty page was read
 		}
 	}
-	wg.Wait()
-	close(failures)
-	for err := range failures {
-		require.NoError(t, err)
-	}
+	WaitNoErrors(t, &wg, failures)
 	require.Len(t, delivered, len(appended))
 	for _, s := range stores {
 		all, err := s.ReadAfter(ctx, 0, 0)

@@ -59,24 +59,19 @@ func RunSuite(t *testing.T, store Store, others ...Store) {
 			})
 		}
 	})
-	t.Run("unrelated transactions do not delay the feed", func(t *testing.T) {
-		runUnrelatedTransactions(t, store)
-	})
-	t.Run("queued append honours cancellation", func(t *testing.T) {
-		runQueuedAppendCancellation(t, store)
-	})
-	t.Run("append under stricter default isolation", func(t *testing.T) {
-		runStricterIsolation(t, store)
-	})
-	t.Run("schemas do not block each other", func(t *testing.T) {
-		runSchemasDoNotBlock(t, store)
-	})
-	t.Run("transaction order ignores collation", func(t *testing.T) {
-		runCollation(t, store)
-	})
-	t.Run("construction while appending", func(t *testing.T) {
-		runConstructionWhileAppending(t, store)
-	})
+	for _, c := range []struct {
+		name string
+		run  func(*testing.T, Store)
+	}{
+		{"unrelated transactions do not delay the feed", runUnrelatedTransactions},
+		{"queued append honours cancellation", runQueuedAppendCancellation},
+		{"append under stricter default isolation", runStricterIsolation},
+		{"schemas do not block each other", runSchemasDoNotBlock},
+		{"transaction order ignores collation", runCollation},
+		{"construction while appending", runConstructionWhileAppending},
+	} {
+		t.Run(c.name, func(t *testing.T) { c.run(t, store) })
+	}
 }
 
 // interleaving is one case of runNeverPassesUncommitted.
@@ -333,11 +328,7 @@ func runStricterIsolation(t *testing.T, store Store) {
 					}
 				})
 			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				require.NoError(t, err)
-			}
+			feedtest.WaitNoErrors(t, &wg, errs)
 			feed, err := s.ReadAfter(ctx, 0, 0)
 			require.NoError(t, err)
 			require.Len(t, feed, 32)
@@ -440,11 +431,7 @@ func runConstructionWhileAppending(t *testing.T, store Store) {
 			})
 		}
 		close(start)
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			require.NoError(t, err)
-		}
+		feedtest.WaitNoErrors(t, &wg, errs)
 		feed, err := store.New(t, pg).ReadAfter(ctx, 0, 0)
 		require.NoError(t, err)
 		require.Len(t, feed, procs*3)
@@ -496,11 +483,7 @@ func runConstructionWhileAppending(t *testing.T, store Store) {
 				}
 			})
 		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			require.NoError(t, err)
-		}
+		feedtest.WaitNoErrors(t, &wg, errs)
 		feed, err := s.ReadAfter(ctx, 0, 0)
 		require.NoError(t, err)
 		require.Len(t, feed, 2*int(appends.Load()))
