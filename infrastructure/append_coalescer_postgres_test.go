@@ -11,6 +11,8 @@ import (
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
+	"github.com/eventfeed/subscriptions/internal/feedtest"
+	"github.com/eventfeed/subscriptions/internal/feedtest/pgfeed"
 )
 
 // TestPostgresAppendsWaitingForTheLockShareOneTransaction holds the append
@@ -38,7 +40,7 @@ func TestPostgresAppendsWaitingForTheLockShareOneTransaction(t *testing.T) {
 			taken := newEvent("co-taken", "x", "taken")
 			require.NoError(t, store.Append(ctx, "co-stored", 0, stored))
 			require.NoError(t, store.Append(ctx, "co-taken", 0, taken))
-			observer := pgConnect(t, pg.DSN)
+			observer := pgfeed.Connect(t, pg.DSN)
 			if c.refuse {
 				_, err := observer.Exec(ctx, `CREATE FUNCTION refuse_append() RETURNS trigger LANGUAGE plpgsql AS $$
 					BEGIN RAISE EXCEPTION 'refused by test trigger'; END $$`)
@@ -47,11 +49,11 @@ func TestPostgresAppendsWaitingForTheLockShareOneTransaction(t *testing.T) {
 					WHEN (NEW.aggregate_id = 'co-refused') EXECUTE FUNCTION refuse_append()`)
 				require.NoError(t, err)
 			}
-			gate := newAppendGate(t, pg)
-			doneHeld := goAsync(func() error { return store.Append(ctx, "held", 0, newEvent("held", "x", nil)) })
-			gate.waitHeld(t, 1)
-			doneQueued := goAsync(func() error { return store.Append(ctx, "queued", 0, newEvent("queued", "x", nil)) })
-			waitForLockWaiters(t, observer, appendLockKey(t, observer), 1, "the queued append")
+			gate := pgfeed.NewGate(t, pg)
+			doneHeld := feedtest.Async(func() error { return store.Append(ctx, "held", 0, newEvent("held", "x", nil)) })
+			gate.WaitHeld(t, 1)
+			doneQueued := feedtest.Async(func() error { return store.Append(ctx, "queued", 0, newEvent("queued", "x", nil)) })
+			pgfeed.WaitForLockWaiters(t, observer, pgfeed.AppendLockKey(t, observer), 1, "the queued append")
 
 			stolen := taken // its ID, under another aggregate
 			stolen.AggregateID = ""
@@ -94,28 +96,28 @@ func TestPostgresAppendsWaitingForTheLockShareOneTransaction(t *testing.T) {
 				if cl.cancel {
 					actx = cancelCtx
 				}
-				done[i] = goAsync(func() error { return store.Append(actx, cl.aggregate, cl.expected, cl.events...) })
+				done[i] = feedtest.Async(func() error { return store.Append(actx, cl.aggregate, cl.expected, cl.events...) })
 			}
 			eventually(t, "every append joins the batch forming behind the two in flight", func() bool {
 				return infrastructure.FormingAppends(store) == len(calls)
 			})
-			require.Equal(t, 1, advisoryLocks(t, observer, appendLockKey(t, observer), false), "only the queued append waits in the database")
+			require.Equal(t, 1, pgfeed.AdvisoryLocks(t, observer, pgfeed.AppendLockKey(t, observer), false), "only the queued append waits in the database")
 			cancel()
 			for i, cl := range calls {
 				if cl.cancel {
-					require.ErrorIs(t, result(t, done[i], cl.aggregate), context.Canceled)
+					require.ErrorIs(t, feedtest.Result(t, done[i], cl.aggregate), context.Canceled)
 				}
 			}
 			require.Equal(t, len(calls)-1, infrastructure.FormingAppends(store), "the canceled append left the batch")
 
-			gate.release()
-			require.NoError(t, result(t, doneHeld, "held append"))
-			require.NoError(t, result(t, doneQueued, "queued append"))
+			gate.Release()
+			require.NoError(t, feedtest.Result(t, doneHeld, "held append"))
+			require.NoError(t, feedtest.Result(t, doneQueued, "queued append"))
 			var okIDs []string
 			for i, cl := range calls {
 				var err error
 				if !cl.cancel { // its result was taken above
-					err = result(t, done[i], cl.aggregate)
+					err = feedtest.Result(t, done[i], cl.aggregate)
 				}
 				switch {
 				case cl.cancel:
@@ -194,35 +196,35 @@ func TestPostgresAppendKeepsNoReferenceToTheEvents(t *testing.T) {
 	retried := newEvent("co-retried", "x", payload)
 	require.NoError(t, store.Append(ctx, "co-retried", 0, retried))
 	require.NoError(t, store.Append(ctx, "co-retried", 1, newEvent("co-retried", "y", nil)))
-	observer := pgConnect(t, pg.DSN)
-	key := appendLockKey(t, observer)
-	gate := newAppendGate(t, pg)
+	observer := pgfeed.Connect(t, pg.DSN)
+	key := pgfeed.AppendLockKey(t, observer)
+	gate := pgfeed.NewGate(t, pg)
 	// Two appends in flight, queued on the append lock the observer holds.
 	_, err := observer.Exec(ctx, "SELECT pg_advisory_lock($1)", key)
 	require.NoError(t, err)
-	doneFirst := goAsync(func() error { return store.Append(ctx, "first", 0, newEvent("first", "x", nil)) })
-	doneSecond := goAsync(func() error { return store.Append(ctx, "second", 0, newEvent("second", "x", nil)) })
-	waitForLockWaiters(t, observer, key, 2, "the two appends in flight")
+	doneFirst := feedtest.Async(func() error { return store.Append(ctx, "first", 0, newEvent("first", "x", nil)) })
+	doneSecond := feedtest.Async(func() error { return store.Append(ctx, "second", 0, newEvent("second", "x", nil)) })
+	pgfeed.WaitForLockWaiters(t, observer, key, 2, "the two appends in flight")
 	// Behind them, one batch: an append held at the gate, then the retry.
-	doneHeld := goAsync(func() error { return store.Append(ctx, "held", 0, newEvent("held", "x", nil)) })
+	doneHeld := feedtest.Async(func() error { return store.Append(ctx, "held", 0, newEvent("held", "x", nil)) })
 	eventually(t, "the held append forms a batch", func() bool { return infrastructure.FormingAppends(store) == 1 })
 	encoded := payload.calls.Load()
 	giveUp, cancel := context.WithCancel(ctx)
 	defer cancel()
-	doneRetry := goAsync(func() error { return store.Append(giveUp, "co-retried", 0, retried) })
+	doneRetry := feedtest.Async(func() error { return store.Append(giveUp, "co-retried", 0, retried) })
 	eventually(t, "the retry joins it", func() bool { return infrastructure.FormingAppends(store) == 2 })
 	_, err = observer.Exec(ctx, "SELECT pg_advisory_unlock($1)", key)
 	require.NoError(t, err)
-	require.NoError(t, result(t, doneFirst, "first"))
-	require.NoError(t, result(t, doneSecond, "second"))
-	gate.waitHeld(t, 1)
+	require.NoError(t, feedtest.Result(t, doneFirst, "first"))
+	require.NoError(t, feedtest.Result(t, doneSecond, "second"))
+	gate.WaitHeld(t, 1)
 
 	cancel()
-	err = result(t, doneRetry, "the retry that gave up")
+	err = feedtest.Result(t, doneRetry, "the retry that gave up")
 	require.ErrorIs(t, err, context.Canceled)
 	require.ErrorContains(t, err, "may still succeed")
-	gate.release()
-	require.NoError(t, result(t, doneHeld, "held")) // the batch ended
+	gate.Release()
+	require.NoError(t, feedtest.Result(t, doneHeld, "held")) // the batch ended
 	require.Equal(t, encoded+1, payload.calls.Load(), "the payload was encoded once, in Append")
 	version, err := store.GetCurrentVersion(ctx, "co-retried")
 	require.NoError(t, err)
@@ -248,8 +250,8 @@ func TestPostgresAppendsInFlightFollowOtherStores(t *testing.T) {
 	pg := dbtest.NewPostgres(t)
 	store := newGormStore(t, pg.DB)
 	other := newGormStore(t, pg.Open(t))
-	observer := pgConnect(t, pg.DSN)
-	key := appendLockKey(t, observer)
+	observer := pgfeed.Connect(t, pg.DSN)
+	key := pgfeed.AppendLockKey(t, observer)
 	var want []string
 	appendTo := func(s *infrastructure.GormEventStore, agg string) {
 		ev := newEvent(agg, "x", nil)
@@ -263,18 +265,18 @@ func TestPostgresAppendsInFlightFollowOtherStores(t *testing.T) {
 	appendTo(store, "mine-3")
 	require.Equal(t, 1, infrastructure.AppendsInFlightLimit(store), "another store appended between its batches")
 
-	gate := newAppendGate(t, pg)
+	gate := pgfeed.NewGate(t, pg)
 	held, next := newEvent("held", "x", nil), newEvent("mine-4", "x", nil)
-	doneHeld := goAsync(func() error { return store.Append(ctx, "held", 0, held) })
-	gate.waitHeld(t, 1)
-	doneNext := goAsync(func() error { return store.Append(ctx, "mine-4", 0, next) })
+	doneHeld := feedtest.Async(func() error { return store.Append(ctx, "held", 0, held) })
+	gate.WaitHeld(t, 1)
+	doneNext := feedtest.Async(func() error { return store.Append(ctx, "mine-4", 0, next) })
 	eventually(t, "the next append forms a batch behind the one in flight", func() bool {
 		return infrastructure.FormingAppends(store) == 1
 	})
-	require.Zero(t, advisoryLocks(t, observer, key, false), "nothing queued on the append lock in the database")
-	gate.release()
-	require.NoError(t, result(t, doneHeld, "held"))
-	require.NoError(t, result(t, doneNext, "mine-4"))
+	require.Zero(t, pgfeed.AdvisoryLocks(t, observer, key, false), "nothing queued on the append lock in the database")
+	gate.Release()
+	require.NoError(t, feedtest.Result(t, doneHeld, "held"))
+	require.NoError(t, feedtest.Result(t, doneNext, "mine-4"))
 	want = append(want, held.ID, next.ID)
 	require.Equal(t, 2, infrastructure.AppendsInFlightLimit(store), "its batches followed one another again")
 

@@ -2,7 +2,6 @@ package infrastructure_test
 
 import (
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
@@ -82,21 +81,11 @@ var (
 	positions                 = feedtest.Positions
 	sequenceNos               = feedtest.SequenceNos
 	requireStrictlyIncreasing = feedtest.RequireStrictlyIncreasing
+	// eventually polls a condition, with a deadline: how tests wait for
+	// another goroutine or connection to reach a state, never with a bare
+	// sleep.
+	eventually = feedtest.Eventually
 )
-
-// eventually polls cond until it holds or the deadline passes. It is how
-// tests wait for another goroutine or connection to reach a state, never
-// with a bare sleep.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 // newStoreNoCleanup constructs a store without touching a testing.TB, for
 // goroutines other than the test's.

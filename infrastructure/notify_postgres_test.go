@@ -12,6 +12,8 @@ import (
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
+	"github.com/eventfeed/subscriptions/internal/feedtest"
+	"github.com/eventfeed/subscriptions/internal/feedtest/pgfeed"
 )
 
 // notifyListener is a LISTEN connection that only counts notifications
@@ -57,7 +59,7 @@ func TestPostgresNotifyOnCommittedAppendsOnly(t *testing.T) {
 	var pid uint32
 	require.NoError(t, db.Raw("SELECT pg_backend_pid()").Scan(&pid).Error)
 
-	l := &notifyListener{conn: pgConnect(t, pg.DSN), pid: pid}
+	l := &notifyListener{conn: pgfeed.Connect(t, pg.DSN), pid: pid}
 	_, err = l.conn.Exec(ctx, "LISTEN "+pgx.Identifier{infrastructure.PostgresNotifyChannel}.Sanitize())
 	require.NoError(t, err)
 
@@ -113,16 +115,16 @@ func TestPostgresNotifyIsDeliveredAtCommit(t *testing.T) {
 	store := newGormStore(t, db)
 	var pid uint32
 	require.NoError(t, db.Raw("SELECT pg_backend_pid()").Scan(&pid).Error)
-	gate := newAppendGate(t, pg)
+	gate := pgfeed.NewGate(t, pg)
 
-	l := &notifyListener{conn: pgConnect(t, pg.DSN), pid: pid}
+	l := &notifyListener{conn: pgfeed.Connect(t, pg.DSN), pid: pid}
 	_, err = l.conn.Exec(ctx, "LISTEN "+pgx.Identifier{infrastructure.PostgresNotifyChannel}.Sanitize())
 	require.NoError(t, err)
 
-	done := goAsync(func() error { return store.Append(context.Background(), "held", 0, newEvent("held", "x", nil)) })
-	gate.waitHeld(t, 1)
+	done := feedtest.Async(func() error { return store.Append(context.Background(), "held", 0, newEvent("held", "x", nil)) })
+	gate.WaitHeld(t, 1)
 	require.False(t, l.next(t, quietPeriod), "no notification before the append commits")
-	gate.release()
-	require.NoError(t, result(t, done, "held append"))
+	gate.Release()
+	require.NoError(t, feedtest.Result(t, done, "held append"))
 	require.True(t, l.next(t, 10*time.Second), "the notification arrives at commit")
 }

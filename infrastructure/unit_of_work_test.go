@@ -11,6 +11,7 @@ import (
 
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
+	"github.com/eventfeed/subscriptions/internal/feedtest"
 	"github.com/eventfeed/subscriptions/migrations/schema"
 )
 
@@ -50,7 +51,7 @@ func TestAppendInsideACallersTransaction(t *testing.T) {
 						feed, err := outside.ReadAfter(ctx, 0, 0)
 						require.NoError(t, err)
 						require.Empty(t, feed)
-						later = goAsync(func() error {
+						later = feedtest.Async(func() error {
 							return outside.Append(context.Background(), "acc-2", 0, newEvent("acc-2", "account.opened", nil))
 						})
 						eventually(t, "an append outside the transaction waits for the append lock", func() bool {
@@ -75,7 +76,7 @@ func TestAppendInsideACallersTransaction(t *testing.T) {
 						require.NoError(t, tx.Rollback().Error)
 					}
 					if later != nil {
-						require.NoError(t, result(t, later, "the append outside the transaction"))
+						require.NoError(t, feedtest.Result(t, later, "the append outside the transaction"))
 					}
 					var accounts int64
 					require.NoError(t, db.Raw("SELECT COUNT(*) FROM accounts").Scan(&accounts).Error)

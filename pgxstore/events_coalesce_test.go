@@ -9,6 +9,7 @@ import (
 
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/internal/feedtest"
+	"github.com/eventfeed/subscriptions/internal/feedtest/pgfeed"
 	"github.com/eventfeed/subscriptions/pgxstore"
 )
 
@@ -20,21 +21,21 @@ import (
 func TestCoalescedAppendsShareOneTransaction(t *testing.T) {
 	ctx := testCtx(t)
 	store, pg := newEventStore(t)
-	gate := newFeedGate(t, pg)
-	observer := rawConn(t, pg.DSN)
-	key := feedLockKey(t, observer)
+	gate := pgfeed.NewGate(t, pg)
+	observer := pgfeed.Connect(t, pg.DSN)
+	key := pgfeed.AppendLockKey(t, observer)
 
 	stored := feedtest.NewEvent("stored", "x", 1)
 	require.NoError(t, store.Append(ctx, "stored", 0, stored))
 	require.NoError(t, store.Append(ctx, "stale", 0, feedtest.NewEvent("stale", "x", 1)))
 
 	held := feedtest.NewEvent("held", "x", nil)
-	doneHeld := feedAsync(func() error { return store.Append(ctx, "held", 0, held) })
-	gate.waitHeld(t, 1)
+	doneHeld := feedtest.Async(func() error { return store.Append(ctx, "held", 0, held) })
+	gate.WaitHeld(t, 1)
 	// The second in-flight transaction, queued on the lock in the database.
 	second := feedtest.NewEvent("second", "x", nil)
-	doneSecond := feedAsync(func() error { return store.Append(ctx, "second", 0, second) })
-	waitFeedLockWaiters(t, observer, key, 1, "the second append")
+	doneSecond := feedtest.Async(func() error { return store.Append(ctx, "second", 0, second) })
+	pgfeed.WaitForLockWaiters(t, observer, key, 1, "the second append")
 
 	// These wait in the coalescer, in one forming batch.
 	const joiners = 6
@@ -46,26 +47,26 @@ func TestCoalescedAppendsShareOneTransaction(t *testing.T) {
 		agg := fmt.Sprintf("joiner%d", i)
 		evs := []domain.EventEnvelope[any]{feedtest.NewEvent(agg, "x", i), feedtest.NewEvent(agg, "x", i)}
 		joined = append(joined, evs...)
-		dones = append(dones, feedAsync(func() error { return store.Append(ctx, agg, 0, evs...) }))
+		dones = append(dones, feedtest.Async(func() error { return store.Append(ctx, agg, 0, evs...) }))
 	}
-	conflict := feedAsync(func() error { return store.Append(ctx, "stale", 0, feedtest.NewEvent("stale", "x", 2)) })
-	retry := feedAsync(func() error { return store.Append(ctx, "stored", 0, stored) })
+	conflict := feedtest.Async(func() error { return store.Append(ctx, "stale", 0, feedtest.NewEvent("stale", "x", 2)) })
+	retry := feedtest.Async(func() error { return store.Append(ctx, "stored", 0, stored) })
 	cancelCtx, cancel := context.WithCancel(ctx)
 	leaver := feedtest.NewEvent("leaver", "x", nil)
-	left := feedAsync(func() error { return store.Append(cancelCtx, "leaver", 0, leaver) })
-	feedEventually(t, "the appends wait in one batch", func() bool { return pgxstore.FormingAppends(store) == joiners+3 })
+	left := feedtest.Async(func() error { return store.Append(cancelCtx, "leaver", 0, leaver) })
+	feedtest.Eventually(t, "the appends wait in one batch", func() bool { return pgxstore.FormingAppends(store) == joiners+3 })
 	cancel()
-	require.ErrorIs(t, feedResult(t, left, "the cancelled append"), context.Canceled)
+	require.ErrorIs(t, feedtest.Result(t, left, "the cancelled append"), context.Canceled)
 	require.Equal(t, joiners+2, pgxstore.FormingAppends(store), "the cancelled append left the batch")
 
-	gate.release()
-	require.NoError(t, feedResult(t, doneHeld, "the held append"))
-	require.NoError(t, feedResult(t, doneSecond, "the second append"))
+	gate.Release()
+	require.NoError(t, feedtest.Result(t, doneHeld, "the held append"))
+	require.NoError(t, feedtest.Result(t, doneSecond, "the second append"))
 	for i, done := range dones {
-		require.NoError(t, feedResult(t, done, fmt.Sprintf("joiner %d", i)))
+		require.NoError(t, feedtest.Result(t, done, fmt.Sprintf("joiner %d", i)))
 	}
-	require.ErrorIs(t, feedResult(t, conflict, "the stale append"), domain.ErrConcurrencyConflict)
-	require.ErrorIs(t, feedResult(t, retry, "the retry"), domain.ErrAlreadyAppended)
+	require.ErrorIs(t, feedtest.Result(t, conflict, "the stale append"), domain.ErrConcurrencyConflict)
+	require.ErrorIs(t, feedtest.Result(t, retry, "the retry"), domain.ErrAlreadyAppended)
 
 	var xmins []string
 	rows, err := observer.Query(ctx, "SELECT DISTINCT xmin::text FROM events WHERE aggregate_id LIKE 'joiner%'")
@@ -97,7 +98,7 @@ func TestUncoalescedAppends(t *testing.T) {
 	var dones []chan error
 	for w := range 8 {
 		agg := fmt.Sprintf("solo%d", w)
-		dones = append(dones, feedAsync(func() error {
+		dones = append(dones, feedtest.Async(func() error {
 			for i := range 5 {
 				if err := store.Append(ctx, agg, i, feedtest.NewEvent(agg, "x", i)); err != nil {
 					return err
@@ -107,7 +108,7 @@ func TestUncoalescedAppends(t *testing.T) {
 		}))
 	}
 	for _, done := range dones {
-		require.NoError(t, feedResult(t, done, "a writer"))
+		require.NoError(t, feedtest.Result(t, done, "a writer"))
 	}
 	feed, err := store.ReadAfter(ctx, 0, 0)
 	require.NoError(t, err)

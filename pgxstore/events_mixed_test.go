@@ -14,6 +14,7 @@ import (
 
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/internal/feedtest"
+	"github.com/eventfeed/subscriptions/internal/feedtest/pgfeed"
 	"github.com/eventfeed/subscriptions/pgxstore"
 )
 
@@ -88,7 +89,7 @@ func TestMixedStoresReadEachOthersEvents(t *testing.T) {
 
 	// The stored text: jsonb normalises, so equal values are equal text
 	// whichever store wrote them.
-	conn := rawConn(t, pg.DSN)
+	conn := pgfeed.Connect(t, pg.DSN)
 	rows, err := conn.Query(ctx, "SELECT payload::text, metadata - 'writer' FROM events ORDER BY position")
 	require.NoError(t, err)
 	type stored struct {
@@ -191,7 +192,7 @@ func TestNotifyAfterCommit(t *testing.T) {
 				want = channel
 			}
 			store, pg := newEventStore(t, opts...)
-			listener := rawConn(t, pg.DSN)
+			listener := pgfeed.Connect(t, pg.DSN)
 			_, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{want}.Sanitize())
 			require.NoError(t, err)
 			for i := range 2 {

@@ -15,11 +15,18 @@ import (
 // newEventStore returns an event store on a fresh schema, and the schema.
 func newEventStore(t testing.TB, opts ...pgxstore.Option) (*pgxstore.EventStore, *dbtest.Postgres) {
 	t.Helper()
-	pg, pool := newDatabase(t)
-	s, err := pgxstore.NewEventStore(testCtx(t), pool, opts...)
+	pg := dbtest.NewPostgres(t)
+	return newEventStoreOn(t, pg, opts...), pg
+}
+
+// newEventStoreOn returns an event store on pg's schema, on a pgx pool of
+// its own, closed at cleanup.
+func newEventStoreOn(t testing.TB, pg *dbtest.Postgres, opts ...pgxstore.Option) *pgxstore.EventStore {
+	t.Helper()
+	s, err := pgxstore.NewEventStore(testCtx(t), pg.OpenPgx(t), opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, s.Close()) })
-	return s, pg
+	return s
 }
 
 // TestEventStoreSuite runs the exported domain.EventStore conformance

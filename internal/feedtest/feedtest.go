@@ -1,8 +1,11 @@
 // Package feedtest holds the event helpers that the module's test code
 // shares: the exported conformance suites (package subscriptionstest), the
-// event store's tests (package infrastructure) and the subscriber's tests
-// (the root package). It is test support only: it imports testing and
-// testify, so no library or command package may import it.
+// event stores' tests (packages infrastructure and pgxstore) and the
+// subscriber's tests (the root package): events, waits on asynchronous
+// operations, a feed watcher and the follower test every store passes. Its
+// Postgres half, which needs a server, is the subpackage pgfeed. It is
+// test support only: it imports testing and testify, so no library or
+// command package may import it.
 //
 // Every function is safe for concurrent use; none keeps what it is given.
 package feedtest
