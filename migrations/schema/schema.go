@@ -302,6 +302,23 @@ func pending(all []migration, done map[int64]bool) []migration {
 	return out
 }
 
+// state reads what Migrate and Verify start from: db's dialect, its
+// migrations and the versions the database records. fn names the caller
+// in errors.
+func state(ctx context.Context, fn string, db DB) (dialect string, all []migration, done map[int64]bool, err error) {
+	if db == nil {
+		return "", nil, nil, fmt.Errorf("migrations: %s: nil handle", fn)
+	}
+	dialect = db.Dialect()
+	if all, err = load(dialect); err != nil {
+		return "", nil, nil, err
+	}
+	if done, err = applied(ctx, db); err != nil {
+		return "", nil, nil, fmt.Errorf("migrations: %w", err)
+	}
+	return dialect, all, done, nil
+}
+
 // currentSchema returns the Postgres schema new tables go to: the first
 // schema of search_path that exists. A search_path that names none (a
 // typo, or a schema not created yet) is an error that says so.
@@ -335,17 +352,9 @@ func currentSchema(ctx context.Context, db DB) (string, error) {
 // first schema of search_path on Postgres) when anything is pending. It is
 // safe for concurrent use; db is not retained.
 func Migrate(ctx context.Context, db DB) error {
-	if db == nil {
-		return fmt.Errorf("migrations: Migrate: nil handle")
-	}
-	dialect := db.Dialect()
-	all, err := load(dialect)
+	dialect, all, done, err := state(ctx, "Migrate", db)
 	if err != nil {
 		return err
-	}
-	done, err := applied(ctx, db)
-	if err != nil {
-		return fmt.Errorf("migrations: %w", err)
 	}
 	if len(pending(all, done)) == 0 {
 		return nil

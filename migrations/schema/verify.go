@@ -138,17 +138,9 @@ func concat(parts ...[]object) []object {
 // It reads the catalog only, so any role that can read the tables can run
 // it; it is safe for concurrent use.
 func Verify(ctx context.Context, db DB) error {
-	if db == nil {
-		return fmt.Errorf("migrations: Verify: nil handle")
-	}
-	dialect := db.Dialect()
-	all, err := load(dialect)
+	dialect, all, done, err := state(ctx, "Verify", db)
 	if err != nil {
 		return err
-	}
-	done, err := applied(ctx, db)
-	if err != nil {
-		return fmt.Errorf("migrations: %w", err)
 	}
 	var problems []string
 	missingTables := map[string]bool{}
