@@ -215,14 +215,20 @@ func (s *CheckpointStore) FailAttempt(ctx context.Context, in subscriptions.Batc
 		return fmt.Errorf("pgxstore: record the failure of event %q of %q: %w", rec.EventID, subscriber, subscriptions.ErrBatchFinished)
 	}
 	b.finished = true
-	defer b.conn.Release()
 	if b.tx != nil {
-		if err := b.tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
-			_ = b.conn.Conn().Close(ctx) // a lost connection: write on the pool
-			return s.failAttemptRow(ctx, s.pool, subscriber, rec)
+		err := b.tx.Rollback(ctx)
+		if err == nil || errors.Is(err, pgx.ErrTxClosed) {
+			defer b.conn.Release()
+			return s.failAttemptRow(ctx, b.conn, subscriber, rec)
 		}
 	}
-	return s.failAttemptRow(ctx, b.conn, subscriber, rec)
+	// No transaction to end (a renew could not begin again) or a failed
+	// rollback: the connection is suspect. It is closed and handed back
+	// before the failure is written on the pool, so that nothing waits
+	// for a second connection while it holds one.
+	_ = b.conn.Conn().Close(ctx)
+	b.conn.Release()
+	return s.failAttemptRow(ctx, s.pool, subscriber, rec)
 }
 
 // failAttemptRow writes the failure rec records, unclaimed: on the record
