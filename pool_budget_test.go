@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/eventfeed/subscriptions"
@@ -18,7 +19,8 @@ import (
 )
 
 // TestPoolBudget runs more work than the pool has connections, on one
-// *gorm.DB whose pool holds 1, 2 or 3 connections: two replicas of one
+// *gorm.DB (or pgxstore's *pgxpool.Pool) whose pool holds 1, 2 or 3
+// connections: two replicas of one
 // name with a parking lot and a poison event, a partitioned subscriber
 // with two workers, a batch-handler subscriber, two appending goroutines
 // and a loop of admin calls (Lag, ListParked, Status, a reset of a fourth
@@ -27,21 +29,37 @@ import (
 // projected exactly once, the poison one parked instead.
 func TestPoolBudget(t *testing.T) {
 	t.Parallel()
-	for _, conns := range []int{1, 2, 3} {
-		t.Run(fmt.Sprintf("pool-%d", conns), func(t *testing.T) {
-			t.Parallel()
-			poolBudgetRun(t, conns)
-		})
+	for _, backend := range []string{"gorm", "pgx"} {
+		for _, conns := range []int{1, 2, 3} {
+			t.Run(fmt.Sprintf("%s/pool-%d", backend, conns), func(t *testing.T) {
+				t.Parallel()
+				poolBudgetRun(t, conns, backend == "pgx")
+			})
+		}
 	}
 }
 
-func poolBudgetRun(t *testing.T, conns int) {
+// poolBudgetRun runs the scenario on a pool of conns connections: the
+// GORM backend's *gorm.DB, or with pgx pgxstore's *pgxpool.Pool.
+func poolBudgetRun(t *testing.T, conns int, pgx bool) {
 	pg := dbtest.NewPostgres(t)
-	db := pg.Open(t)
-	sqlDB, err := db.DB()
-	require.NoError(t, err)
-	e := gormEnv(t, "postgres", db, pg)
-	sqlDB.SetMaxOpenConns(conns)
+	var e *env
+	if pgx {
+		cfg, err := pgxpool.ParseConfig(pg.DSN)
+		require.NoError(t, err)
+		cfg.MaxConns = int32(conns)
+		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		e = pgxEnvOn(t, pg, pool)
+	} else {
+		gdb := pg.Open(t)
+		sqlDB, err := gdb.DB()
+		require.NoError(t, err)
+		e = gormEnv(t, "postgres", gdb, pg)
+		sqlDB.SetMaxOpenConns(conns)
+	}
+	db := e.DB // on pgx a GORM pool of its own on the schema, for the test's reads
 	events := e.Events
 	const tables = 3
 	for i := 0; i < tables; i++ {
@@ -55,7 +73,7 @@ func poolBudgetRun(t *testing.T, conns int) {
 			if ev.ID == poisonID.Load().(string) {
 				return errors.New("poison")
 			}
-			return project(ctx, table, ev)
+			return e.project(ctx, table, ev)
 		}
 	}
 	common := []subscriptions.SubscriberOption{
