@@ -112,9 +112,19 @@ func poolBudgetRun(t *testing.T, conns int, pgx bool) {
 	}
 
 	// A poison event among the first ones: every subscriber retries it
-	// (attempt records) and parks it.
-	first := appendN(t, events, "budget", 0, 3)
+	// (attempt records) and parks it. It is known as poison before it is
+	// appended: the running subscribers may handle it at once.
+	var first []string
+	var firstEvents []domain.EventEnvelope[any]
+	for i := range 3 {
+		ev := domain.NewEventEnvelope[any](map[string]any{"n": i}, fmt.Sprintf("agg-%d", i%3), "budget", 0)
+		first = append(first, ev.ID)
+		firstEvents = append(firstEvents, ev)
+	}
 	poisonID.Store(first[1])
+	for _, ev := range firstEvents {
+		require.NoError(t, events.Append(context.Background(), ev.AggregateID, -1, ev))
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
