@@ -92,10 +92,7 @@ func RunBatchFailureSuite(t *testing.T, h BatchFailureHarness) {
 	})
 	t.Run(h.Name+"/FailureClassifier", func(t *testing.T) {
 		cps := h.New(t)
-		c, ok := cps.(subscriptions.FailureClassifier)
-		if !ok {
-			t.Skipf("%T does not implement subscriptions.FailureClassifier", cps)
-		}
+		c := has[subscriptions.FailureClassifier](t, cps)
 		for _, err := range []error{
 			fmt.Errorf("commit: %w", driver.ErrBadConn), context.Canceled, context.DeadlineExceeded,
 			errors.New("an error nobody recognises"),

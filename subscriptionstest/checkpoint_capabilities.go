@@ -20,14 +20,10 @@ import (
 
 // capability returns the store h builds (and its competitor) as C,
 // skipping the test when it is not one.
-func capability[C any](t *testing.T, h CheckpointStoreHarness, name string) (C, subscriptions.CheckpointStore, subscriptions.CheckpointStore) {
+func capability[C any](t *testing.T, h CheckpointStoreHarness) (C, subscriptions.CheckpointStore, subscriptions.CheckpointStore) {
 	t.Helper()
 	cps, other := h.New(t)
-	c, ok := cps.(C)
-	if !ok {
-		t.Skipf("%T does not implement subscriptions.%s", cps, name)
-	}
-	return c, cps, other
+	return has[C](t, cps), cps, other
 }
 
 // RunAttemptCounterSuite runs the contract of subscriptions.AttemptCounter:
@@ -44,7 +40,7 @@ func RunAttemptCounterSuite(t *testing.T, h CheckpointStoreHarness) {
 			return subscriptions.AttemptRecord{Position: pos, EventID: id, Through: through, Attempts: n, Holder: "suite-runner"}
 		}
 		t.Run("BeginThenFoundByAnyReplica", func(t *testing.T) {
-			ac, cps, other := capability[subscriptions.AttemptCounter](t, h, "AttemptCounter")
+			ac, cps, other := capability[subscriptions.AttemptCounter](t, h)
 			const name = "attempt-begin"
 			advance(t, cps, name, 3)
 			batch := mustAcquire(t, cps, name)
@@ -66,7 +62,7 @@ func RunAttemptCounterSuite(t *testing.T, h CheckpointStoreHarness) {
 			require.NoError(t, batch.Rollback())
 		})
 		t.Run("PutFailHasClear", func(t *testing.T) {
-			ac, cps, _ := capability[subscriptions.AttemptCounter](t, h, "AttemptCounter")
+			ac, cps, _ := capability[subscriptions.AttemptCounter](t, h)
 			const name = "attempt-put"
 			advance(t, cps, name, 3)
 			batch := mustAcquire(t, cps, name)
@@ -106,7 +102,7 @@ func RunAttemptCounterSuite(t *testing.T, h CheckpointStoreHarness) {
 			require.NoError(t, batch.Rollback())
 		})
 		t.Run("FailWithoutBatchAndMarker", func(t *testing.T) {
-			ac, cps, _ := capability[subscriptions.AttemptCounter](t, h, "AttemptCounter")
+			ac, cps, _ := capability[subscriptions.AttemptCounter](t, h)
 			const name = "attempt-marker"
 			advance(t, cps, name, 3)
 			marker := rec(3, "e6", 6, 0)
@@ -121,7 +117,7 @@ func RunAttemptCounterSuite(t *testing.T, h CheckpointStoreHarness) {
 			require.NoError(t, batch.Rollback())
 		})
 		t.Run("CommitVoidsTheRecord", func(t *testing.T) {
-			ac, cps, _ := capability[subscriptions.AttemptCounter](t, h, "AttemptCounter")
+			ac, cps, _ := capability[subscriptions.AttemptCounter](t, h)
 			const name = "attempt-void"
 			advance(t, cps, name, 3)
 			batch := mustAcquire(t, cps, name)
@@ -151,7 +147,7 @@ func RunPartitionCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
 	t.Run(h.Name+"/PartitionCheckpointStore", func(t *testing.T) {
 		names := []string{"multi/partition-0-of-3", "multi/partition-1-of-3", "multi/partition-2-of-3"}
 		t.Run("Positions", func(t *testing.T) {
-			ps, cps, _ := capability[subscriptions.PartitionCheckpointStore](t, h, "PartitionCheckpointStore")
+			ps, cps, _ := capability[subscriptions.PartitionCheckpointStore](t, h)
 			advance(t, cps, names[0], 4)
 			advance(t, cps, names[2], 9)
 			got, err := ps.Positions(ctx, names)
@@ -159,7 +155,7 @@ func RunPartitionCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
 			require.Equal(t, []int64{4, 0, 9}, got, "a name without a row reads 0")
 		})
 		t.Run("ResetAllWithGuardAndApply", func(t *testing.T) {
-			ps, cps, _ := capability[subscriptions.PartitionCheckpointStore](t, h, "PartitionCheckpointStore")
+			ps, cps, _ := capability[subscriptions.PartitionCheckpointStore](t, h)
 			for i, name := range names {
 				advance(t, cps, name, int64(5+i))
 			}
@@ -185,7 +181,7 @@ func RunPartitionCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
 			require.Equal(t, []int64{2, 2, 2}, got)
 		})
 		t.Run("DeleteAll", func(t *testing.T) {
-			ps, cps, _ := capability[subscriptions.PartitionCheckpointStore](t, h, "PartitionCheckpointStore")
+			ps, cps, _ := capability[subscriptions.PartitionCheckpointStore](t, h)
 			for _, name := range names {
 				advance(t, cps, name, 5)
 			}
@@ -201,7 +197,7 @@ func RunPartitionCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
 			require.Equal(t, []int64{0, 0, 0}, got)
 		})
 		t.Run("InitPartitions", func(t *testing.T) {
-			ps, cps, other := capability[subscriptions.PartitionCheckpointStore](t, h, "PartitionCheckpointStore")
+			ps, cps, other := capability[subscriptions.PartitionCheckpointStore](t, h)
 			advance(t, cps, "multi", 7)
 			advance(t, cps, names[1], 9) // a row of its own already
 			existing, err := ps.InitPartitions(ctx, "multi/partitions", "multi", names, 3)
@@ -227,7 +223,7 @@ func RunPauserSuite(t *testing.T, h CheckpointStoreHarness) {
 	ctx := context.Background()
 	t.Run(h.Name+"/Pauser", func(t *testing.T) {
 		t.Run("PauseStopsEveryRowAndReplica", func(t *testing.T) {
-			p, cps, other := capability[subscriptions.Pauser](t, h, "Pauser")
+			p, cps, other := capability[subscriptions.Pauser](t, h)
 			const name = "paused"
 			part := name + "/partition-0-of-2"
 			require.Equal(t, name, subscriptions.PauseKey(part))
@@ -259,7 +255,7 @@ func RunPauserSuite(t *testing.T, h CheckpointStoreHarness) {
 			advance(t, other, part, 7)
 		})
 		t.Run("BatchInFlightNeverCommitsAfterPause", func(t *testing.T) {
-			p, cps, _ := capability[subscriptions.Pauser](t, h, "Pauser")
+			p, cps, _ := capability[subscriptions.Pauser](t, h)
 			const name = "paused-inflight"
 			advance(t, cps, name, 4)
 			batch := mustAcquire(t, cps, name)
@@ -311,10 +307,7 @@ func RunFeedSharerSuite(t *testing.T, h FeedSharerHarness) {
 	ctx := context.Background()
 	t.Run(h.Name+"/FeedSharer", func(t *testing.T) {
 		cps, shared, foreign := h.New(t)
-		sharer, ok := cps.(subscriptions.FeedSharer)
-		if !ok {
-			t.Skipf("%T does not implement subscriptions.FeedSharer", cps)
-		}
+		sharer := has[subscriptions.FeedSharer](t, cps)
 		require.True(t, sharer.SharesFeed(shared))
 		require.False(t, sharer.SharesFeed(foreign))
 		var appended []domain.EventEnvelope[any]

@@ -19,10 +19,7 @@ func runCheckpointResetterCases(t *testing.T, h CheckpointStoreHarness) {
 	resetter := func(t *testing.T) (subscriptions.CheckpointResetter, subscriptions.CheckpointStore) {
 		t.Helper()
 		cps, other := h.New(t)
-		r, ok := cps.(subscriptions.CheckpointResetter)
-		if !ok {
-			t.Skipf("%T does not implement subscriptions.CheckpointResetter", cps)
-		}
+		r := has[subscriptions.CheckpointResetter](t, cps)
 		return r, other
 	}
 	boom := errors.New("boom")

@@ -36,10 +36,7 @@ func RunPartitionFeedSuite(t *testing.T, h EventStoreHarness) {
 			t.Parallel()
 		}
 		s := h.New(t)
-		pf, ok := s.(subscriptions.PartitionFeed)
-		if !ok {
-			t.Skipf("%T does not implement subscriptions.PartitionFeed", s)
-		}
+		pf := has[subscriptions.PartitionFeed](t, s)
 		feed := seed(t, s)
 		const n = 4
 		for p := range n {
@@ -75,10 +72,7 @@ func RunPartitionFeedSuite(t *testing.T, h EventStoreHarness) {
 			t.Parallel()
 		}
 		s := h.New(t)
-		fi, ok := s.(subscriptions.FeedIndex)
-		if !ok {
-			t.Skipf("%T does not implement subscriptions.FeedIndex", s)
-		}
+		fi := has[subscriptions.FeedIndex](t, s)
 		feed := seed(t, s)
 		positions, aggregates, err := fi.ReadAggregatesAfter(ctx, feed[4].Position, 10)
 		require.NoError(t, err)

@@ -2,6 +2,7 @@ package subscriptionstest
 
 import (
 	"encoding/json"
+	"reflect"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -46,4 +47,16 @@ func stateOf(t testing.TB, s domain.EventStore, aggregateID string) storeState {
 	feed, err := s.ReadAfter(ctx, 0, 0)
 	require.NoError(t, err)
 	return storeState{head: head, version: version, feed: feedtest.IDs(feed)}
+}
+
+// has returns v as the capability C, or skips the test, naming the type
+// that lacks it: each capability's suite runs only on the backends that
+// have it.
+func has[C any](t *testing.T, v any) C {
+	t.Helper()
+	c, ok := v.(C)
+	if !ok {
+		t.Skipf("%T does not implement %s", v, reflect.TypeFor[C]())
+	}
+	return c
 }

@@ -42,10 +42,7 @@ func RunDeliveredClearerSuite(t *testing.T, h ParkingLotHarness) {
 			t.Parallel()
 		}
 		lot := h.New(t)
-		c, ok := lot.(subscriptions.DeliveredClearer)
-		if !ok {
-			t.Skipf("%T does not implement subscriptions.DeliveredClearer", lot)
-		}
+		c := has[subscriptions.DeliveredClearer](t, lot)
 		seed(t, lot)
 		require.False(t, c.ClearsInBatch(ctx), "no batch transaction in the context")
 		require.NoError(t, c.ClearDelivered(ctx, "clear-a", 5, 10))
@@ -57,10 +54,7 @@ func RunDeliveredClearerSuite(t *testing.T, h ParkingLotHarness) {
 			t.Parallel()
 		}
 		lot := h.New(t)
-		c, ok := lot.(subscriptions.PartitionDeliveredClearer)
-		if !ok {
-			t.Skipf("%T does not implement subscriptions.PartitionDeliveredClearer", lot)
-		}
+		c := has[subscriptions.PartitionDeliveredClearer](t, lot)
 		seed(t, lot)
 		const n = 2
 		p := subscriptions.PartitionOf("agg-ev-10", n)
@@ -81,10 +75,7 @@ func RunDeliveredClearerSuite(t *testing.T, h ParkingLotHarness) {
 			t.Parallel()
 		}
 		lot := h.New(t)
-		c, ok := lot.(subscriptions.ParkedCounter)
-		if !ok {
-			t.Skipf("%T does not implement subscriptions.ParkedCounter", lot)
-		}
+		c := has[subscriptions.ParkedCounter](t, lot)
 		seed(t, lot)
 		for subscriber, want := range map[string]int{"clear-a": 3, "clear-b": 1, "clear-nobody": 0} {
 			n, err := c.CountParked(ctx, subscriber)

@@ -17,10 +17,7 @@ import (
 func parkManagedSuite(t *testing.T, b parkLotBackend) {
 	ctx := context.Background()
 	managed := func(t *testing.T) subscriptions.ManagedParkingLot {
-		lot, ok := b.new(t).(subscriptions.ManagedParkingLot)
-		if !ok {
-			t.Skip("the lot does not implement subscriptions.ManagedParkingLot")
-		}
+		lot := has[subscriptions.ManagedParkingLot](t, b.new(t))
 		return lot
 	}
 	// fill parks ten entries for park-a (positions 10..100, types

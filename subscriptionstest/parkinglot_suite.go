@@ -359,10 +359,7 @@ func RunParkingLotSuite(t *testing.T, h ParkingLotHarness) {
 
 			t.Run("purge deletes one subscriber's entries", func(t *testing.T) {
 				lot := b.new(t)
-				purger, ok := lot.(subscriptions.ParkingLotPurger)
-				if !ok {
-					t.Skipf("%T does not implement subscriptions.ParkingLotPurger", lot)
-				}
+				purger := has[subscriptions.ParkingLotPurger](t, lot)
 				for _, p := range []subscriptions.ParkedEvent{
 					parkEntry("park-a", "ev-1", 1), parkEntry("park-a", "ev-2", 2), parkEntry("park-b", "ev-1", 1),
 				} {
