@@ -104,15 +104,14 @@ func (s *CheckpointStore) lock(ctx context.Context, subscriber string) (b *batch
 	if err != nil {
 		return nil, false, fmt.Errorf("pgxstore: acquire checkpoint of %q: connection: %w", subscriber, err)
 	}
-	tx, err := conn.BeginTx(ctx, txOptions)
-	if err != nil {
-		conn.Release()
-		return nil, false, fmt.Errorf("pgxstore: acquire checkpoint of %q: begin: %w", subscriber, err)
-	}
 	var position *int64
 	var present, paused bool
-	if err := tx.QueryRow(ctx, lockRow, subscriber, subscriptions.PauseKey(subscriber)).Scan(&position, &present, &paused); err != nil {
-		endTx(tx, conn)
+	tx, err := beginWith(ctx, conn, func(pipe *pgx.Batch) {
+		pipe.Queue(lockRow, subscriber, subscriptions.PauseKey(subscriber)).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&position, &present, &paused)
+		})
+	})
+	if err != nil {
 		return nil, false, fmt.Errorf("pgxstore: acquire checkpoint of %q: lock row: %w", subscriber, err)
 	}
 	if position == nil || paused {
@@ -120,6 +119,23 @@ func (s *CheckpointStore) lock(ctx context.Context, subscriber string) (b *batch
 		return nil, present, nil // held elsewhere, paused, or missing
 	}
 	return &batch{store: s, subscriber: subscriber, conn: conn, tx: tx, position: *position}, true, nil
+}
+
+// beginWith begins a batch transaction on conn and runs the statements
+// queue adds in the same pipeline, in one round trip: pgx's
+// Batch.BeginTx sends the BEGIN at its head instead of awaiting it on its
+// own. If it fails, the connection has been handed back.
+func beginWith(ctx context.Context, conn *pgxpool.Conn, queue func(pipe *pgx.Batch)) (pgx.Tx, error) {
+	pipe := &pgx.Batch{}
+	pipe.BeginTx(txOptions)
+	queue(pipe)
+	results := conn.SendBatch(ctx, pipe)
+	tx := results.Tx()
+	if err := results.Close(); err != nil {
+		endTx(tx, conn)
+		return nil, err
+	}
+	return tx, nil
 }
 
 // endTx rolls tx back and hands its connection back to the pool; a

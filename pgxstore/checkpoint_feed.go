@@ -41,9 +41,9 @@ func (b *batch) ReadPositions(ctx context.Context, positions []int64) ([]domain.
 	return events, nil
 }
 
-// AcquireAfter begins the batch and then sends the row lock and the read
-// of the feed after after as one pipelined round trip (two in all, where
-// reading first and acquiring after takes three). When the row is not
+// AcquireAfter sends the batch's BEGIN, the row lock and the read of the
+// feed after after as one pipelined round trip (see beginWith), where
+// reading first and acquiring after takes three. When the row is not
 // locked here (held, paused or missing) it declines (ok false) and the
 // ordinary path decides. The batch is acquired without ctx's
 // cancellation, so that shutdown drains it.
@@ -56,11 +56,6 @@ func (s *CheckpointStore) AcquireAfter(ctx context.Context, subscriber string, a
 	if err != nil {
 		return nil, nil, false, fmt.Errorf("pgxstore: acquire checkpoint of %q: connection: %w", subscriber, err)
 	}
-	tx, err := conn.BeginTx(bctx, txOptions)
-	if err != nil {
-		conn.Release()
-		return nil, nil, false, fmt.Errorf("pgxstore: acquire checkpoint of %q: begin: %w", subscriber, err)
-	}
 	read := "WHERE position > $1 ORDER BY position"
 	args := []any{after}
 	if limit > 0 {
@@ -70,16 +65,16 @@ func (s *CheckpointStore) AcquireAfter(ctx context.Context, subscriber string, a
 	var position *int64
 	var present, paused bool
 	var events []domain.EventEnvelope[any]
-	pipe := &pgx.Batch{}
-	pipe.Queue(lockRow, subscriber, subscriptions.PauseKey(subscriber)).QueryRow(func(row pgx.Row) error {
-		return row.Scan(&position, &present, &paused)
+	tx, err := beginWith(bctx, conn, func(pipe *pgx.Batch) {
+		pipe.Queue(lockRow, subscriber, subscriptions.PauseKey(subscriber)).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&position, &present, &paused)
+		})
+		pipe.Queue(selectEvents+read, args...).Query(func(rows pgx.Rows) (err error) {
+			events, err = collectEvents(rows)
+			return err
+		})
 	})
-	pipe.Queue(selectEvents+read, args...).Query(func(rows pgx.Rows) error {
-		events, err = collectEvents(rows)
-		return err
-	})
-	if err := tx.SendBatch(bctx, pipe).Close(); err != nil {
-		endTx(tx, conn)
+	if err != nil {
 		return nil, nil, false, fmt.Errorf("pgxstore: acquire checkpoint of %q and read the feed after %d: %w", subscriber, after, err)
 	}
 	if position == nil || paused {
