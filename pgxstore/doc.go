@@ -5,7 +5,8 @@
 // their code. A handler gets the batch transaction as a pgx.Tx
 // (TxFromContext), which sqlc's pgx/v5 generated New(db DBTX) accepts, so
 // its projection writes commit with the checkpoint: exactly-once, as the
-// package documentation of subscriptions describes.
+// package documentation of subscriptions describes. An application's own
+// transaction appends events with its state change (EventStore.AppendTx).
 //
 // The backend uses the same tables, migrations (package
 // migrations/schema) and locks as the GORM Postgres backend of package
@@ -21,6 +22,7 @@
 //
 // A batch holds one connection of the pool for its life and never waits
 // for a second; an append, a parking-lot call and a checkpoint read each
-// hold one for their statement or transaction. The pool rule of package
+// hold one for their statement or transaction; AppendTx uses the
+// caller's. The pool rule of package
 // subscriptions (Connections) applies as it is.
 package pgxstore

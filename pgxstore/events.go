@@ -155,6 +155,47 @@ func (s *EventStore) append(ctx context.Context, aggregateID string, expectedVer
 	return s.appender.Append(ctx, aggregateID, expectedVersion, events, given)
 }
 
+// AppendTx stores events for one aggregate atomically inside tx, a
+// transaction of the caller's on the store's database (begun on any pool
+// or connection, or a handler's batch transaction from TxFromContext),
+// so that the events commit or roll back with the caller's other writes:
+// the state a command changed and the events it raised, in one unit of
+// work. It runs as Append does (the same validation, version check, the
+// append lock that keeps the feed in order, NOTIFY), under a savepoint:
+// when it is refused (domain.ErrConcurrencyConflict, a stored event ID,
+// domain.ErrInvalidEvent) nothing of it is left in tx and the caller's
+// transaction goes on. The events become visible, and subscribers are
+// woken, when the caller commits.
+//
+// tx must run at READ COMMITTED (pgx.TxOptions{IsoLevel: pgx.ReadCommitted},
+// the server's default); another level is refused with an error wrapping
+// pgevents.ErrNotReadCommitted. The append lock is held from the call
+// until the caller's transaction ends, and every other append to the
+// table waits for it meanwhile: end the transaction soon after. AppendTx
+// is never coalesced with other appends. It keeps no reference to events
+// or tx once it returns.
+func (s *EventStore) AppendTx(ctx context.Context, tx pgx.Tx, aggregateID string, expectedVersion int, events ...domain.EventEnvelope[any]) error {
+	if tx == nil {
+		return errors.New("pgxstore: AppendTx: nil transaction")
+	}
+	given, err := pgevents.PrepareAppend(aggregateID, expectedVersion, -1, events)
+	if err != nil {
+		return wrap(err)
+	}
+	if len(events) == 0 {
+		if expectedVersion == -1 {
+			return nil
+		}
+		current, err := currentVersion(ctx, tx, aggregateID)
+		if err != nil {
+			return err
+		}
+		_, err = pgevents.PrepareAppend(aggregateID, expectedVersion, current, nil)
+		return wrap(err)
+	}
+	return wrap(s.appender.AppendInTx(ctx, tx, aggregateID, expectedVersion, events, given))
+}
+
 // wrap prefixes an error with the package's name.
 func wrap(err error) error {
 	if err == nil {
@@ -256,11 +297,16 @@ func (s *EventStore) GetCurrentVersion(ctx context.Context, aggregateID string) 
 }
 
 func (s *EventStore) currentVersion(ctx context.Context, aggregateID string) (int, error) {
+	return currentVersion(ctx, s.pool, aggregateID)
+}
+
+// currentVersion reads the aggregate's version through q.
+func currentVersion(ctx context.Context, q querier, aggregateID string) (int, error) {
 	if err := pgevents.CheckIdentifier("aggregate ID", aggregateID); err != nil {
 		return 0, err
 	}
 	var version int
-	if err := s.pool.QueryRow(ctx, "SELECT COALESCE(MAX(sequence_no), 0) FROM events WHERE aggregate_id = $1", aggregateID).Scan(&version); err != nil {
+	if err := q.QueryRow(ctx, "SELECT COALESCE(MAX(sequence_no), 0) FROM events WHERE aggregate_id = $1", aggregateID).Scan(&version); err != nil {
 		return 0, fmt.Errorf("read version of aggregate %q: %w", aggregateID, err)
 	}
 	return version, nil

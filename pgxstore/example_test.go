@@ -105,6 +105,44 @@ func Example() {
 	//	bob 3.00
 }
 
+// A unit of work: a command's own write and the event that records it
+// commit together, or neither does. The transaction is the caller's; it
+// holds the append lock from AppendTx to its end, so it is kept short.
+func ExampleEventStore_AppendTx() {
+	ctx := context.Background()
+	pool, done := exampleDatabase(ctx)
+	defer done()
+	events, err := pgxstore.NewEventStore(ctx, pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "CREATE TABLE accounts (id text PRIMARY KEY, owner text NOT NULL)"); err != nil {
+		log.Fatal(err)
+	}
+	open := func(id, owner string) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "INSERT INTO accounts (id, owner) VALUES ($1, $2)", id, owner); err != nil {
+				return err
+			}
+			opened := domain.NewEventEnvelope[any](map[string]any{"owner": owner}, id, "account.opened", 0)
+			return events.AppendTx(ctx, tx, id, 0, opened)
+		})
+	}
+	fmt.Println(open("acc-1", "ann"))
+	fmt.Println(open("acc-1", "bob") != nil) // the row exists: neither is written
+
+	feed, err := events.ReadAfter(ctx, 0, 0)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(len(feed), "event:", feed[0].AggregateID)
+	// It prints (TestExample runs it against the test server):
+	//
+	//	<nil>
+	//	true
+	//	1 event: acc-1
+}
+
 // exampleDatabase opens a pool on a schema of its own on the test server
 // (SUBSCRIPTIONS_POSTGRES_DSN), dropped by done.
 func exampleDatabase(ctx context.Context) (*pgxpool.Pool, func()) {
