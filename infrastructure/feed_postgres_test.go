@@ -16,11 +16,23 @@ import (
 )
 
 // The GORM stores the Postgres feed suite runs on: the pipelined pgx
-// append path (GORM's Postgres driver is pgx's) and the portable
-// database/sql one.
-var gormPostgresStores = []pgfeed.Store{gormPostgresStore("gorm", false), gormPostgresStore("gorm-portable", true)}
+// append path (GORM's Postgres driver is pgx's), the portable
+// database/sql one, and the pipelined one through PgBouncer in
+// transaction pooling mode.
+var gormPostgresStores = []pgfeed.Store{
+	gormPostgresStore("gorm", false, (*dbtest.Postgres).Open),
+	gormPostgresStore("gorm-portable", true, (*dbtest.Postgres).Open),
+	gormPostgresStore("gorm-pgbouncer", false, openThroughBouncer),
+}
 
-func gormPostgresStore(name string, portable bool) pgfeed.Store {
+// openThroughBouncer opens a pool on pg's schema through a PgBouncer of
+// its own (dbtest.Postgres.BouncerDSN), as another process behind the
+// pooler would.
+func openThroughBouncer(pg *dbtest.Postgres, t testing.TB) *gorm.DB {
+	return dbtest.OpenPostgresDSN(t, pg.BouncerDSN(t, 3))
+}
+
+func gormPostgresStore(name string, portable bool, open func(*dbtest.Postgres, testing.TB) *gorm.DB) pgfeed.Store {
 	build := func(db *gorm.DB) (*infrastructure.GormEventStore, error) {
 		s, err := infrastructure.NewGormEventStore(db)
 		if err == nil && portable {
@@ -31,13 +43,13 @@ func gormPostgresStore(name string, portable bool) pgfeed.Store {
 	return pgfeed.Store{
 		Name: name,
 		New: func(t testing.TB, pg *dbtest.Postgres) domain.EventStore {
-			s, err := build(pg.DB)
+			s, err := build(open(pg, t))
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = s.Close() })
 			return s
 		},
 		Construct: func(t testing.TB, pg *dbtest.Postgres) func(context.Context) (domain.EventStore, error) {
-			db := pg.Open(t)
+			db := open(pg, t)
 			return func(context.Context) (domain.EventStore, error) { return build(db) }
 		},
 	}
