@@ -52,7 +52,9 @@ func storeBackends() []storeBackend {
 	out = append(out, storeBackend{
 		name:     "postgres-pgbouncer",
 		postgres: true,
-		open:     func(t testing.TB) domain.EventStore { return newGormStore(t, openThroughBouncer(dbtest.NewPostgres(t), t)) },
+		open: func(t testing.TB) domain.EventStore {
+			return newGormStore(t, openThroughBouncer(dbtest.NewPostgres(t), t))
+		},
 	})
 	// Schemas applied by goose from migrations.FS, the store built without
 	// DDL of its own.
