@@ -234,7 +234,7 @@ func (g *GormCheckpointStore) lockPostgres(ctx context.Context, b *gormBatch) (a
 	}
 	if row.Position != nil && !row.Paused {
 		b.tx, b.conn = tx, conn
-		b.position = *row.Position
+		b.position, b.marks = *row.Position, row.marks()
 		return true, true, nil
 	}
 	end()
@@ -295,7 +295,7 @@ func (g *GormCheckpointStore) beginSQLite(ctx context.Context, b *gormBatch) (bo
 		b.closeConn(stx.Rollback() != nil)
 		return false, nil // as if held
 	}
-	b.position = *row.Position
+	b.position, b.marks = *row.Position, row.marks()
 	return true, nil
 }
 

@@ -132,6 +132,10 @@ type config struct {
 	meterProvider  metric.MeterProvider
 	tracerProvider trace.TracerProvider
 
+	// catchUp and catchUpThreshold are WithFirstRunCatchUp's.
+	catchUp          bool
+	catchUpThreshold int64
+
 	// noTelemetry (tests only) turns the instruments off: the baseline the
 	// telemetry benchmarks compare with.
 	noTelemetry bool
@@ -257,6 +261,9 @@ func (s *Subscriber) validate() error {
 		return fmt.Errorf("stuck threshold %v must be positive (WithStuckThreshold)", s.stuckThreshold)
 	case s.maxLagTime < 0:
 		return fmt.Errorf("max lag time %v must not be negative (WithMaxLagTime)", s.maxLagTime)
+	}
+	if err := s.validateCatchUp(); err != nil {
+		return err
 	}
 	return s.validatePartitions()
 }
@@ -424,7 +431,7 @@ func (s *Subscriber) ReplayParked(ctx context.Context, eventID string) error {
 	var herr error
 	traced := s.tel.replayHandler(s.handler)
 	handler := func(hctx context.Context, ev domain.EventEnvelope[any]) error {
-		herr = traced(hctx, ev)
+		herr = traced(withDelivery(hctx, Delivery{Kind: DeliveryParkedReplay}), ev)
 		return herr
 	}
 	if err := s.parking.Replay(ctx, s.name, eventID, event, handler); err != nil {
