@@ -23,6 +23,9 @@ type GormCheckpointModel struct {
 	Subscriber string    `gorm:"primaryKey;column:subscriber"`
 	Position   int64     `gorm:"column:position;not null"`
 	UpdatedAt  time.Time `gorm:"column:updated_at"`
+	// RedeliveredThrough is the row's redelivery mark (DeliveryMarker):
+	// the highest checkpoint it had before a reset moved it back.
+	RedeliveredThrough int64 `gorm:"column:redelivered_through;not null;default:0"`
 }
 
 // TableName returns the table name for the checkpoint model.

@@ -24,7 +24,8 @@ import (
 // TxFromContext): writes made through it commit atomically with the
 // checkpoint advance, giving exactly-once processing for same-database
 // handlers. Handlers with side effects outside that transaction must
-// tolerate at-least-once delivery.
+// tolerate at-least-once delivery; DeliveryFrom tells them a replay from
+// live traffic.
 //
 // A handler runs on the subscriber's goroutine, one event at a time (with
 // WithConcurrency(k), on up to k partition workers at once). By
@@ -353,7 +354,8 @@ func (s *Subscriber) checkpointAhead(op string, position, head int64) error {
 // subscriber runs: the checkpoint store serializes with in-flight batches
 // (see CheckpointStore.Reset), so the reset is never silently overwritten.
 // A partitioned subscriber's partitions all move, in one transaction with
-// this module's stores. A negative position is an error.
+// this module's stores. A negative position is an error. Handlers get the
+// events up to the old checkpoint as re-deliveries (DeliveryFrom).
 //
 // Parked events after position stay listed until the subscriber delivers
 // them again: a success removes the entry in the same transaction, a
