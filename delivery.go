@@ -56,9 +56,10 @@ func (k DeliveryKind) String() string {
 type Delivery struct {
 	Kind DeliveryKind
 	// Through is the last position of the stretch of the feed the call
-	// belongs to: for a redelivery, the highest checkpoint the name had
-	// before the resets that replay it; for a catch-up, the feed head at
-	// the name's first start. 0 for the other kinds.
+	// belongs to: for a redelivery, the highest checkpoint the name (with
+	// WithPartitions, the event's partition) had before the resets that
+	// replay it; for a catch-up, the feed head at the name's first start.
+	// 0 for the other kinds.
 	Through int64
 }
 
@@ -175,6 +176,9 @@ func sameDelivery(batch Batch, events []domain.EventEnvelope[any]) (Delivery, []
 // the emails of that history. The mark is recorded before anything is
 // handled, with the name's checkpoints (DeliveryMarker), so a restart in
 // the middle of the catch-up, any replica and every partition know it.
+// Events appended after that start are live (until SwitchOver the old
+// version gets them too). The threshold keeps a name started on a short
+// feed (a new deployment) live; 0 makes any history a catch-up.
 //
 // Only a name without checkpoints yet gets it (a later start, however far
 // behind the head, does not): events a running name has not handled yet
