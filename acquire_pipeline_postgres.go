@@ -66,21 +66,21 @@ func (g *GormCheckpointStore) acquireAndRead(ctx context.Context, subscriber str
 		return nil, nil, fmt.Errorf("subscriptions: acquire checkpoint of %q: %w", subscriber, err)
 	}
 	var (
-		positions []int64
-		rows      []eventrow.Row
+		locked *lockedRow
+		rows   []eventrow.Row
 	)
 	err = conn.Raw(func(dc any) error {
 		pc, ok := pgxconn.Unwrap(dc)
 		if !ok {
 			return errNoPipeline
 		}
-		positions, rows, err = sendAcquireBatch(ctx, pc, subscriber, after, limit)
-		if err != nil || len(positions) == 0 {
+		locked, rows, err = sendAcquireBatch(ctx, pc, subscriber, after, limit)
+		if err != nil || locked == nil {
 			return pgxconn.EndSession(ctx, pc, err)
 		}
 		return nil
 	})
-	if err != nil || len(positions) == 0 {
+	if err != nil || locked == nil {
 		_ = conn.Close()
 		if err == nil {
 			// Not locked: held by another replica, or not created yet. The
@@ -101,11 +101,12 @@ func (g *GormCheckpointStore) acquireAndRead(ctx context.Context, subscriber str
 	}
 	tx := g.db.WithContext(ctx).Session(&gorm.Session{NewDB: true})
 	tx.Statement.ConnPool = &pinnedTx{conn: conn}
-	b := &gormBatch{store: g, subscriber: subscriber, tx: tx, conn: conn, position: positions[0], done: make(chan struct{})}
+	b := &gormBatch{store: g, subscriber: subscriber, tx: tx, conn: conn, position: *locked.Position, marks: locked.marks(), done: make(chan struct{})}
 	return b, events, nil
 }
 
-func sendAcquireBatch(ctx context.Context, pc *pgx.Conn, subscriber string, after int64, limit int) ([]int64, []eventrow.Row, error) {
+// sendAcquireBatch returns the row it locked, nil when it locked none.
+func sendAcquireBatch(ctx context.Context, pc *pgx.Conn, subscriber string, after int64, limit int) (*lockedRow, []eventrow.Row, error) {
 	batch := &pgx.Batch{}
 	batch.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	batch.Queue(lockRowPgx, subscriber, PauseKey(subscriber))
@@ -116,12 +117,12 @@ func sendAcquireBatch(ctx context.Context, pc *pgx.Conn, subscriber string, afte
 		return nil, nil, fmt.Errorf("begin: %w", err)
 	}
 	var row lockedRow
-	if err := br.QueryRow().Scan(&row.Position, &row.Present, &row.Paused); err != nil {
+	if err := br.QueryRow().Scan(&row.Position, &row.Redelivered, &row.Present, &row.Paused, &row.CatchUp); err != nil {
 		return nil, nil, fmt.Errorf("lock row: %w", err)
 	}
-	var positions []int64
+	var locked *lockedRow
 	if row.Position != nil && !row.Paused {
-		positions = []int64{*row.Position}
+		locked = &row
 	}
 	rows, err := pgx.CollectRows(pgxRows(br.Query()), func(row pgx.CollectableRow) (eventrow.Row, error) {
 		var r eventrow.Row
@@ -131,7 +132,7 @@ func sendAcquireBatch(ctx context.Context, pc *pgx.Conn, subscriber string, afte
 	if err != nil {
 		return nil, nil, fmt.Errorf("read feed after position %d: %w", after, err)
 	}
-	return positions, rows, br.Close()
+	return locked, rows, br.Close()
 }
 
 // pgxRows adapts BatchResults.Query, whose error is also reported by the

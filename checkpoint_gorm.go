@@ -23,6 +23,9 @@ type GormCheckpointModel struct {
 	Subscriber string    `gorm:"primaryKey;column:subscriber"`
 	Position   int64     `gorm:"column:position;not null"`
 	UpdatedAt  time.Time `gorm:"column:updated_at"`
+	// RedeliveredThrough is the row's redelivery mark (DeliveryMarker):
+	// the highest checkpoint it had before a reset moved it back.
+	RedeliveredThrough int64 `gorm:"column:redelivered_through;not null;default:0"`
 }
 
 // TableName returns the table name for the checkpoint model.
@@ -234,7 +237,7 @@ func (g *GormCheckpointStore) lockPostgres(ctx context.Context, b *gormBatch) (a
 	}
 	if row.Position != nil && !row.Paused {
 		b.tx, b.conn = tx, conn
-		b.position = *row.Position
+		b.position, b.marks = *row.Position, row.marks()
 		return true, true, nil
 	}
 	end()
@@ -295,7 +298,7 @@ func (g *GormCheckpointStore) beginSQLite(ctx context.Context, b *gormBatch) (bo
 		b.closeConn(stx.Rollback() != nil)
 		return false, nil // as if held
 	}
-	b.position = *row.Position
+	b.position, b.marks = *row.Position, row.marks()
 	return true, nil
 }
 

@@ -23,6 +23,8 @@ type gormBatch struct {
 	subscriber string
 	tx         *gorm.DB
 	position   int64
+	// marks are the row's delivery marks, read with its lock.
+	marks DeliveryMarks
 	// conn is the pooled connection the batch's transaction is pinned to,
 	// closed when the batch ends (see closeConn): the batch's attempt
 	// records are written on it too (renew), never on a second one.
@@ -133,7 +135,12 @@ func (b *gormBatch) abortedByReset() bool {
 var (
 	_ ResetAborter = (*gormBatch)(nil)
 	_ TxEndChecker = (*gormBatch)(nil)
+	_ MarkedBatch  = (*gormBatch)(nil)
 )
+
+// DeliveryMarks returns the marks the batch read with its checkpoint row
+// (see MarkedBatch).
+func (b *gormBatch) DeliveryMarks() DeliveryMarks { return b.marks }
 
 // AbortedByReset reports whether a Reset ended the batch (SQLite; see
 // ResetAborter): a handler error or failed statement in it is the reset's

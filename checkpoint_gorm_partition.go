@@ -59,9 +59,7 @@ func (g *GormCheckpointStore) ResetAll(ctx context.Context, names []string, posi
 	}
 	what := fmt.Sprintf("reset %d checkpoints (%q ...) to %d", len(names), names[0], position)
 	return g.fencedAll(ctx, names, what, func(tx *gorm.DB, name string) error {
-		if err := tx.Exec(`INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, ?, ?)
-			ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at`,
-			name, position, time.Now().UTC()).Error; err != nil {
+		if err := tx.Exec(resetRow, name, position, time.Now().UTC()).Error; err != nil {
 			return err
 		}
 		return clearAttemptsIn(tx, name)
@@ -80,6 +78,9 @@ func (g *GormCheckpointStore) DeleteAll(ctx context.Context, names []string, gua
 			return err
 		}
 		if err := clearPausesIn(tx, name); err != nil {
+			return err
+		}
+		if err := clearCatchUpsIn(tx, name); err != nil {
 			return err
 		}
 		return clearAttemptsIn(tx, name)
@@ -143,12 +144,12 @@ func (g *GormCheckpointStore) InitPartitions(ctx context.Context, marker, plain 
 		if existing != 0 {
 			return nil
 		}
-		var seed int64
-		if err := tx.Raw("SELECT COALESCE(MAX(position), 0) FROM subscriber_checkpoints WHERE subscriber = ?", plain).Scan(&seed).Error; err != nil {
+		var seed struct{ Position, Redelivered int64 }
+		if err := tx.Raw("SELECT COALESCE(MAX(position), 0) AS position, COALESCE(MAX(redelivered_through), 0) AS redelivered FROM subscriber_checkpoints WHERE subscriber = ?", plain).Scan(&seed).Error; err != nil {
 			return err
 		}
 		for _, part := range parts {
-			if err := tx.Exec("INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, ?, ?) ON CONFLICT (subscriber) DO NOTHING", part, seed, now).Error; err != nil {
+			if err := tx.Exec("INSERT INTO subscriber_checkpoints (subscriber, position, updated_at, redelivered_through) VALUES (?, ?, ?, ?) ON CONFLICT (subscriber) DO NOTHING", part, seed.Position, now, seed.Redelivered).Error; err != nil {
 				return err
 			}
 		}

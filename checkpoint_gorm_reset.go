@@ -25,9 +25,7 @@ func (g *GormCheckpointStore) ResetWith(ctx context.Context, subscriber string, 
 	}
 	what := fmt.Sprintf("reset checkpoint of %q to %d", subscriber, position)
 	return g.fenced(ctx, subscriber, what, func(tx *gorm.DB) error {
-		if err := tx.Exec(`INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, ?, ?)
-			ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at`,
-			subscriber, position, time.Now().UTC()).Error; err != nil {
+		if err := tx.Exec(resetRow, subscriber, position, time.Now().UTC()).Error; err != nil {
 			return err
 		}
 		return clearAttemptsIn(tx, subscriber)
@@ -47,6 +45,9 @@ func (g *GormCheckpointStore) Delete(ctx context.Context, subscriber string, app
 			return err
 		}
 		if err := clearPausesIn(tx, subscriber); err != nil {
+			return err
+		}
+		if err := clearCatchUpsIn(tx, subscriber); err != nil {
 			return err
 		}
 		return clearAttemptsIn(tx, subscriber)

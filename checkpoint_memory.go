@@ -25,11 +25,22 @@ type MemoryCheckpointStore struct {
 	// paused holds the paused names (see pauser), by pause key, with the
 	// time of the pause.
 	paused map[string]time.Time
+	// catchUps are the catch-up marks (DeliveryMarker), by pause key.
+	catchUps map[string]int64
 }
 
 type memoryCheckpoint struct {
 	position int64
-	active   *memoryBatch
+	// redelivered is the redelivery mark (DeliveryMarker).
+	redelivered int64
+	active      *memoryBatch
+}
+
+// moveTo is a reset of the checkpoint to position: the redelivery mark
+// keeps the highest checkpoint the row had (see DeliveryMarker).
+func (e *memoryCheckpoint) moveTo(position int64) {
+	e.redelivered = max(e.redelivered, e.position)
+	e.position = position
 }
 
 // NewMemoryCheckpointStore creates an empty in-memory checkpoint store.
@@ -66,7 +77,8 @@ func (m *MemoryCheckpointStore) Acquire(ctx context.Context, subscriber string) 
 	if _, paused := m.paused[PauseKey(subscriber)]; e.active != nil || m.fences[subscriber] != nil || paused {
 		return nil, false, nil
 	}
-	b := &memoryBatch{store: m, subscriber: subscriber, entry: e, position: e.position, done: make(chan struct{})}
+	b := &memoryBatch{store: m, subscriber: subscriber, entry: e, position: e.position, done: make(chan struct{}),
+		marks: DeliveryMarks{RedeliveredThrough: e.redelivered, CatchUpThrough: m.catchUps[PauseKey(subscriber)]}}
 	e.active = b
 	return b, true, nil
 }
@@ -98,7 +110,7 @@ func (m *MemoryCheckpointStore) Reset(ctx context.Context, subscriber string, po
 	if e.active != nil || m.fences[subscriber] != nil {
 		return fmt.Errorf("subscriptions: reset checkpoint of %q to %d: %w", subscriber, position, ErrBatchInFlight)
 	}
-	e.position = position
+	e.moveTo(position)
 	m.attempts.clear(subscriber)
 	return nil
 }
@@ -117,7 +129,7 @@ func (m *MemoryCheckpointStore) ResetWith(ctx context.Context, subscriber string
 		return err
 	}
 	return m.fenced(ctx, subscriber, fmt.Sprintf("reset checkpoint of %q to %d", subscriber, position), apply, func(e *memoryCheckpoint) {
-		e.position = position
+		e.moveTo(position)
 	})
 }
 
@@ -130,6 +142,7 @@ func (m *MemoryCheckpointStore) Delete(ctx context.Context, subscriber string, a
 	return m.fenced(ctx, subscriber, fmt.Sprintf("delete checkpoint of %q", subscriber), apply, func(*memoryCheckpoint) {
 		delete(m.entries, subscriber)
 		delete(m.paused, PauseKey(subscriber))
+		delete(m.catchUps, PauseKey(subscriber))
 	})
 }
 
@@ -213,7 +226,13 @@ type memoryBatch struct {
 	done       chan struct{} // closed when the batch ends
 	// clearAttempt: Commit clears the subscriber's attempt count.
 	clearAttempt bool
+	// marks are the row's as the batch was acquired.
+	marks DeliveryMarks
 }
+
+var _ MarkedBatch = (*memoryBatch)(nil)
+
+func (b *memoryBatch) DeliveryMarks() DeliveryMarks { return b.marks }
 
 func (b *memoryBatch) Position() int64 { return b.position }
 
@@ -312,7 +331,7 @@ func (m *MemoryCheckpointStore) ResetAll(ctx context.Context, names []string, po
 	}
 	what := fmt.Sprintf("reset %d checkpoints (%q ...) to %d", len(names), names[0], position)
 	if apply != nil {
-		return m.fencedAll(ctx, names, what, guarded(guard, apply), func(e *memoryCheckpoint) { e.position = position })
+		return m.fencedAll(ctx, names, what, guarded(guard, apply), func(e *memoryCheckpoint) { e.moveTo(position) })
 	}
 	if err := guard(ctx); err != nil {
 		return fmt.Errorf("subscriptions: %s: %w", what, err)
@@ -325,7 +344,7 @@ func (m *MemoryCheckpointStore) ResetAll(ctx context.Context, names []string, po
 		}
 	}
 	for _, name := range names {
-		m.entry(name).position = position
+		m.entry(name).moveTo(position)
 		m.attempts.clear(name)
 	}
 	return nil
@@ -343,6 +362,7 @@ func (m *MemoryCheckpointStore) DeleteAll(ctx context.Context, names []string, g
 			if entry == e {
 				delete(m.entries, name)
 				delete(m.paused, PauseKey(name))
+				delete(m.catchUps, PauseKey(name))
 			}
 		}
 	})
@@ -372,15 +392,38 @@ func (m *MemoryCheckpointStore) InitPartitions(_ context.Context, marker, plain 
 	if e := m.entries[marker]; e != nil && e.position != 0 {
 		return e.position, nil
 	}
-	var seed int64
+	var seed memoryCheckpoint
 	if e := m.entries[plain]; e != nil {
-		seed = e.position
+		seed = *e
 	}
 	for _, part := range parts {
 		if _, ok := m.entries[part]; !ok {
-			m.entry(part).position = seed
+			e := m.entry(part)
+			e.position, e.redelivered = seed.position, seed.redelivered
 		}
 	}
 	m.entry(marker).position = n
 	return 0, nil
+}
+
+var _ DeliveryMarker = (*MemoryCheckpointStore)(nil)
+
+// StartCatchUp records the catch-up mark unless key has one or one of
+// rows has a checkpoint (see DeliveryMarker).
+func (m *MemoryCheckpointStore) StartCatchUp(_ context.Context, key string, rows []string, through int64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.catchUps[key]; ok {
+		return nil
+	}
+	for _, row := range rows {
+		if _, ok := m.entries[row]; ok {
+			return nil
+		}
+	}
+	if m.catchUps == nil {
+		m.catchUps = make(map[string]int64)
+	}
+	m.catchUps[key] = through
+	return nil
 }

@@ -153,6 +153,23 @@
 // its own, so that no reader ever sees the projection go back; the old
 // name is retired with DeleteState. docs/rebuilds.md has both procedures.
 //
+// # Replays and live traffic
+//
+// DeliveryFrom tells a handler why it is given an event, so that it
+// updates its projection on every delivery and keeps a side effect
+// outside the batch transaction (an email, a webhook) for live ones.
+// After ResetCheckpoint or ResetCheckpointWith moves a checkpoint back to
+// P, the events from P up to the checkpoint it had are re-deliveries
+// (DeliveryRedelivery), and a second reset during the rebuild keeps the
+// highest earlier checkpoint; with WithFirstRunCatchUp, a name's first
+// start delivers the history up to the head as catch-up (the new version
+// of a blue/green rebuild); ReplayParked's call is a parked replay. The
+// marks are recorded with the checkpoints, in the reset's transaction or
+// before the first start handles anything, so every replica, partition
+// and restart tells the same, and a batch ends where the nature changes,
+// so that each handler call has one. Everything else is live, a retry of
+// a failed attempt included.
+//
 // # Pausing a name
 //
 // Pause stops a subscriber name everywhere, durably: no replica or
@@ -242,10 +259,11 @@
 //   - a CheckpointStore's: CheckpointResetter (rebuilds in place),
 //     AttemptCounter (attempt counts across replicas and restarts),
 //     PartitionCheckpointStore (partitions in one statement and one
-//     transaction), Pauser (Pause, SwitchOver), FailureClassifier (commit
-//     failures blamed on events), FeedSharer, FeedAcquirer and their
-//     batches' BatchFeedReader (reading the feed on the batch's own
-//     connection);
+//     transaction), Pauser (Pause, SwitchOver), DeliveryMarker and its
+//     batches' MarkedBatch (DeliveryFrom's re-deliveries and catch-ups),
+//     FailureClassifier (commit failures blamed on events), FeedSharer,
+//     FeedAcquirer and their batches' BatchFeedReader (reading the feed on
+//     the batch's own connection);
 //   - a Batch's: TxEndChecker (a statement that ended the transaction),
 //     ResetAborter (a batch a reset ended);
 //   - a ParkingLot's: ManagedParkingLot, ParkingLotPurger,

@@ -337,3 +337,56 @@ func ExampleSubscriber_ReplayParked() {
 	// parked after replay: 0
 	// shipped: [order-1 order-3 order-2]
 }
+
+// A handler that writes its projection on every delivery but sends its
+// email only on live ones: a rebuild (ResetCheckpointWith) re-delivers the
+// events whose emails went out the first time, and DeliveryFrom says so.
+func ExampleDeliveryFrom() {
+	ctx := context.Background()
+	store := infrastructure.NewMemoryStore()
+	for _, order := range []string{"order-1", "order-2"} {
+		exCheck(store.Append(ctx, order, 0, domain.NewEventEnvelope[any](nil, order, "order.placed", 1)))
+	}
+
+	var mu sync.Mutex
+	orders := map[string]string{} // the projection
+	notify := func(ctx context.Context, e domain.EventEnvelope[any]) error {
+		d := subscriptions.DeliveryFrom(ctx)
+		mu.Lock()
+		defer mu.Unlock()
+		orders[e.AggregateID] = "placed"
+		if d.Replay() {
+			fmt.Printf("%s: projection only (%s through %d)\n", e.AggregateID, d.Kind, d.Through)
+			return nil
+		}
+		fmt.Printf("%s: email sent\n", e.AggregateID)
+		return nil
+	}
+	sub, err := subscriptions.NewSubscriber("order-emails", store, subscriptions.NewMemoryCheckpointStore(), notify,
+		subscriptions.WithPollInterval(10*time.Millisecond),
+		subscriptions.WithLogger(exQuietLogger()),
+	)
+	exCheck(err)
+	stop := exStart(sub)
+	exWaitCaughtUp(sub)
+
+	// Rebuild the projection in place while the subscriber runs.
+	exCheck(sub.ResetCheckpointWith(ctx, 0, func(ctx context.Context) error {
+		mu.Lock()
+		defer mu.Unlock()
+		clear(orders)
+		return nil
+	}))
+	exWaitCaughtUp(sub)
+	exCheck(store.Append(ctx, "order-3", 0, domain.NewEventEnvelope[any](nil, "order-3", "order.placed", 1)))
+	exWaitCaughtUp(sub)
+	stop()
+	fmt.Println("orders:", len(orders))
+	// Output:
+	// order-1: email sent
+	// order-2: email sent
+	// order-1: projection only (redelivery through 2)
+	// order-2: projection only (redelivery through 2)
+	// order-3: email sent
+	// orders: 3
+}

@@ -167,6 +167,9 @@ func (s *Subscriber) runPartitioned(ctx context.Context) error {
 		}
 		s.logger.Warn("subscriber: reading the feed head failed; will retry", "subscriber", s.name, "error", err)
 	}
+	if s.startCatchUp(ctx) {
+		return nil
+	}
 	// Checking the partition count is the one failure that ends Run before
 	// it starts; database errors are retried like any other.
 	for {

@@ -18,8 +18,10 @@ import (
 //		return subscriptions.TxFromContext(ctx).Exec("DELETE FROM balances").Error
 //	})
 //
-// Either both happen or neither does. Readers of the projection see it
-// empty, then filling up, while the replay runs; to keep serving the old
+// Either both happen or neither does, and the mark that makes the replayed
+// events re-deliveries (DeliveryFrom) is written in the same transaction.
+// Readers of the projection see it empty, then filling up, while the
+// replay runs; to keep serving the old
 // projection meanwhile, build the new one under a new name instead (a
 // blue/green rebuild, see WaitCaughtUp and DeleteState).
 //

@@ -75,6 +75,9 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			s.logger.Warn("subscriber: reading the feed head failed; will retry", "subscriber", s.name, "error", err)
 		}
 	}
+	if s.startCatchUp(ctx) {
+		return nil
+	}
 	s.logger.Info("subscriber started", "subscriber", s.name, "batch_size", s.batchSize, "poll_interval", s.pollInterval)
 	defer s.logger.Info("subscriber stopped", "subscriber", s.name)
 	s.tel.started()
@@ -268,6 +271,8 @@ type cycleBatch struct {
 	events []domain.EventEnvelope[any]
 	start  int64
 	limit  int
+	// delivery is the nature of every event of the batch (sameDelivery).
+	delivery Delivery
 }
 
 // acquire reads the checkpoint when check says so (or this runner does not
@@ -333,10 +338,16 @@ func (r *runner) acquire(ctx context.Context, check bool) (b cycleBatch, out out
 		r.known = batch.Position()
 		return b, outcomeMore, false
 	}
+	// Every call of the batch has one Delivery: it ends where the nature
+	// changes, and the rest comes in the next batch at once.
+	delivery, same := sameDelivery(batch, events)
+	if len(same) < len(events) {
+		events, limit = same, len(same)
+	}
 	if out, ok := r.countAttempt(context.WithoutCancel(ctx), batch, start, events); !ok {
 		return b, out, false
 	}
-	return cycleBatch{batch: batch, events: events, start: start, limit: limit}, 0, true
+	return cycleBatch{batch: batch, events: events, start: start, limit: limit, delivery: delivery}, 0, true
 }
 
 // readCheckpoint reads the subscriber's checkpoint; the first read of a
@@ -375,7 +386,7 @@ func (r *runner) runBatch(ctx context.Context, b cycleBatch) outcome {
 	tctx, span := s.tel.startBatch(r.drain, events, 0, trace.SpanContext{})
 	var batchErr error
 	defer func() { span.end(tctx, batchErr) }()
-	hctx := batch.HandlerContext(tctx)
+	hctx := withDelivery(batch.HandlerContext(tctx), b.delivery)
 	wokenAt := r.wokenAt
 	r.wokenAt = time.Time{}
 	perEvent, out, done, berr := r.handleBatch(hctx, batch, events)
@@ -703,7 +714,8 @@ func (r *runner) attempt(ctx context.Context, start int64, ev domain.EventEnvelo
 			return r.abandon(batch, ev, "subscriber: savepoint failed", err), true, n, nil
 		}
 	}
-	hctx := batch.HandlerContext(tctx)
+	delivery, _ := marksOf(batch).at(ev.Position)
+	hctx := withDelivery(batch.HandlerContext(tctx), delivery)
 	herr := handlerResult(hctx, batch, span.handle(hctx, r.callHandler, ev, n, time.Time{}))
 	batchErr = herr
 	finished = true

@@ -24,7 +24,8 @@ import (
 // TxFromContext): writes made through it commit atomically with the
 // checkpoint advance, giving exactly-once processing for same-database
 // handlers. Handlers with side effects outside that transaction must
-// tolerate at-least-once delivery.
+// tolerate at-least-once delivery; DeliveryFrom tells them a replay from
+// live traffic.
 //
 // A handler runs on the subscriber's goroutine, one event at a time (with
 // WithConcurrency(k), on up to k partition workers at once). By
@@ -131,6 +132,10 @@ type config struct {
 	maxLagTime     time.Duration
 	meterProvider  metric.MeterProvider
 	tracerProvider trace.TracerProvider
+
+	// catchUp and catchUpThreshold are WithFirstRunCatchUp's.
+	catchUp          bool
+	catchUpThreshold int64
 
 	// noTelemetry (tests only) turns the instruments off: the baseline the
 	// telemetry benchmarks compare with.
@@ -258,6 +263,9 @@ func (s *Subscriber) validate() error {
 	case s.maxLagTime < 0:
 		return fmt.Errorf("max lag time %v must not be negative (WithMaxLagTime)", s.maxLagTime)
 	}
+	if err := s.validateCatchUp(); err != nil {
+		return err
+	}
 	return s.validatePartitions()
 }
 
@@ -346,7 +354,8 @@ func (s *Subscriber) checkpointAhead(op string, position, head int64) error {
 // subscriber runs: the checkpoint store serializes with in-flight batches
 // (see CheckpointStore.Reset), so the reset is never silently overwritten.
 // A partitioned subscriber's partitions all move, in one transaction with
-// this module's stores. A negative position is an error.
+// this module's stores. A negative position is an error. Handlers get the
+// events up to the old checkpoint as re-deliveries (DeliveryFrom).
 //
 // Parked events after position stay listed until the subscriber delivers
 // them again: a success removes the entry in the same transaction, a
@@ -424,7 +433,7 @@ func (s *Subscriber) ReplayParked(ctx context.Context, eventID string) error {
 	var herr error
 	traced := s.tel.replayHandler(s.handler)
 	handler := func(hctx context.Context, ev domain.EventEnvelope[any]) error {
-		herr = traced(hctx, ev)
+		herr = traced(withDelivery(hctx, Delivery{Kind: DeliveryParkedReplay}), ev)
 		return herr
 	}
 	if err := s.parking.Replay(ctx, s.name, eventID, event, handler); err != nil {

@@ -94,7 +94,8 @@ func takeoverSnapshot(t *testing.T, db *gorm.DB) string {
 // event handled again, none skipped), the parked event is listed and
 // replayable, new appends continue the feed after the old positions, and a
 // row written through the documented model afterwards is one the library
-// reads. No row's data is changed by the takeover.
+// reads, and a reset of the original's checkpoint row marks the events it
+// re-delivers (DeliveryFrom). No row's data is changed by the takeover.
 func TestTakeOverOriginalDatabase(t *testing.T) {
 	t.Parallel()
 	for _, tdb := range takeoverDBs() {
@@ -169,10 +170,12 @@ func TestTakeOverOriginalDatabase(t *testing.T) {
 
 			var mu sync.Mutex
 			var handled []string
-			handler := func(_ context.Context, ev domain.EventEnvelope[any]) error {
+			last := map[string]subscriptions.Delivery{}
+			handler := func(ctx context.Context, ev domain.EventEnvelope[any]) error {
 				mu.Lock()
 				defer mu.Unlock()
 				handled = append(handled, ev.ID)
+				last[ev.ID] = subscriptions.DeliveryFrom(ctx)
 				return nil
 			}
 			handledIDs := func() []string {
@@ -240,6 +243,19 @@ func TestTakeOverOriginalDatabase(t *testing.T) {
 			require.NoError(t, err)
 			require.Len(t, longParked, 1)
 			require.Equal(t, longID, longParked[0].EventID)
+
+			// The original's checkpoint row takes the delivery marks: after
+			// a reset back to where the original stood, what came since is
+			// re-delivered, and said so.
+			require.NoError(t, sub.ResetCheckpoint(ctx, 6))
+			r = start(t, sub)
+			waitCaughtUp(t, sub)
+			r.stop(t)
+			mu.Lock()
+			defer mu.Unlock()
+			for _, ev := range feed[6:] {
+				require.Equal(t, subscriptions.Delivery{Kind: subscriptions.DeliveryRedelivery, Through: 13}, last[ev.ID], "event at %d", ev.Position)
+			}
 		})
 	}
 }

@@ -28,14 +28,19 @@ func TestExistingDatabasesAdoptTheFiles(t *testing.T) {
 				return
 			}
 			// SQLite has no ADD COLUMN IF NOT EXISTS: goose stops at
-			// 00002 on a table that has the column, and the remedy in
-			// docs/schema.md (record version 2 as the file would, in goose's
-			// table too) completes it.
-			_, err := dbtest.GooseUp(t, db)
-			require.ErrorContains(t, err, "duplicate column name: aggregate_id")
-			require.NoError(t, db.Exec("INSERT INTO "+migrations.VersionTable+" (version) VALUES (2) ON CONFLICT DO NOTHING").Error)
-			require.NoError(t, db.Exec("INSERT INTO goose_db_version (version_id, is_applied) VALUES (2, true)").Error)
-			require.Equal(t, fileCount(t, db.Name())-2, dbtest.ApplyWithGoose(t, db), "the files after 00002, after the remedy")
+			// each file that adds a column the table has (00002, 00006),
+			// and the remedy in docs/schema.md (record the version as the
+			// file would, in goose's table too) completes it.
+			for _, added := range []struct {
+				version int
+				column  string
+			}{{2, "aggregate_id"}, {6, "redelivered_through"}} {
+				_, err := dbtest.GooseUp(t, db)
+				require.ErrorContains(t, err, "duplicate column name: "+added.column)
+				require.NoError(t, db.Exec("INSERT INTO "+migrations.VersionTable+" (version) VALUES (?) ON CONFLICT DO NOTHING", added.version).Error)
+				require.NoError(t, db.Exec("INSERT INTO goose_db_version (version_id, is_applied) VALUES (?, true)", added.version).Error)
+			}
+			require.Equal(t, fileCount(t, db.Name())-6, dbtest.ApplyWithGoose(t, db), "the files after 00006, after the remedy")
 		}},
 		{"Migrate", func(t *testing.T, db *gorm.DB) { require.NoError(t, migrations.Migrate(testCtx(t), db)) }},
 	}

@@ -80,6 +80,8 @@ func TestMigrateAndVerify(t *testing.T) {
 				{"table dropped", "DROP TABLE parked_events", "missing table parked_events (added by " + file + ")", false},
 				{"migration not recorded", "DELETE FROM " + migrations.VersionTable + " WHERE version = 1", "migration " + file + " is not recorded in " + migrations.VersionTable, false},
 				{"aggregate column dropped", "ALTER TABLE parked_events DROP COLUMN aggregate_id", "missing column parked_events.aggregate_id (added by " + file2 + ")", false},
+				{"redelivery column dropped", "ALTER TABLE subscriber_checkpoints DROP COLUMN redelivered_through", "missing column subscriber_checkpoints.redelivered_through (added by " + dir + "00006_delivery_marks.up.sql)", false},
+				{"catch-up table dropped", "DROP TABLE subscriber_catch_ups", "missing table subscriber_catch_ups (added by " + dir + "00006_delivery_marks.up.sql)", false},
 			}
 			for _, c := range tampered {
 				if c.postgresOnly && !b.Postgres {

@@ -35,6 +35,7 @@ var (
 	_ subscriptions.CheckpointStore    = (*CheckpointStore)(nil)
 	_ subscriptions.CheckpointResetter = (*CheckpointStore)(nil)
 	_ subscriptions.Pauser             = (*CheckpointStore)(nil)
+	_ subscriptions.DeliveryMarker     = (*CheckpointStore)(nil)
 )
 
 // NewCheckpointStore applies the module's schema migrations the database
@@ -53,9 +54,18 @@ const (
 	// pausedClause is true while the pause key $2 has a row.
 	pausedClause = `EXISTS (SELECT 1 FROM subscriber_pauses WHERE subscriber = $2)`
 	// lockRow locks the row of $1 unless another transaction holds it,
-	// and reads whether it exists and whether its name is paused.
-	lockRow = `SELECT (SELECT position FROM subscriber_checkpoints WHERE subscriber = $1 FOR UPDATE SKIP LOCKED),
-		EXISTS (SELECT 1 FROM subscriber_checkpoints WHERE subscriber = $1), ` + pausedClause
+	// reading its position and redelivery mark from the locked row, and
+	// reads whether it exists, whether its name is paused and the name's
+	// catch-up mark (see subscriptions.DeliveryMarker).
+	lockRow = `SELECT c.position, c.redelivered_through,
+		EXISTS (SELECT 1 FROM subscriber_checkpoints WHERE subscriber = $1), ` + pausedClause + `,
+		COALESCE((SELECT through FROM subscriber_catch_ups WHERE subscriber = $2), 0)
+		FROM (SELECT 1) AS one LEFT JOIN (SELECT position, redelivered_through FROM subscriber_checkpoints WHERE subscriber = $1 FOR UPDATE SKIP LOCKED) AS c ON true`
+	// resetRow moves the row of $1 to $2 (creating it), keeping the
+	// highest checkpoint it had as its redelivery mark.
+	resetRow = `INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES ($1, $2, $3)
+		ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at,
+			redelivered_through = GREATEST(subscriber_checkpoints.position, subscriber_checkpoints.redelivered_through)`
 	// createRow creates the row at 0, committed on its own: created inside
 	// a batch, the uncommitted row would make every other replica's first
 	// Acquire wait for that whole batch instead of skipping.
@@ -104,21 +114,20 @@ func (s *CheckpointStore) lock(ctx context.Context, subscriber string) (b *batch
 	if err != nil {
 		return nil, false, fmt.Errorf("pgxstore: acquire checkpoint of %q: connection: %w", subscriber, err)
 	}
-	var position *int64
-	var present, paused bool
+	var row lockedRow
 	tx, err := beginWith(ctx, conn, func(pipe *pgx.Batch) {
-		pipe.Queue(lockRow, subscriber, subscriptions.PauseKey(subscriber)).QueryRow(func(row pgx.Row) error {
-			return row.Scan(&position, &present, &paused)
+		pipe.Queue(lockRow, subscriber, subscriptions.PauseKey(subscriber)).QueryRow(func(r pgx.Row) error {
+			return r.Scan(row.targets()...)
 		})
 	})
 	if err != nil {
 		return nil, false, fmt.Errorf("pgxstore: acquire checkpoint of %q: lock row: %w", subscriber, err)
 	}
-	if position == nil || paused {
+	if row.position == nil || row.paused {
 		endTx(tx, conn)
-		return nil, present, nil // held elsewhere, paused, or missing
+		return nil, row.present, nil // held elsewhere, paused, or missing
 	}
-	return &batch{store: s, subscriber: subscriber, conn: conn, tx: tx, position: *position}, true, nil
+	return row.batch(s, subscriber, conn, tx), true, nil
 }
 
 // beginWith begins a batch transaction on conn and runs the statements
@@ -184,9 +193,7 @@ func (s *CheckpointStore) ResetWith(ctx context.Context, subscriber string, posi
 	}
 	what := fmt.Sprintf("reset checkpoint of %q to %d", subscriber, position)
 	return s.fenced(ctx, what, func(ctx context.Context, tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES ($1, $2, $3)
-			ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at`,
-			subscriber, position, time.Now().UTC()); err != nil {
+		if _, err := tx.Exec(ctx, resetRow, subscriber, position, time.Now().UTC()); err != nil {
 			return err
 		}
 		return clearAttempts(ctx, tx, subscriber)
@@ -194,7 +201,7 @@ func (s *CheckpointStore) ResetWith(ctx context.Context, subscriber string, posi
 }
 
 // Delete runs apply and deletes the subscriber's checkpoint row, its
-// pause and its attempt record in one transaction (see
+// pause, its catch-up mark and its attempt record in one transaction (see
 // subscriptions.CheckpointResetter), holding off batches as ResetWith
 // does.
 func (s *CheckpointStore) Delete(ctx context.Context, subscriber string, apply func(ctx context.Context) error) error {
@@ -206,8 +213,8 @@ func (s *CheckpointStore) Delete(ctx context.Context, subscriber string, apply f
 		if _, err := tx.Exec(ctx, "DELETE FROM subscriber_checkpoints WHERE subscriber = $1", subscriber); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, "DELETE FROM subscriber_pauses WHERE subscriber = $1", subscriptions.PauseKey(subscriber)); err != nil {
-			return fmt.Errorf("clear the pause: %w", err)
+		if err := clearKeyed(ctx, tx, subscriber); err != nil {
+			return err
 		}
 		return clearAttempts(ctx, tx, subscriber)
 	}, apply)

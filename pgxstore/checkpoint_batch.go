@@ -23,7 +23,8 @@ type batch struct {
 	conn       *pgxpool.Conn
 	tx         pgx.Tx
 	position   int64
-	htx        *handlerTx // the handlers' view of tx, made by the first HandlerContext
+	marks      subscriptions.DeliveryMarks // read with the row's lock
+	htx        *handlerTx                  // the handlers' view of tx, made by the first HandlerContext
 	finished   bool
 	// claim is the holder of the attempt claim the batch committed (see
 	// checkpoint_attempts.go), released by its Commit and Rollback; ""

@@ -62,12 +62,11 @@ func (s *CheckpointStore) AcquireAfter(ctx context.Context, subscriber string, a
 		read += " LIMIT $2"
 		args = append(args, limit)
 	}
-	var position *int64
-	var present, paused bool
+	var locked lockedRow
 	var events []domain.EventEnvelope[any]
 	tx, err := beginWith(bctx, conn, func(pipe *pgx.Batch) {
 		pipe.Queue(lockRow, subscriber, subscriptions.PauseKey(subscriber)).QueryRow(func(row pgx.Row) error {
-			return row.Scan(&position, &present, &paused)
+			return row.Scan(locked.targets()...)
 		})
 		pipe.Queue(selectEvents+read, args...).Query(func(rows pgx.Rows) (err error) {
 			events, err = collectEvents(rows)
@@ -77,9 +76,9 @@ func (s *CheckpointStore) AcquireAfter(ctx context.Context, subscriber string, a
 	if err != nil {
 		return nil, nil, false, fmt.Errorf("pgxstore: acquire checkpoint of %q and read the feed after %d: %w", subscriber, after, err)
 	}
-	if position == nil || paused {
+	if locked.position == nil || locked.paused {
 		endTx(tx, conn)
 		return nil, nil, false, nil
 	}
-	return &batch{store: s, subscriber: subscriber, conn: conn, tx: tx, position: *position}, events, true, nil
+	return locked.batch(s, subscriber, conn, tx), events, true, nil
 }

@@ -63,16 +63,15 @@ func (s *CheckpointStore) ResetAll(ctx context.Context, names []string, position
 	}
 	what := fmt.Sprintf("reset %d checkpoints (%q ...) to %d", len(names), names[0], position)
 	return s.fencedAll(ctx, names, what, func(ctx context.Context, tx pgx.Tx, name string) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES ($1, $2, $3)
-			ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at`,
-			name, position, time.Now().UTC()); err != nil {
+		if _, err := tx.Exec(ctx, resetRow, name, position, time.Now().UTC()); err != nil {
 			return err
 		}
 		return clearAttempts(ctx, tx, name)
 	}, guard, apply)
 }
 
-// DeleteAll deletes every row (with its pause and attempt record), then
+// DeleteAll deletes every row (with its pause, catch-up mark and attempt
+// record), then
 // runs apply, in one transaction, holding off batches as ResetAll does.
 func (s *CheckpointStore) DeleteAll(ctx context.Context, names []string, guard, apply func(ctx context.Context) error) error {
 	if len(names) == 0 {
@@ -83,8 +82,8 @@ func (s *CheckpointStore) DeleteAll(ctx context.Context, names []string, guard, 
 		if _, err := tx.Exec(ctx, "DELETE FROM subscriber_checkpoints WHERE subscriber = $1", name); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, "DELETE FROM subscriber_pauses WHERE subscriber = $1", subscriptions.PauseKey(name)); err != nil {
-			return fmt.Errorf("clear the pause: %w", err)
+		if err := clearKeyed(ctx, tx, name); err != nil {
+			return err
 		}
 		return clearAttempts(ctx, tx, name)
 	}, guard, apply)
@@ -140,12 +139,12 @@ func (s *CheckpointStore) InitPartitions(ctx context.Context, marker, plain stri
 		if existing != 0 {
 			return nil
 		}
-		var seed int64
-		if err := tx.QueryRow(ctx, "SELECT COALESCE(MAX(position), 0) FROM subscriber_checkpoints WHERE subscriber = $1", plain).Scan(&seed); err != nil {
+		var seed, redelivered int64
+		if err := tx.QueryRow(ctx, "SELECT COALESCE(MAX(position), 0), COALESCE(MAX(redelivered_through), 0) FROM subscriber_checkpoints WHERE subscriber = $1", plain).Scan(&seed, &redelivered); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO subscriber_checkpoints (subscriber, position, updated_at)
-			SELECT unnest($1::text[]), $2, $3 ON CONFLICT (subscriber) DO NOTHING`, parts, seed, now); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO subscriber_checkpoints (subscriber, position, updated_at, redelivered_through)
+			SELECT unnest($1::text[]), $2, $3, $4 ON CONFLICT (subscriber) DO NOTHING`, parts, seed, now, redelivered); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, "UPDATE subscriber_checkpoints SET position = $1, updated_at = $2 WHERE subscriber = $3", n, now, marker)

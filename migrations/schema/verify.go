@@ -91,6 +91,11 @@ var manifest = map[string]map[int64][]object{
 			columns("subscriber_pauses", "subscriber", "paused_at", "reason"),
 			unique("subscriber_pauses", "subscriber"),
 		),
+		6: concat(
+			[]object{{kind: "column", table: "subscriber_checkpoints", name: "redelivered_through"}},
+			columns("subscriber_catch_ups", "subscriber", "through", "started_at"),
+			unique("subscriber_catch_ups", "subscriber"),
+		),
 	},
 	SQLite: {
 		1: concat(
@@ -115,6 +120,11 @@ var manifest = map[string]map[int64][]object{
 		5: concat(
 			columns("subscriber_pauses", "subscriber", "paused_at", "reason"),
 			unique("subscriber_pauses", "subscriber"),
+		),
+		6: concat(
+			[]object{{kind: "column", table: "subscriber_checkpoints", name: "redelivered_through"}},
+			columns("subscriber_catch_ups", "subscriber", "through", "started_at"),
+			unique("subscriber_catch_ups", "subscriber"),
 		),
 	},
 }
