@@ -26,8 +26,17 @@ type Pauser interface {
 	// Resume lifts key's pause; resuming a name that is not paused is not
 	// an error.
 	Resume(ctx context.Context, key string) error
-	// PausedSince reports whether key is paused, and since when.
-	PausedSince(ctx context.Context, key string) (time.Time, bool, error)
+	// PausedSince reports whether key is paused, since when and why (the
+	// first Pause's reason).
+	PausedSince(ctx context.Context, key string) (PauseRecord, bool, error)
+}
+
+// PauseRecord is a name's pause as Pauser.PausedSince reads it: when it
+// was recorded and the reason given to Pause, for Status and the
+// operator surfaces.
+type PauseRecord struct {
+	Since  time.Time // UTC
+	Reason string    // "" when none was given
 }
 
 // ErrPauseUnsupported is returned by Pause, Resume and SwitchOver when the

@@ -45,8 +45,9 @@ func (c *pauseCounter) requireOnce(t *testing.T, events []domain.EventEnvelope[a
 // have): after it returns no handler runs and no checkpoint moves while
 // events are appended, a Subscriber of the name started afterwards (a
 // restart) stays paused, Status reports the pause and Healthy does not
-// take the lag for a stuck subscriber; Resume lets them go on, and every
-// event is handled exactly once.
+// take the lag for a stuck subscriber (each replica's Status has the
+// reason); Resume lets them go on, and every event is handled exactly
+// once.
 func TestPauseEverywhere(t *testing.T) {
 	t.Parallel()
 	for _, b := range envBackends() {
@@ -93,6 +94,7 @@ func TestPauseEverywhere(t *testing.T) {
 					require.NoError(t, err)
 					require.True(t, st.Paused)
 					require.False(t, st.PausedAt.IsZero())
+					require.Equal(t, "a bad deploy", st.PauseReason, "every replica reads the reason")
 					require.Positive(t, st.Lag)
 					require.NoError(t, sub.Healthy(ctx), "a paused subscriber is not stuck")
 				}
