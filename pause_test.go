@@ -40,36 +40,48 @@ func (c *pauseCounter) requireOnce(t *testing.T, events []domain.EventEnvelope[a
 	}
 }
 
-// TestPauseEverywhere: Pause stops a name in every replica and partition
-// (two replicas, on Postgres in separate pools as separate processes
-// have): after it returns no handler runs and no checkpoint moves while
-// events are appended, a Subscriber of the name started afterwards (a
-// restart) stays paused, Status reports the pause and Healthy does not
-// take the lag for a stuck subscriber (each replica's Status has the
-// reason); Resume lets them go on, and every event is handled exactly
-// once.
+// TestPauseEverywhere: Pause stops a name in every replica and partition,
+// with a per-event or a batch handler (two replicas, on Postgres in
+// separate pools as separate processes have): after it returns no
+// handler runs and no checkpoint moves while events are appended, a
+// Subscriber of the name started afterwards (a restart) stays paused,
+// Status reports the pause and Healthy does not take the lag for a stuck
+// subscriber (each replica's Status has the reason); Resume lets them go
+// on, and every event is handled exactly once.
 func TestPauseEverywhere(t *testing.T) {
 	t.Parallel()
 	for _, b := range envBackends() {
-		for _, parts := range []int{0, 4} {
-			name := b.Name
-			if parts > 0 {
-				name += "/partitioned"
-			}
-			t.Run(name, func(t *testing.T) {
+		for _, v := range []struct {
+			name  string
+			parts int
+			batch bool
+		}{{"", 0, false}, {"/partitioned", 4, false}, {"/partitioned/batch-handler", 4, true}} {
+			t.Run(b.Name+v.name, func(t *testing.T) {
 				t.Parallel()
 				e := b.New(t)
 				ctx := context.Background()
 				counter := &pauseCounter{}
 				opts := []subscriptions.SubscriberOption{subscriptions.WithPollInterval(5 * time.Millisecond),
 					subscriptions.WithStuckThreshold(20 * time.Millisecond), subscriptions.WithLogger(quietLogger())}
-				if parts > 0 {
-					opts = append(opts, subscriptions.WithPartitions(parts), subscriptions.WithConcurrency(2))
+				if v.parts > 0 {
+					opts = append(opts, subscriptions.WithPartitions(v.parts), subscriptions.WithConcurrency(2))
+				}
+				handler := subscriptions.Handler(counter.handler)
+				if v.batch {
+					handler = nil
+					opts = append(opts, subscriptions.WithBatchHandler(func(ctx context.Context, events []domain.EventEnvelope[any]) error {
+						for _, ev := range events {
+							if err := counter.handler(ctx, ev); err != nil {
+								return err
+							}
+						}
+						return nil
+					}))
 				}
 				var subs []*subscriptions.Subscriber
 				for range 2 {
 					events, cps, _ := partReplica(t, e)
-					sub, err := subscriptions.NewSubscriber("pause-me", events, cps, counter.handler, opts...)
+					sub, err := subscriptions.NewSubscriber("pause-me", events, cps, handler, opts...)
 					require.NoError(t, err)
 					subs = append(subs, sub)
 					start(t, sub)
@@ -83,7 +95,7 @@ func TestPauseEverywhere(t *testing.T) {
 				positions := pausePositions(t, subs[0])
 				all = append(all, partAppend(t, e.Events, seq, 16, 30)...)
 				// A later Subscriber of the name (a restart) is paused too.
-				late, err := subscriptions.NewSubscriber("pause-me", e.Events, e.Checkpoints, counter.handler, opts...)
+				late, err := subscriptions.NewSubscriber("pause-me", e.Events, e.Checkpoints, handler, opts...)
 				require.NoError(t, err)
 				lateRun := start(t, late)
 				require.Never(t, func() bool { return counter.total.Load() != before }, 300*time.Millisecond, 5*time.Millisecond,
