@@ -377,3 +377,35 @@ func TestAdminPagePauseInBrowser(t *testing.T) {
 	waitCaughtUp(t, replica)
 	counter.requireOnce(t, e.Events)
 }
+
+// TestReadPause: the pause both surfaces answer with, read from a
+// Subscriber value other than the one that paused: not paused, then since
+// when and why (a checkpoint ahead of the head does not hide it); a failed
+// read names the subscriber.
+func TestReadPause(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := envBackends()[0].New(t)
+	appendN(t, e.Events, "pause.ev", 0, 3)
+	store := &failingStore{EventStore: e.Events}
+	nop := func(context.Context, domain.EventEnvelope[any]) error { return nil }
+	pauser := parkSubscriber(t, e, "orders", nop)
+	reader, err := subscriptions.NewSubscriber("orders", store, e.Cps, nop)
+	require.NoError(t, err)
+
+	st, err := admin.ReadPause(ctx, reader)
+	require.NoError(t, err)
+	require.Equal(t, admin.PauseState{Subscriber: "orders"}, st)
+	require.NoError(t, pauser.Pause(ctx, "bad deploy"))
+	require.NoError(t, pauser.ResetCheckpoint(ctx, 10))
+	st, err = admin.ReadPause(ctx, reader)
+	require.NoError(t, err, "a checkpoint ahead of the head")
+	require.True(t, st.Paused)
+	require.Equal(t, "bad deploy", st.Reason)
+	require.False(t, st.PausedAt.IsZero())
+
+	store.fail.Store(true)
+	_, err = admin.ReadPause(ctx, reader)
+	require.ErrorContains(t, err, `read the pause of "orders"`)
+	require.ErrorContains(t, err, "the database is away")
+}

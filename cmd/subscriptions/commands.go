@@ -94,8 +94,8 @@ func (c *cli) status(ctx context.Context, d *database) error {
 		}
 		if s.Paused {
 			state = "paused, " + state
-			p := pauseState{PausedAt: s.PausedAt, Reason: s.PauseReason}
-			notes = append(notes, fmt.Sprintf("paused: %s everywhere %s (`subscriptions resume %s` lifts it)", s.Subscriber, p.since(), s.Subscriber))
+			p := admin.PauseState{PausedAt: s.PausedAt, Reason: s.PauseReason}
+			notes = append(notes, fmt.Sprintf("paused: %s everywhere %s (`subscriptions resume %s` lifts it)", s.Subscriber, pausedSince(p), s.Subscriber))
 		}
 		parts := "-"
 		if s.Partitions > 0 {

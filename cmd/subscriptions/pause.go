@@ -2,56 +2,38 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/admin"
 )
-
-// pauseState is what pause and resume print with -json: the name's pause
-// as Status reads it once the command is done (the admin API's answer).
-type pauseState struct {
-	Subscriber string    `json:"subscriber"`
-	Paused     bool      `json:"paused"`
-	PausedAt   time.Time `json:"paused_at,omitzero"`
-	Reason     string    `json:"reason,omitempty"`
-}
 
 // pausedSubscriber is the subscriber called name (a partitioned one with
 // its partitions) and its pause as it stands. Its log lines (the
 // library's `subscriber paused` and `subscriber resumed`, the audit of
 // these commands) carry by=cli:<user>.
-func (c *cli) pausedSubscriber(ctx context.Context, d *database, name string) (*subscriptions.Subscriber, *group, pauseState, error) {
+func (c *cli) pausedSubscriber(ctx context.Context, d *database, name string) (*subscriptions.Subscriber, *group, admin.PauseState, error) {
 	groups, err := d.groups(ctx)
 	if err != nil {
-		return nil, nil, pauseState{}, err
+		return nil, nil, admin.PauseState{}, err
 	}
 	g, err := findGroup(groups, name)
 	if err != nil {
-		return nil, nil, pauseState{}, err
+		return nil, nil, admin.PauseState{}, err
 	}
 	sub, err := d.subscriber(g, c.logger().With("by", operator()))
 	if err != nil {
-		return nil, nil, pauseState{}, err
+		return nil, nil, admin.PauseState{}, err
 	}
-	st, err := readPause(ctx, sub)
+	st, err := admin.ReadPause(ctx, sub)
 	return sub, g, st, err
 }
 
-// readPause reads sub's pause through Status (a checkpoint ahead of the
-// head does not keep it from being read).
-func readPause(ctx context.Context, sub *subscriptions.Subscriber) (pauseState, error) {
-	st, err := sub.Status(ctx)
-	if err != nil && !errors.Is(err, subscriptions.ErrCheckpointAhead) {
-		return pauseState{}, err
-	}
-	return pauseState{Subscriber: sub.Name(), Paused: st.Paused, PausedAt: st.PausedAt, Reason: st.PauseReason}, nil
-}
-
-// since describes a pause for the terminal: when, and why if it was said.
-func (p pauseState) since() string {
+// pausedSince describes a pause for the terminal: since when, and why if
+// it was said.
+func pausedSince(p admin.PauseState) string {
 	s := "since " + p.PausedAt.UTC().Format(time.RFC3339)
 	if reason := strings.Join(strings.Fields(p.Reason), " "); reason != "" {
 		s += ": " + reason // on one line
@@ -72,7 +54,7 @@ func (c *cli) pause(ctx context.Context, d *database, name, reason string) error
 		if c.json {
 			return c.printJSON(st)
 		}
-		fmt.Fprintf(c.stdout, "subscriber %q is already paused %s\n", name, st.since())
+		fmt.Fprintf(c.stdout, "subscriber %q is already paused %s\n", name, pausedSince(st))
 		return nil
 	}
 	what := fmt.Sprintf("subscriber %q", name)
@@ -86,13 +68,13 @@ func (c *cli) pause(ctx context.Context, d *database, name, reason string) error
 	if err := sub.Pause(ctx, reason); err != nil {
 		return err
 	}
-	if st, err = readPause(ctx, sub); err != nil {
-		return fmt.Errorf("subscriber %q is paused, but reading its pause back failed: %w", name, err)
+	if st, err = admin.ReadPause(ctx, sub); err != nil {
+		return fmt.Errorf("subscriber %q is paused, but: %w", name, err)
 	}
 	if c.json {
 		return c.printJSON(st)
 	}
-	fmt.Fprintf(c.stdout, "paused: %s everywhere %s\n", what, st.since())
+	fmt.Fprintf(c.stdout, "paused: %s everywhere %s\n", what, pausedSince(st))
 	return nil
 }
 
@@ -112,14 +94,14 @@ func (c *cli) resume(ctx context.Context, d *database, name string) error {
 		return nil
 	}
 	if err := c.confirm(fmt.Sprintf("Resume subscriber %q, paused %s? Its replicas, in every process, go on from their checkpoints.",
-		name, st.since())); err != nil {
+		name, pausedSince(st))); err != nil {
 		return err
 	}
 	if err := sub.Resume(ctx); err != nil {
 		return err
 	}
-	if st, err = readPause(ctx, sub); err != nil {
-		return fmt.Errorf("subscriber %q is resumed, but reading it back failed: %w", name, err)
+	if st, err = admin.ReadPause(ctx, sub); err != nil {
+		return fmt.Errorf("subscriber %q is resumed, but: %w", name, err)
 	}
 	if c.json {
 		return c.printJSON(st)
