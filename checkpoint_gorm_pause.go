@@ -53,7 +53,7 @@ func (g *GormCheckpointStore) Pause(ctx context.Context, key string, names []str
 		err = read(g.db.WithContext(ctx))
 	}
 	if err != nil {
-		return nil, fmt.Errorf("subscriptions: %s: wait for the batches in flight: %w", what, err)
+		return nil, fmt.Errorf("subscriptions: %s: recorded, but waiting for the batches in flight failed (Resume lifts the pause): %w", what, err)
 	}
 	return checkpointsOf(rows, names), nil
 }

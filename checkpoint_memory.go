@@ -146,7 +146,7 @@ func (m *MemoryCheckpointStore) Pause(ctx context.Context, key string, names []s
 		m.paused[key] = PauseRecord{Since: time.Now().UTC(), Reason: reason}
 	}
 	m.mu.Unlock()
-	if err := m.fencedAll(ctx, names, fmt.Sprintf("pause %q", key), nil, func(*memoryCheckpoint) {}); err != nil {
+	if err := m.fencedAll(ctx, names, fmt.Sprintf("pause %q, recorded (Resume lifts it)", key), nil, func(*memoryCheckpoint) {}); err != nil {
 		return nil, err
 	}
 	return m.Positions(ctx, names)

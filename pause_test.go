@@ -188,3 +188,72 @@ func TestPauseBatchInFlight(t *testing.T) {
 		})
 	}
 }
+
+// TestPauseCancelledWhileWaiting: a Pause whose context ends while it
+// waits for the batch in flight fails, and its error says that the pause
+// is recorded all the same (Resume lifts it), as Status shows; on
+// Postgres the batch in flight does not commit after it; Resume lets the
+// name go on. Memory and Postgres (on SQLite Pause ends the batch in
+// flight instead of waiting for it).
+func TestPauseCancelledWhileWaiting(t *testing.T) {
+	t.Parallel()
+	for _, b := range envBackends() {
+		if b.Name != "memory" && !b.Postgres {
+			continue
+		}
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			e := b.New(t)
+			ctx := context.Background()
+			gate := newCoreGate()
+			defer gate.open()
+			sub, err := subscriptions.NewSubscriber("pause-cancelled", e.Events, e.Checkpoints, func(ctx context.Context, ev domain.EventEnvelope[any]) error {
+				gate.pass()
+				return nil
+			}, subscriptions.WithPollInterval(5*time.Millisecond), subscriptions.WithLogger(quietLogger()))
+			require.NoError(t, err)
+			start(t, sub)
+			appendN(t, e.Events, "pause.cancelled", 0, 1)
+			gate.waitEntered(t)
+
+			pctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			paused := make(chan error, 1)
+			go func() { paused <- sub.Pause(pctx, "cancelled") }()
+			// Cancelled once it waits for the batch (pgxstore sends one
+			// cancel request, which a statement not yet sent would miss).
+			require.Eventually(t, func() bool {
+				if e.Postgres() {
+					return coreLockWaiters(t, e.PG) > 0
+				}
+				return coreGoroutineBlockedIn("(*MemoryCheckpointStore).fenced")
+			}, 30*time.Second, 2*time.Millisecond, "Pause never waited for the batch in flight")
+			cancel()
+			select {
+			case err = <-paused:
+			case <-time.After(30 * time.Second):
+				t.Fatal("Pause did not return within 30 s of its cancellation")
+			}
+			require.Error(t, err, "Pause did not wait for the batch in flight")
+			require.ErrorContains(t, err, "recorded")
+			require.ErrorContains(t, err, "Resume lifts")
+			st, err := sub.Status(ctx)
+			require.NoError(t, err)
+			require.True(t, st.Paused)
+			require.Equal(t, "cancelled", st.PauseReason)
+
+			gate.open()
+			if b.Postgres {
+				// Its commit checks the pause (in memory the batch the
+				// cancelled Pause waited for commits, as it would have
+				// before a Pause that returned).
+				require.Never(t, func() bool {
+					p, err := e.Checkpoints.Position(ctx, "pause-cancelled")
+					return err != nil || p != 0
+				}, 200*time.Millisecond, 5*time.Millisecond, "the batch in flight committed while paused")
+			}
+			require.NoError(t, sub.Resume(ctx))
+			waitCaughtUp(t, sub)
+		})
+	}
+}

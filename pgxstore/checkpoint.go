@@ -310,7 +310,7 @@ func (s *CheckpointStore) Pause(ctx context.Context, key string, names []string,
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("pgxstore: %s: wait for the batches in flight: %w", what, err)
+		return nil, fmt.Errorf("pgxstore: %s: recorded, but waiting for the batches in flight failed (Resume lifts the pause): %w", what, err)
 	}
 	out := make([]int64, len(names))
 	for i, name := range names {
