@@ -42,9 +42,9 @@ func ReadPause(ctx context.Context, s *subscriptions.Subscriber) (PauseState, er
 // setPaused is the pause (or resume) of both the API and the page:
 // Subscriber.Pause with reason (every replica and partition of the name,
 // in every process, from its next batch on) or Subscriber.Resume, with
-// an audit line, then the pause read back (ReadPause). status is the HTTP status of a
-// failure. It runs on the request's goroutine; Pause returns once the
-// name's batch in flight, if any, has ended.
+// an audit line, then the pause read back (ReadPause). status is the
+// HTTP status of a failure. It runs on the request's goroutine; Pause
+// returns once the name's batch in flight, if any, has ended.
 func (h *Handler) setPaused(r *http.Request, s *subscriptions.Subscriber, caller string, pause bool, reason string) (st PauseState, status int, err error) {
 	action, attrs := Resume, []any{}
 	if pause {

@@ -409,3 +409,23 @@ func TestReadPause(t *testing.T) {
 	require.ErrorContains(t, err, `read the pause of "orders"`)
 	require.ErrorContains(t, err, "the database is away")
 }
+
+// TestAdminPauseUnsupported: on a checkpoint store without the pause
+// capability the API answers 409 naming it, and the status still reads.
+func TestAdminPauseUnsupported(t *testing.T) {
+	t.Parallel()
+	e := envBackends()[0].New(t)
+	bare := struct{ subscriptions.CheckpointStore }{e.Cps} // only the interface's methods
+	sub, err := subscriptions.NewSubscriber("bare", e.Events, bare, func(context.Context, domain.EventEnvelope[any]) error { return nil })
+	require.NoError(t, err)
+	f := &adminFixture{mux: http.NewServeMux()}
+	f.mux.Handle("/ops/", http.StripPrefix("/ops", newHandler(t, []*subscriptions.Subscriber{sub}, adminAuth, admin.WithLogger(quietLogger()))))
+	for _, action := range []string{"pause", "resume"} {
+		w := f.do("POST", adminPath("bare", action), "ops", "", `{}`, jsonCT)
+		require.Equal(t, http.StatusConflict, w.Code, w.Body.String())
+		require.Contains(t, decodeJSON[map[string]string](t, w)["error"], "cannot pause")
+	}
+	w := f.do("GET", adminPath("bare"), "ops", "", "", nil)
+	require.Equal(t, 200, w.Code, w.Body.String())
+	require.NotContains(t, w.Body.String(), `"paused"`)
+}
