@@ -53,7 +53,7 @@ func (g *GormCheckpointStore) Pause(ctx context.Context, key string, names []str
 		err = read(g.db.WithContext(ctx))
 	}
 	if err != nil {
-		return nil, fmt.Errorf("subscriptions: %s: wait for the batches in flight: %w", what, err)
+		return nil, fmt.Errorf("subscriptions: %s: recorded, but waiting for the batches in flight failed (Resume lifts the pause): %w", what, err)
 	}
 	return checkpointsOf(rows, names), nil
 }
@@ -65,15 +65,18 @@ func (g *GormCheckpointStore) Resume(ctx context.Context, key string) error {
 	return nil
 }
 
-func (g *GormCheckpointStore) PausedSince(ctx context.Context, key string) (time.Time, bool, error) {
-	var rows []struct{ PausedAt time.Time }
-	if err := g.db.WithContext(ctx).Raw("SELECT paused_at FROM subscriber_pauses WHERE subscriber = ?", key).Scan(&rows).Error; err != nil {
-		return time.Time{}, false, fmt.Errorf("subscriptions: read the pause of %q: %w", key, err)
+func (g *GormCheckpointStore) PausedSince(ctx context.Context, key string) (PauseRecord, bool, error) {
+	var rows []struct {
+		PausedAt time.Time
+		Reason   string
+	}
+	if err := g.db.WithContext(ctx).Raw("SELECT paused_at, reason FROM subscriber_pauses WHERE subscriber = ?", key).Scan(&rows).Error; err != nil {
+		return PauseRecord{}, false, fmt.Errorf("subscriptions: read the pause of %q: %w", key, err)
 	}
 	if len(rows) == 0 {
-		return time.Time{}, false, nil
+		return PauseRecord{}, false, nil
 	}
-	return rows[0].PausedAt.UTC(), true, nil
+	return PauseRecord{Since: rows[0].PausedAt.UTC(), Reason: rows[0].Reason}, true, nil
 }
 
 // clearPausesIn deletes the pauses of the names' keys in tx (Delete and

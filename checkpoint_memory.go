@@ -24,7 +24,7 @@ type MemoryCheckpointStore struct {
 	attempts attemptTable
 	// paused holds the paused names (see pauser), by pause key, with the
 	// time of the pause.
-	paused map[string]time.Time
+	paused map[string]PauseRecord
 	// catchUps are the catch-up marks (DeliveryMarker), by pause key.
 	catchUps map[string]int64
 }
@@ -150,16 +150,16 @@ var _ Pauser = (*MemoryCheckpointStore)(nil)
 
 // Pause records key as paused, so that no batch of it starts, then waits
 // for the batches of names in flight to end (see pauser).
-func (m *MemoryCheckpointStore) Pause(ctx context.Context, key string, names []string, _ string) ([]int64, error) {
+func (m *MemoryCheckpointStore) Pause(ctx context.Context, key string, names []string, reason string) ([]int64, error) {
 	m.mu.Lock()
 	if m.paused == nil {
-		m.paused = make(map[string]time.Time)
+		m.paused = make(map[string]PauseRecord)
 	}
 	if _, ok := m.paused[key]; !ok {
-		m.paused[key] = time.Now().UTC()
+		m.paused[key] = PauseRecord{Since: time.Now().UTC(), Reason: reason}
 	}
 	m.mu.Unlock()
-	if err := m.fencedAll(ctx, names, fmt.Sprintf("pause %q", key), nil, func(*memoryCheckpoint) {}); err != nil {
+	if err := m.fencedAll(ctx, names, fmt.Sprintf("pause %q, recorded (Resume lifts it)", key), nil, func(*memoryCheckpoint) {}); err != nil {
 		return nil, err
 	}
 	return m.Positions(ctx, names)
@@ -172,11 +172,11 @@ func (m *MemoryCheckpointStore) Resume(_ context.Context, key string) error {
 	return nil
 }
 
-func (m *MemoryCheckpointStore) PausedSince(_ context.Context, key string) (time.Time, bool, error) {
+func (m *MemoryCheckpointStore) PausedSince(_ context.Context, key string) (PauseRecord, bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	at, ok := m.paused[key]
-	return at, ok, nil
+	rec, ok := m.paused[key]
+	return rec, ok, nil
 }
 
 // fenced holds off the subscriber's batches, waits for the one in flight,

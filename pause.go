@@ -22,12 +22,23 @@ type Pauser interface {
 	// checkpoint rows paused under key) is in flight, with their
 	// checkpoints: positions no batch moves any more until Resume. A batch
 	// in flight commits or rolls back; none commits after Pause returned.
+	// A Pause that fails once the pause is recorded (its ctx ends while it
+	// waits) says so: the name stays paused until Resume.
 	Pause(ctx context.Context, key string, names []string, reason string) ([]int64, error)
 	// Resume lifts key's pause; resuming a name that is not paused is not
 	// an error.
 	Resume(ctx context.Context, key string) error
-	// PausedSince reports whether key is paused, and since when.
-	PausedSince(ctx context.Context, key string) (time.Time, bool, error)
+	// PausedSince reports whether key is paused, since when and why (the
+	// first Pause's reason).
+	PausedSince(ctx context.Context, key string) (PauseRecord, bool, error)
+}
+
+// PauseRecord is a name's pause as Pauser.PausedSince reads it: when it
+// was recorded and the reason given to Pause, for Status and the
+// operator surfaces.
+type PauseRecord struct {
+	Since  time.Time // UTC
+	Reason string    // "" when none was given
 }
 
 // ErrPauseUnsupported is returned by Pause, Resume and SwitchOver when the
@@ -42,7 +53,9 @@ var ErrPauseUnsupported = fmt.Errorf("the checkpoint store cannot pause a subscr
 // Pause returned. A paused subscriber's Run keeps running (idle, as when
 // another replica holds the checkpoint) and picks up where it stopped once
 // resumed. reason is recorded with the pause for operators. Pausing a
-// paused name keeps the first pause.
+// paused name keeps the first pause. A Pause whose ctx ends while it
+// waits for the batch in flight fails, but its error says when the pause
+// was recorded all the same (Resume lifts it).
 //
 // It needs this package's checkpoint stores (otherwise the error wraps
 // ErrPauseUnsupported). Safe for concurrent use, from any process.

@@ -40,35 +40,48 @@ func (c *pauseCounter) requireOnce(t *testing.T, events []domain.EventEnvelope[a
 	}
 }
 
-// TestPauseEverywhere: Pause stops a name in every replica and partition
-// (two replicas, on Postgres in separate pools as separate processes
-// have): after it returns no handler runs and no checkpoint moves while
-// events are appended, a Subscriber of the name started afterwards (a
-// restart) stays paused, Status reports the pause and Healthy does not
-// take the lag for a stuck subscriber; Resume lets them go on, and every
-// event is handled exactly once.
+// TestPauseEverywhere: Pause stops a name in every replica and partition,
+// with a per-event or a batch handler (two replicas, on Postgres in
+// separate pools as separate processes have): after it returns no
+// handler runs and no checkpoint moves while events are appended, a
+// Subscriber of the name started afterwards (a restart) stays paused,
+// Status reports the pause and Healthy does not take the lag for a stuck
+// subscriber (each replica's Status has the reason); Resume lets them go
+// on, and every event is handled exactly once.
 func TestPauseEverywhere(t *testing.T) {
 	t.Parallel()
 	for _, b := range envBackends() {
-		for _, parts := range []int{0, 4} {
-			name := b.Name
-			if parts > 0 {
-				name += "/partitioned"
-			}
-			t.Run(name, func(t *testing.T) {
+		for _, v := range []struct {
+			name  string
+			parts int
+			batch bool
+		}{{"", 0, false}, {"/partitioned", 4, false}, {"/partitioned/batch-handler", 4, true}} {
+			t.Run(b.Name+v.name, func(t *testing.T) {
 				t.Parallel()
 				e := b.New(t)
 				ctx := context.Background()
 				counter := &pauseCounter{}
 				opts := []subscriptions.SubscriberOption{subscriptions.WithPollInterval(5 * time.Millisecond),
 					subscriptions.WithStuckThreshold(20 * time.Millisecond), subscriptions.WithLogger(quietLogger())}
-				if parts > 0 {
-					opts = append(opts, subscriptions.WithPartitions(parts), subscriptions.WithConcurrency(2))
+				if v.parts > 0 {
+					opts = append(opts, subscriptions.WithPartitions(v.parts), subscriptions.WithConcurrency(2))
+				}
+				handler := subscriptions.Handler(counter.handler)
+				if v.batch {
+					handler = nil
+					opts = append(opts, subscriptions.WithBatchHandler(func(ctx context.Context, events []domain.EventEnvelope[any]) error {
+						for _, ev := range events {
+							if err := counter.handler(ctx, ev); err != nil {
+								return err
+							}
+						}
+						return nil
+					}))
 				}
 				var subs []*subscriptions.Subscriber
 				for range 2 {
 					events, cps, _ := partReplica(t, e)
-					sub, err := subscriptions.NewSubscriber("pause-me", events, cps, counter.handler, opts...)
+					sub, err := subscriptions.NewSubscriber("pause-me", events, cps, handler, opts...)
 					require.NoError(t, err)
 					subs = append(subs, sub)
 					start(t, sub)
@@ -82,7 +95,7 @@ func TestPauseEverywhere(t *testing.T) {
 				positions := pausePositions(t, subs[0])
 				all = append(all, partAppend(t, e.Events, seq, 16, 30)...)
 				// A later Subscriber of the name (a restart) is paused too.
-				late, err := subscriptions.NewSubscriber("pause-me", e.Events, e.Checkpoints, counter.handler, opts...)
+				late, err := subscriptions.NewSubscriber("pause-me", e.Events, e.Checkpoints, handler, opts...)
 				require.NoError(t, err)
 				lateRun := start(t, late)
 				require.Never(t, func() bool { return counter.total.Load() != before }, 300*time.Millisecond, 5*time.Millisecond,
@@ -93,6 +106,7 @@ func TestPauseEverywhere(t *testing.T) {
 					require.NoError(t, err)
 					require.True(t, st.Paused)
 					require.False(t, st.PausedAt.IsZero())
+					require.Equal(t, "a bad deploy", st.PauseReason, "every replica reads the reason")
 					require.Positive(t, st.Lag)
 					require.NoError(t, sub.Healthy(ctx), "a paused subscriber is not stuck")
 				}
@@ -169,6 +183,75 @@ func TestPauseBatchInFlight(t *testing.T) {
 				p, err := e.Checkpoints.Position(ctx, "pause-inflight")
 				return err != nil || p != at
 			}, 200*time.Millisecond, 5*time.Millisecond, "the checkpoint moved after Pause returned")
+			require.NoError(t, sub.Resume(ctx))
+			waitCaughtUp(t, sub)
+		})
+	}
+}
+
+// TestPauseCancelledWhileWaiting: a Pause whose context ends while it
+// waits for the batch in flight fails, and its error says that the pause
+// is recorded all the same (Resume lifts it), as Status shows; on
+// Postgres the batch in flight does not commit after it; Resume lets the
+// name go on. Memory and Postgres (on SQLite Pause ends the batch in
+// flight instead of waiting for it).
+func TestPauseCancelledWhileWaiting(t *testing.T) {
+	t.Parallel()
+	for _, b := range envBackends() {
+		if b.Name != "memory" && !b.Postgres {
+			continue
+		}
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			e := b.New(t)
+			ctx := context.Background()
+			gate := newCoreGate()
+			defer gate.open()
+			sub, err := subscriptions.NewSubscriber("pause-cancelled", e.Events, e.Checkpoints, func(ctx context.Context, ev domain.EventEnvelope[any]) error {
+				gate.pass()
+				return nil
+			}, subscriptions.WithPollInterval(5*time.Millisecond), subscriptions.WithLogger(quietLogger()))
+			require.NoError(t, err)
+			start(t, sub)
+			appendN(t, e.Events, "pause.cancelled", 0, 1)
+			gate.waitEntered(t)
+
+			pctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			paused := make(chan error, 1)
+			go func() { paused <- sub.Pause(pctx, "cancelled") }()
+			// Cancelled once it waits for the batch (pgxstore sends one
+			// cancel request, which a statement not yet sent would miss).
+			require.Eventually(t, func() bool {
+				if e.Postgres() {
+					return coreLockWaiters(t, e.PG) > 0
+				}
+				return coreGoroutineBlockedIn("(*MemoryCheckpointStore).fenced")
+			}, 30*time.Second, 2*time.Millisecond, "Pause never waited for the batch in flight")
+			cancel()
+			select {
+			case err = <-paused:
+			case <-time.After(30 * time.Second):
+				t.Fatal("Pause did not return within 30 s of its cancellation")
+			}
+			require.Error(t, err, "Pause did not wait for the batch in flight")
+			require.ErrorContains(t, err, "recorded")
+			require.ErrorContains(t, err, "Resume lifts")
+			st, err := sub.Status(ctx)
+			require.NoError(t, err)
+			require.True(t, st.Paused)
+			require.Equal(t, "cancelled", st.PauseReason)
+
+			gate.open()
+			if b.Postgres {
+				// Its commit checks the pause (in memory the batch the
+				// cancelled Pause waited for commits, as it would have
+				// before a Pause that returned).
+				require.Never(t, func() bool {
+					p, err := e.Checkpoints.Position(ctx, "pause-cancelled")
+					return err != nil || p != 0
+				}, 200*time.Millisecond, 5*time.Millisecond, "the batch in flight committed while paused")
+			}
 			require.NoError(t, sub.Resume(ctx))
 			waitCaughtUp(t, sub)
 		})

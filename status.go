@@ -63,10 +63,12 @@ type Status struct {
 	// lot.
 	Parked int `json:"parked"`
 	// Paused reports that the name is paused everywhere (Pause), since
-	// PausedAt: nothing of it is handled until Resume, and Healthy does not
-	// take its lag for a stuck subscriber.
-	Paused   bool      `json:"paused,omitempty"`
-	PausedAt time.Time `json:"paused_at,omitzero"`
+	// PausedAt, with PauseReason, Pause's reason: nothing of it is
+	// handled until Resume, and Healthy does not take its lag for a stuck
+	// subscriber.
+	Paused      bool      `json:"paused,omitempty"`
+	PausedAt    time.Time `json:"paused_at,omitzero"`
+	PauseReason string    `json:"pause_reason,omitempty"`
 	// Failing is the event being retried (StateRetrying) or halted on
 	// (StateHalted), with the number of attempts made so far.
 	Failing  *EventRef `json:"failing,omitempty"`
@@ -170,11 +172,11 @@ func (s *Subscriber) lagAge(ctx context.Context, feed domain.EventStore, positio
 // pausedAndParked fills st.Paused (where the store can pause) and st.Parked.
 func (s *Subscriber) pausedAndParked(ctx context.Context, st *Status) error {
 	if p, ok := s.checkpoints.(Pauser); ok {
-		at, paused, err := p.PausedSince(ctx, s.name)
+		rec, paused, err := p.PausedSince(ctx, s.name)
 		if err != nil {
 			return err // the store names the subscriber
 		}
-		st.Paused, st.PausedAt = paused, at
+		st.Paused, st.PausedAt, st.PauseReason = paused, rec.Since, rec.Reason
 	}
 	if s.parking == nil {
 		return nil

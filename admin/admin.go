@@ -30,11 +30,16 @@ type Action string
 
 // The actions of the admin handler. Read covers every GET (status,
 // parked events, one event with its payload); the others change state.
+// Pause and Resume act on the subscriber's name everywhere (every
+// replica, partition and process: Subscriber.Pause), not only on this
+// process.
 const (
 	Read    Action = "read"
 	Replay  Action = "replay"
 	Discard Action = "discard"
 	Reset   Action = "reset"
+	Pause   Action = "pause"
+	Resume  Action = "resume"
 )
 
 // Authorizer is the application's own authorization, asked before
@@ -104,14 +109,14 @@ type Handler struct {
 // assets, works without JavaScript) to see each subscriber's position,
 // lag and parked events (a partitioned subscriber's partitions on a
 // click, and without one when a partition is failing or stuck), look at a
-// parked event, replay or discard it, and reset a checkpoint. Beside each
-// subscriber's lag (in events and in time) and throughput (events handled
-// per minute) the page draws the last hour of them as small charts
-// (inline SVG, rendered on the server) from samples the handler takes
-// itself: NewHandler starts a goroutine that reads every subscriber's
-// Status at once and then every WithSampleInterval (15 s by default),
-// keeping an hour in memory, until Close, which the caller must call when
-// it no longer serves the handler. The handler reads the subscribers
+// parked event, replay or discard it, reset a checkpoint, and pause or
+// resume a subscriber everywhere. Beside each subscriber's lag (in events
+// and in time) and throughput (events handled per minute) the page draws
+// the last hour of them as small charts (inline SVG, rendered on the
+// server) from samples the handler takes itself: NewHandler starts a
+// goroutine that reads every subscriber's Status at once and then every
+// WithSampleInterval (15 s by default), keeping an hour in memory, until
+// Close, which the caller must call when it no longer serves the handler. The handler reads the subscribers
 // through package subscriptions' public API only. Mount it under any
 // prefix with the standard ServeMux:
 //

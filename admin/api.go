@@ -22,6 +22,8 @@ func (h *Handler) routes() {
 	m.HandleFunc("GET /{$}", h.servePage)
 	m.HandleFunc("POST /ui/replay", h.uiAction(Replay))
 	m.HandleFunc("POST /ui/discard", h.uiAction(Discard))
+	m.HandleFunc("POST /ui/pause", h.uiAction(Pause))
+	m.HandleFunc("POST /ui/resume", h.uiAction(Resume))
 
 	m.HandleFunc("GET /api/subscribers", h.apiSubscribers)
 	m.HandleFunc("GET /api/subscribers/{name}", h.api(Read, h.apiSubscriber))
@@ -31,6 +33,8 @@ func (h *Handler) routes() {
 	m.HandleFunc("DELETE /api/subscribers/{name}/parked/{id}", h.api(Discard, h.apiDiscard))
 	m.HandleFunc("POST /api/subscribers/{name}/replay", h.api(Replay, h.apiReplayMatching))
 	m.HandleFunc("POST /api/subscribers/{name}/reset", h.api(Reset, h.apiReset))
+	m.HandleFunc("POST /api/subscribers/{name}/pause", h.api(Pause, h.apiPause))
+	m.HandleFunc("POST /api/subscribers/{name}/resume", h.api(Resume, h.apiResume))
 	m.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
 		// Reached when no route has this method and path: tell a wrong
 		// method (405) from a wrong path (404), in JSON.
@@ -119,7 +123,8 @@ func errorStatus(err error, replay bool) int {
 		return http.StatusConflict
 	case errors.Is(err, subscriptions.ErrEventNotParked), errors.Is(err, domain.ErrEventNotFound):
 		return http.StatusNotFound
-	case errors.Is(err, subscriptions.ErrNoParkingLot), errors.Is(err, subscriptions.ErrParkingLotNotManaged):
+	case errors.Is(err, subscriptions.ErrNoParkingLot), errors.Is(err, subscriptions.ErrParkingLotNotManaged),
+		errors.Is(err, subscriptions.ErrPauseUnsupported), errors.Is(err, subscriptions.ErrPartitionsChanged):
 		return http.StatusConflict
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return http.StatusServiceUnavailable

@@ -26,12 +26,7 @@ import (
 // its partitions are hidden until its summary is clicked, then each
 // partition's row is shown.
 func TestAdminPagePartitionsInBrowser(t *testing.T) {
-	if os.Getenv("SUBSCRIPTIONS_BROWSER") != "1" {
-		t.Skip("set SUBSCRIPTIONS_BROWSER=1 (with chromium installed) to run the browser test")
-	}
-	chromium, err := exec.LookPath("chromium")
-	require.NoError(t, err, "SUBSCRIPTIONS_BROWSER=1 needs Debian's chromium package")
-
+	requireBrowser(t)
 	e := envBackends()[0].New(t)
 	appendN(t, e.Events, "browser.ok", 0, 6)
 	sub := parkSubscriber(t, e, "orders-p", func(context.Context, domain.EventEnvelope[any]) error { return nil },
@@ -65,28 +60,7 @@ func TestAdminPagePartitionsInBrowser(t *testing.T) {
 	clock.Advance(15 * time.Second)
 	samples(3)
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chromium),
-		chromedp.NoSandbox,
-		chromedp.Flag("disable-gpu", true),
-		chromedp.Flag("disable-javascript", true), // the page must work without it
-	)
-	actx, acancel := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer acancel()
-	bctx, bcancel := chromedp.NewContext(actx)
-	defer bcancel()
-	// The first run starts the browser, which lives as long as bctx: no
-	// timeout on it (chromedp.Run's rule); the later steps have one.
-	require.NoError(t, chromedp.Do(bctx, chromedp.Navigate(srv.URL+"/")))
-	ctx, cancel := context.WithTimeout(bctx, 2*time.Minute)
-	defer cancel()
-	text := func(sel string) string {
-		t.Helper()
-		v, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
-		require.NoError(t, err, sel)
-		return strings.TrimSpace(v)
-	}
-
+	ctx, text := openInBrowser(t, srv.URL+"/")
 	row := `#subscribers tr[data-subscriber="orders-p"]`
 	require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(row+` .partition-count`))))
 
@@ -127,4 +101,46 @@ func TestAdminPagePartitionsInBrowser(t *testing.T) {
 	}
 	require.Equal(t, "stopped", text(row+` tr[data-partition="1"] td:nth-child(2)`))
 	require.Equal(t, "0", text(row+` tr[data-partition="1"] td:nth-child(4)`))
+}
+
+// requireBrowser skips the test unless SUBSCRIPTIONS_BROWSER=1, and then
+// requires chromium.
+func requireBrowser(t *testing.T) {
+	t.Helper()
+	if os.Getenv("SUBSCRIPTIONS_BROWSER") != "1" {
+		t.Skip("set SUBSCRIPTIONS_BROWSER=1 (with chromium installed) to run the browser test")
+	}
+	_, err := exec.LookPath("chromium")
+	require.NoError(t, err, "SUBSCRIPTIONS_BROWSER=1 needs Debian's chromium package")
+}
+
+// openInBrowser opens url in headless Chromium with JavaScript disabled
+// (the page must work without it), until the test's cleanup. It returns
+// the context of the steps (two minutes for them all) and text, the
+// trimmed text of the first element matching a CSS selector.
+func openInBrowser(t *testing.T, url string) (context.Context, func(sel string) string) {
+	t.Helper()
+	chromium, err := exec.LookPath("chromium")
+	require.NoError(t, err)
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium),
+		chromedp.NoSandbox,
+		chromedp.Flag("disable-gpu", true),
+		chromedp.Flag("disable-javascript", true),
+	)
+	actx, acancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	t.Cleanup(acancel)
+	bctx, bcancel := chromedp.NewContext(actx)
+	t.Cleanup(bcancel)
+	// The first run starts the browser, which lives as long as bctx: no
+	// timeout on it (chromedp.Run's rule); the later steps have one.
+	require.NoError(t, chromedp.Do(bctx, chromedp.Navigate(url)))
+	ctx, cancel := context.WithTimeout(bctx, 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx, func(sel string) string {
+		t.Helper()
+		v, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+		require.NoError(t, err, sel)
+		return strings.TrimSpace(v)
+	}
 }

@@ -51,6 +51,8 @@ type pageData struct {
 var notices = map[string]string{
 	"replayed":  "Replayed: the event is no longer parked.",
 	"discarded": "Discarded: the event was removed from the parking lot (audit-logged).",
+	"paused":    "Paused everywhere: no replica or partition handles anything from its next batch until Resume.",
+	"resumed":   "Resumed: every replica goes on from its checkpoint at its next poll.",
 }
 
 // servePage serves the page. With ?subscriber=NAME the caller must be
@@ -172,9 +174,10 @@ func (h *Handler) renderPage(w http.ResponseWriter, r *http.Request, caller stri
 	}
 }
 
-// uiAction serves the page's replay and discard forms: authorization,
-// the cross-site checks and the anti-CSRF token, then Post/Redirect/Get
-// on success, or the page with the failure (and its status) otherwise.
+// uiAction serves the page's replay, discard, pause and resume forms:
+// authorization, the cross-site checks and the anti-CSRF token, then
+// Post/Redirect/Get on success, or the page with the failure (and its
+// status) otherwise.
 func (h *Handler) uiAction(action Action) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
@@ -216,12 +219,21 @@ func (h *Handler) uiAction(action Action) http.HandlerFunc {
 			if err != nil {
 				status = errorStatus(err, false)
 			}
+		case Pause:
+			// As a discard's: the pause stops the name in every process.
+			if r.PostFormValue("confirm") != "yes" {
+				h.renderPage(w, r, caller, http.StatusBadRequest, "", "Not paused: tick \"sure\" next to Pause to confirm.")
+				return
+			}
+			_, status, err = h.setPaused(r, s, caller, true, r.PostFormValue("reason"))
+		case Resume:
+			_, status, err = h.setPaused(r, s, caller, false, "")
 		}
 		if err != nil {
 			h.renderPage(w, r, caller, status, "", err.Error())
 			return
 		}
-		done := map[Action]string{Replay: "replayed", Discard: "discarded"}[action]
+		done := map[Action]string{Replay: "replayed", Discard: "discarded", Pause: "paused", Resume: "resumed"}[action]
 		// Relative on purpose: http.Redirect would resolve it against the
 		// path below the mount prefix.
 		w.Header().Set("Location", "../?"+(url.Values{"subscriber": {name}, "done": {done}}).Encode())

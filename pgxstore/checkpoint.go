@@ -333,7 +333,7 @@ func (s *CheckpointStore) Pause(ctx context.Context, key string, names []string,
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("pgxstore: %s: wait for the batches in flight: %w", what, err)
+		return nil, fmt.Errorf("pgxstore: %s: recorded, but waiting for the batches in flight failed (Resume lifts the pause): %w", what, err)
 	}
 	out := make([]int64, len(names))
 	for i, name := range names {
@@ -350,15 +350,16 @@ func (s *CheckpointStore) Resume(ctx context.Context, key string) error {
 	return nil
 }
 
-// PausedSince reports whether key is paused, and since when.
-func (s *CheckpointStore) PausedSince(ctx context.Context, key string) (time.Time, bool, error) {
-	var at time.Time
-	err := s.pool.QueryRow(ctx, "SELECT paused_at FROM subscriber_pauses WHERE subscriber = $1", key).Scan(&at)
+// PausedSince reports whether key is paused, since when and why.
+func (s *CheckpointStore) PausedSince(ctx context.Context, key string) (subscriptions.PauseRecord, bool, error) {
+	var rec subscriptions.PauseRecord
+	err := s.pool.QueryRow(ctx, "SELECT paused_at, reason FROM subscriber_pauses WHERE subscriber = $1", key).Scan(&rec.Since, &rec.Reason)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return time.Time{}, false, nil
+		return subscriptions.PauseRecord{}, false, nil
 	}
 	if err != nil {
-		return time.Time{}, false, fmt.Errorf("pgxstore: read the pause of %q: %w", key, err)
+		return subscriptions.PauseRecord{}, false, fmt.Errorf("pgxstore: read the pause of %q: %w", key, err)
 	}
-	return at.UTC(), true, nil
+	rec.Since = rec.Since.UTC()
+	return rec, true, nil
 }

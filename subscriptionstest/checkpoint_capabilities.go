@@ -218,7 +218,8 @@ func RunPartitionCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
 // the paused rows' checkpoints once no batch of them is in flight, after
 // which no batch of them is acquired (as if held) nor committed, from
 // any replica, rows paused under the subscriber's name by PauseKey
-// included; PausedSince reports it; Resume lifts it.
+// included; PausedSince reports it with its reason (a second Pause keeps
+// the first); Resume lifts it.
 func RunPauserSuite(t *testing.T, h CheckpointStoreHarness) {
 	ctx := context.Background()
 	t.Run(h.Name+"/Pauser", func(t *testing.T) {
@@ -232,10 +233,17 @@ func RunPauserSuite(t *testing.T, h CheckpointStoreHarness) {
 			positions, err := p.Pause(ctx, name, []string{name, part}, "suite")
 			require.NoError(t, err)
 			require.Equal(t, []int64{4, 6}, positions)
-			since, paused, err := p.PausedSince(ctx, name)
+			rec, paused, err := p.PausedSince(ctx, name)
 			require.NoError(t, err)
 			require.True(t, paused)
-			require.False(t, since.IsZero())
+			require.False(t, rec.Since.IsZero())
+			require.Equal(t, "suite", rec.Reason)
+			_, err = p.Pause(ctx, name, []string{name, part}, "a second pause")
+			require.NoError(t, err)
+			again, paused, err := other.(subscriptions.Pauser).PausedSince(ctx, name)
+			require.NoError(t, err)
+			require.True(t, paused)
+			require.Equal(t, rec, again, "a second Pause keeps the first, read from any replica")
 			for _, store := range []subscriptions.CheckpointStore{cps, other} {
 				for _, row := range []string{name, part} {
 					batch, acquired, err := store.Acquire(ctx, row)

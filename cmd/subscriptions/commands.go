@@ -22,7 +22,9 @@ func (c *cli) logger() *slog.Logger {
 // dbStatus is a subscriber's Status as the CLI shows it. Status.State is
 // what a Run in the calling process is doing, always "stopped" here, so
 // the CLI replaces it with what the database says: caught up, behind, or
-// a checkpoint ahead of the head; Error is a read that failed.
+// a checkpoint ahead of the head; Error is a read that failed. A paused
+// name (Status.Paused, PausedAt, PauseReason) keeps that State in JSON,
+// and its table row's STATE starts with "paused, ".
 //
 // A partitioned subscriber is one dbStatus: Status reads its partitions
 // (Position is the lowest checkpoint of a partition with events still to
@@ -89,6 +91,11 @@ func (c *cli) status(ctx context.Context, d *database) error {
 		state := s.State
 		if s.Error != "" {
 			state += ": " + s.Error
+		}
+		if s.Paused {
+			state = "paused, " + state
+			p := admin.PauseState{PausedAt: s.PausedAt, Reason: s.PauseReason}
+			notes = append(notes, fmt.Sprintf("paused: %s everywhere %s (`subscriptions resume %s` lifts it)", s.Subscriber, pausedSince(p), s.Subscriber))
 		}
 		parts := "-"
 		if s.Partitions > 0 {

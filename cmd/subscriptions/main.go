@@ -1,6 +1,6 @@
 // Command subscriptions inspects and repairs the subscribers of a database
 // when the application is down or not reachable: their status, their
-// parked events, and their checkpoints.
+// parked events, their checkpoints, and their pause.
 //
 //	subscriptions [-dsn DSN] [-json] [-yes] COMMAND [flags] [args]
 //
@@ -9,6 +9,8 @@
 //	parked show [-subscriber S] EVENT_ID  one parked event with its stored event
 //	parked discard [-subscriber S] EVENT_ID  remove it without processing (asks first)
 //	reset SUBSCRIBER POSITION           set the checkpoint (asks first; not beyond the head)
+//	pause SUBSCRIBER [-reason TEXT]     stop it in every process until resume (asks first)
+//	resume SUBSCRIBER                   lift the pause (asks first)
 //	migrate [-verify]                   apply (or only check) the module's schema migrations
 //
 // Only migrate changes the schema: every other command opens the stores
@@ -64,6 +66,9 @@ commands:
   parked replay ...                         not here: replay needs the application's handler (see below)
   reset SUBSCRIBER POSITION                 set a subscriber's checkpoint, every partition's if partitioned
                                             (asks first; refuses a position beyond the feed head)
+  pause SUBSCRIBER [-reason TEXT]           stop it everywhere (every replica, partition and process) from its
+                                            next batch until resume, across restarts (asks first)
+  resume SUBSCRIBER                         lift the pause: its replicas go on from their checkpoints (asks first)
   migrate [-verify]                         apply the module's schema migrations (migrations.Migrate);
                                             -verify only checks them (migrations.Verify), changing nothing.
                                             The only command that changes the schema: the others refuse a
@@ -108,6 +113,7 @@ type cli struct {
 	limit      int
 	verify     bool
 	partitions bool
+	reason     string
 
 	stdin          io.Reader
 	stdout, stderr io.Writer
@@ -237,6 +243,15 @@ func (c *cli) dispatch(ctx context.Context, args []string, getenv func(string) s
 		if err == nil && len(pos) != 2 {
 			err = usageError{fmt.Sprintf("reset: want SUBSCRIBER POSITION, got %d arguments", len(pos))}
 		}
+	case "pause", "resume":
+		var extra func(*flag.FlagSet)
+		if cmd == "pause" {
+			extra = func(fs *flag.FlagSet) { fs.StringVar(&c.reason, "reason", "", "") }
+		}
+		pos, err = c.flags(cmd, rest, extra)
+		if err == nil && len(pos) != 1 {
+			err = usageError{fmt.Sprintf("%s: want one SUBSCRIBER, got %d arguments", cmd, len(pos))}
+		}
 	case "migrate":
 		pos, err = c.flags(cmd, rest, func(fs *flag.FlagSet) { fs.BoolVar(&c.verify, "verify", false, "") })
 		if err == nil && len(pos) != 0 {
@@ -272,6 +287,10 @@ func (c *cli) dispatch(ctx context.Context, args []string, getenv func(string) s
 		return c.parkedShow(ctx, db, pos[0])
 	case "parked discard":
 		return c.parkedDiscard(ctx, db, pos[0])
+	case "pause":
+		return c.pause(ctx, db, pos[0], c.reason)
+	case "resume":
+		return c.resume(ctx, db, pos[0])
 	default: // reset
 		return c.reset(ctx, db, pos[0], pos[1])
 	}

@@ -30,10 +30,11 @@ func schemaSnapshot(t *testing.T, db *gorm.DB) []string {
 
 // TestCommandsChangeNoSchema: on a database holding only
 // subscriber_checkpoints (the original module's, say) and on one at an
-// older schema version (the files up to 00003 applied, 00004 not), every
-// command but migrate fails, naming what is missing and `subscriptions
-// migrate`, and leaves the schema exactly as it was (status and parked
-// read; discard and reset write rows, never DDL); migrate -verify agrees.
+// older schema version (the files up to 00003 applied, or up to 00004:
+// no subscriber_pauses), every command but migrate fails, naming what is
+// missing and `subscriptions migrate`, and leaves the schema exactly as
+// it was (status and parked read; discard, reset, pause and resume write
+// rows, never DDL); migrate -verify agrees.
 // After migrate the commands work. SQLite and Postgres.
 func TestCommandsChangeNoSchema(t *testing.T) {
 	t.Parallel()
@@ -68,6 +69,12 @@ func TestCommandsChangeNoSchema(t *testing.T) {
 			}, func(dialect string) string {
 				return "migration " + dialect + "/00004_attempt_claims.up.sql is not recorded in " + migrations.VersionTable
 			}},
+			// Without the table pause and resume write to.
+			{"at 00004", func(t *testing.T, db *gorm.DB) {
+				dbtest.GooseUpTo(t, db, 4)
+			}, func(dialect string) string {
+				return "missing table subscriber_pauses (added by " + dialect + "/00005_subscriber_pauses.up.sql)"
+			}},
 		} {
 			t.Run(backend.name+"/"+schema.name, func(t *testing.T) {
 				t.Parallel()
@@ -87,6 +94,8 @@ func TestCommandsChangeNoSchema(t *testing.T) {
 					{"parked", "show", "ev-1"},
 					{"-yes", "parked", "discard", "ev-1"},
 					{"-yes", "reset", "orders", "0"},
+					{"-yes", "pause", "orders", "-reason", "x"},
+					{"-yes", "resume", "orders"},
 					{"migrate", "-verify"},
 				} {
 					r := run(args...)
@@ -107,6 +116,10 @@ func TestCommandsChangeNoSchema(t *testing.T) {
 				require.Equal(t, 0, r.code, r.stderr)
 				require.Equal(t, "no parked events\n", r.stdout)
 				r = run("-yes", "reset", "orders", "0")
+				require.Equal(t, 0, r.code, r.stderr)
+				r = run("-yes", "pause", "orders")
+				require.Equal(t, 0, r.code, r.stderr)
+				r = run("-yes", "resume", "orders")
 				require.Equal(t, 0, r.code, r.stderr)
 			})
 		}
