@@ -76,6 +76,10 @@ const (
 		WHERE subscriber = $3 AND position = $4 AND NOT EXISTS (SELECT 1 FROM subscriber_pauses WHERE subscriber = $5)`
 )
 
+// cancelRetryInterval is how often onServer repeats its cancel request
+// until the statement it cancels is over.
+const cancelRetryInterval = 20 * time.Millisecond
+
 // txOptions pins batches to READ COMMITTED whatever the server's default:
 // SKIP LOCKED and the compare-and-set are designed for it, and a stricter
 // level would turn replica contention into serialization failures.
@@ -275,23 +279,41 @@ func (s *CheckpointStore) onServer(ctx context.Context, fn func(ctx context.Cont
 		return fmt.Errorf("connection: %w", err)
 	}
 	stop := make(chan struct{})
-	cancelled := make(chan bool, 1)
+	done := make(chan struct{})
+	var requested bool // written by the goroutine, read after done
 	go func() {
+		defer close(done)
 		select {
 		case <-ctx.Done():
-			cctx, cancel := context.WithTimeout(bg, 10*time.Second)
-			err := conn.Conn().PgConn().CancelRequest(cctx)
-			cancel()
-			cancelled <- err != nil // a failed cancel request: discard the connection
 		case <-stop:
-			cancelled <- false
+			return
+		}
+		// Repeated until fn's transaction is over: a request that reaches
+		// the server before the statement does cancels nothing, and the
+		// statement could then wait for a batch's row lock for as long as
+		// the batch holds it.
+		ticker := time.NewTicker(cancelRetryInterval)
+		defer ticker.Stop()
+		for {
+			requested = true
+			cctx, cancel := context.WithTimeout(bg, 10*time.Second)
+			_ = conn.Conn().PgConn().CancelRequest(cctx) // the next tick tries again
+			cancel()
+			select {
+			case <-ticker.C:
+			case <-stop:
+				return
+			}
 		}
 	}()
 	// Deferred, so that the connection goes back even when fn does not
 	// return (a panic, or runtime.Goexit in a test).
 	defer func() {
 		close(stop)
-		if <-cancelled {
+		<-done
+		if requested {
+			// A request may still reach the server after the statement
+			// it was meant for: the connection is not reused.
 			_ = conn.Conn().Close(bg)
 		}
 		conn.Release()
