@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -215,5 +217,57 @@ func TestForwardAMQP(t *testing.T) {
 		require.Equal(t, events[i].ID, m.UUID, "message %d", i) // one aggregate after the other, as appended
 		require.Equal(t, events[i].AggregateID, m.AggregateID)
 		require.Equal(t, strconv.Itoa(i/5+1), m.SequenceNo)
+	}
+}
+
+// TestForwardBrokerOutage: while the broker is unreachable only the
+// forwarding subscriber stalls (a projection subscriber on the same store
+// keeps up, the forwarder's lag stays), and it resumes by itself when the
+// broker is back, with every event in the stream once, in order.
+func TestForwardBrokerOutage(t *testing.T) {
+	s := brokertest.NewStream(t, 2*time.Minute)
+	u, err := url.Parse(brokertest.NATSURL())
+	require.NoError(t, err)
+	proxy := brokertest.StartProxy(t, u.Host)
+	nc := brokertest.Connect(t, "nats://"+proxy.Addr)
+	pub, err := natsjs.NewPublisher(nc, natsjs.WithAckWait(time.Second))
+	require.NoError(t, err)
+	fwd, err := watermill.New(pub, watermill.WithTopic(natsjs.SubjectPerAggregate(s.Subject)))
+	require.NoError(t, err)
+
+	store := infrastructure.NewMemoryStore()
+	opts := []subscriptions.SubscriberOption{subscriptions.WithPollInterval(20 * time.Millisecond)}
+	forwarder, err := subscriptions.NewSubscriber("fwd", store, subscriptions.NewMemoryCheckpointStore(), nil,
+		append(opts, subscriptions.WithBatchHandler(fwd.BatchHandler()))...)
+	require.NoError(t, err)
+	var projected sync.Map
+	projection, err := subscriptions.NewSubscriber("projection", store, subscriptions.NewMemoryCheckpointStore(),
+		func(_ context.Context, ev domain.EventEnvelope[any]) error { projected.Store(ev.ID, true); return nil }, opts...)
+	require.NoError(t, err)
+	runSubscriber(t, forwarder)
+	runSubscriber(t, projection)
+
+	events := appendOrders(t, store, 10, 2, nil)
+	waitCaughtUp(t, forwarder)
+	proxy.Down(t)
+	events = append(events, appendOrders(t, store, 10, 3, nil)...)
+	waitCaughtUp(t, projection)
+	var st subscriptions.Status
+	require.Eventually(t, func() bool {
+		st, err = forwarder.Status(context.Background())
+		require.NoError(t, err)
+		return st.Attempts >= 3
+	}, time.Minute, 10*time.Millisecond, "the forwarder did not retry against the dead broker")
+	require.Contains(t, st.LastError, natsjs.ErrNotConnected.Error())
+	require.Equal(t, int64(30), st.Lag, "the forwarder moved on while the broker was down")
+	proxy.Up(t)
+	waitCaughtUp(t, forwarder)
+
+	got := s.ReadAll(t, len(events))
+	require.Len(t, got, len(events))
+	requireAggregateOrder(t, got)
+	for _, ev := range events {
+		_, ok := projected.Load(ev.ID)
+		require.True(t, ok)
 	}
 }

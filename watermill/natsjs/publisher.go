@@ -28,6 +28,10 @@ import (
 // subscriber sees the event ID as the message UUID.
 const WatermillUUIDHeader = "_watermill_message_uuid"
 
+// ErrNotConnected fails a batch at once while the connection is down (it
+// reconnects by itself), instead of after the ack wait.
+var ErrNotConnected = errors.New("natsjs: not connected to the NATS server")
+
 // ErrAckTimeout is the failure of a message whose acknowledgement did not
 // come within the ack wait (WithAckWait). The message may be stored: the
 // retry publishes it again under the same Nats-Msg-Id.
@@ -111,6 +115,9 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 func (p *Publisher) PublishBatch(ctx context.Context, msgs []watermill.Outgoing) error {
 	if len(msgs) == 0 {
 		return nil
+	}
+	if st := p.nc.Status(); st != nats.CONNECTED {
+		return fmt.Errorf("%w (%s)", ErrNotConnected, st)
 	}
 	// next[i] is the index of the following message with msgs[i]'s key.
 	next := make([]int, len(msgs))
