@@ -69,6 +69,7 @@ var (
 	live       = flag.Int("live", 3_000, "events appended live for the latency figures")
 	rate       = flag.Int("rate", 500, "live appends per second")
 	only       = flag.String("only", "", "comma-separated contenders to run (forwarder, watermill-sql, hand-loop); all by default")
+	rounds     = flag.Int("rounds", 1, "rounds, the contenders taking turns in each; the median round of each is reported")
 )
 
 func main() {
@@ -126,21 +127,39 @@ func run() error {
 	}
 	all := []contender{forwarderContender(), watermillSQLContender(), handLoopContender()}
 	fmt.Printf("fwdbench: %d events over %d aggregates, batch %d; live %d at %d/s; load average %s\n", *events, *aggregates, *batch, *live, *rate, loadavg())
-	var results []result
+	var picked []contender
 	for _, c := range all {
-		if *only != "" && !slices.Contains(strings.Split(*only, ","), c.name) {
-			continue
+		if *only == "" || slices.Contains(strings.Split(*only, ","), c.name) {
+			picked = append(picked, c)
 		}
-		r, err := runOne(ctx, c, baseDSN, nc, js)
-		if err != nil {
-			return fmt.Errorf("%s: %w", c.name, err)
-		}
-		results = append(results, r)
-		fmt.Printf("  %-14s drained %d in %v: %8.0f events/s; live latency p50 %v p99 %v\n", r.name, *events, r.drain.Round(time.Millisecond), r.throughput, r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond))
 	}
-	fmt.Printf("fwdbench: load average %s\n", loadavg())
-	if len(results) == 3 {
-		fmt.Printf("forwarder / watermill-sql: %.2f; forwarder / hand loop: %.2f\n", results[0].throughput/results[1].throughput, results[0].throughput/results[2].throughput)
+	runs := make([][]result, len(picked))
+	for round := range *rounds {
+		for i, c := range picked {
+			r, err := runOne(ctx, c, baseDSN, nc, js)
+			if err != nil {
+				return fmt.Errorf("%s: %w", c.name, err)
+			}
+			runs[i] = append(runs[i], r)
+			fmt.Printf("  round %d %-14s drained %d in %v: %6.0f events/s; live latency p50 %v p99 %v\n", round+1, r.name, *events,
+				r.drain.Round(time.Millisecond), r.throughput, r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond))
+		}
+	}
+	fmt.Printf("fwdbench: load average %s; median of %d round(s):\n", loadavg(), *rounds)
+	medians := map[string]result{}
+	for i, c := range picked {
+		rs := slices.Clone(runs[i])
+		slices.SortFunc(rs, func(a, b result) int { return cmp.Compare(a.throughput, b.throughput) })
+		m := rs[len(rs)/2]
+		medians[c.name] = m
+		fmt.Printf("  %-14s %6.0f events/s; live latency p50 %v p99 %v\n", m.name, m.throughput, m.p50.Round(10*time.Microsecond), m.p99.Round(10*time.Microsecond))
+	}
+	f, ok := medians["forwarder"]
+	if w, ok2 := medians["watermill-sql"]; ok && ok2 {
+		fmt.Printf("forwarder / watermill-sql: %.2f\n", f.throughput/w.throughput)
+	}
+	if h, ok2 := medians["hand-loop"]; ok && ok2 {
+		fmt.Printf("forwarder / hand loop: %.2f\n", f.throughput/h.throughput)
 	}
 	return nil
 }
