@@ -6,18 +6,22 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	wm "github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/internal/dbtest"
 	"github.com/eventfeed/subscriptions/watermill"
 	"github.com/eventfeed/subscriptions/watermill/internal/brokertest"
 	"github.com/eventfeed/subscriptions/watermill/natsjs"
@@ -270,4 +274,72 @@ func TestForwardBrokerOutage(t *testing.T) {
 		_, ok := projected.Load(ev.ID)
 		require.True(t, ok)
 	}
+}
+
+// TestForwardPartitions: with WithPartitions and WithConcurrency several
+// partition workers publish through one Forwarder at once; every event
+// reaches the stream once, each aggregate in order.
+func TestForwardPartitions(t *testing.T) {
+	s := brokertest.NewStream(t, 2*time.Minute)
+	pub, err := natsjs.NewPublisher(s.NC)
+	require.NoError(t, err)
+	fwd, err := watermill.New(pub, watermill.WithTopic(natsjs.SubjectPerAggregate(s.Subject)))
+	require.NoError(t, err)
+	db := dbtest.NewPostgres(t).DB
+	store, err := infrastructure.NewGormEventStore(db)
+	require.NoError(t, err)
+	cps, err := subscriptions.NewGormCheckpointStore(db)
+	require.NoError(t, err)
+	events := appendOrders(t, store, 24, 8, nil)
+	sub, err := subscriptions.NewSubscriber("fwd", store, cps, nil, subscriptions.WithBatchHandler(fwd.BatchHandler()),
+		subscriptions.WithPartitions(4), subscriptions.WithConcurrency(4), subscriptions.WithBatchSize(10),
+		subscriptions.WithPollInterval(10*time.Millisecond))
+	require.NoError(t, err)
+	runSubscriber(t, sub)
+	waitCaughtUp(t, sub)
+	got := s.ReadAll(t, len(events))
+	require.Len(t, got, len(events))
+	requireAggregateOrder(t, got)
+}
+
+// upperMarshaler is a replacement marshaler: its own payload and a
+// metadata key of its own, one the Forwarder would otherwise set.
+type upperMarshaler struct{}
+
+func (upperMarshaler) Marshal(ev domain.EventEnvelope[any]) (*message.Message, error) {
+	m := message.NewMessage("ignored", []byte(strings.ToUpper(ev.EventType)))
+	m.Metadata.Set("schema", "v2")
+	m.Metadata.Set(watermill.MetadataEventType, "custom."+ev.EventType)
+	return m, nil
+}
+
+// TestForwardMarshaler: through watermill's own in-process Pub/Sub
+// (gochannel), a replacement marshaler's payload and metadata are sent,
+// the UUID is still the event ID, the standard keys it left unset are
+// added, and TopicByCategory routes by the aggregate's category.
+func TestForwardMarshaler(t *testing.T) {
+	ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 16}, wm.NopLogger{})
+	t.Cleanup(func() { _ = ps.Close() })
+	msgs, err := ps.Subscribe(context.Background(), "out.order")
+	require.NoError(t, err)
+	fwd, err := watermill.New(ps, watermill.WithMarshaler(upperMarshaler{}), watermill.WithTopic(watermill.TopicByCategory("out.")),
+		watermill.WithTenant(func(domain.EventEnvelope[any]) string { return "t1" }))
+	require.NoError(t, err)
+	ev := domain.NewEventEnvelope[any](map[string]any{}, "order-9", "order.placed", 1)
+	ev.Position = 42
+	require.NoError(t, fwd.Publish(context.Background(), []domain.EventEnvelope[any]{ev}))
+	select {
+	case m := <-msgs:
+		m.Ack()
+		require.Equal(t, ev.ID, m.UUID)
+		require.Equal(t, "ORDER.PLACED", string(m.Payload))
+		require.Equal(t, "v2", m.Metadata.Get("schema"))
+		require.Equal(t, "custom.order.placed", m.Metadata.Get(watermill.MetadataEventType))
+		require.Equal(t, "42", m.Metadata.Get(watermill.MetadataPosition))
+		require.Equal(t, "t1", m.Metadata.Get(watermill.MetadataTenant))
+	case <-time.After(10 * time.Second):
+		t.Fatal("no message on out.order")
+	}
+	_, err = watermill.New(nil)
+	require.ErrorIs(t, err, watermill.ErrNoPublisher)
 }
