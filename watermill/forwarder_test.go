@@ -154,6 +154,8 @@ func TestForwardTraceFromHandler(t *testing.T) {
 	md := watermill.Metadata(trace.ContextWithSpanContext(context.Background(), sc), ev, "")
 	require.Equal(t, "00-01000000000000000000000000000000-0200000000000000-01", md.Get(watermill.MetadataTraceParent))
 	require.Empty(t, watermill.Metadata(context.Background(), ev, "").Get(watermill.MetadataTraceParent))
+	ev.Metadata[watermill.MetadataTraceParent] = "not a traceparent"
+	require.Equal(t, md.Get(watermill.MetadataTraceParent), watermill.Metadata(trace.ContextWithSpanContext(context.Background(), sc), ev, "").Get(watermill.MetadataTraceParent))
 	require.Empty(t, md.Get(watermill.MetadataTenant))
 }
 

@@ -71,8 +71,8 @@ var traceContext propagation.TraceContext
 // time, transaction ID and tenant when not empty, and the trace context.
 // The trace context is the one the event was appended under
 // (subscriptions.TracingEventStore), so a consumer's span joins the
-// request that caused the event; for an event without one, the span in
-// ctx (the subscriber's handler span), if any.
+// request that caused the event; for an event without a valid one, the
+// span in ctx (the subscriber's handler span), if any.
 func Metadata(ctx context.Context, ev domain.EventEnvelope[any], tenant string) message.Metadata {
 	md := message.Metadata{
 		MetadataEventType:    ev.EventType,
@@ -91,7 +91,9 @@ func Metadata(ctx context.Context, ev domain.EventEnvelope[any], tenant string) 
 		md[MetadataTenant] = tenant
 	}
 	if tp, _ := ev.Metadata[MetadataTraceParent].(string); tp != "" {
-		ctx = traceContext.Extract(context.Background(), stringCarrier(ev.Metadata))
+		if appended := traceContext.Extract(context.Background(), stringCarrier(ev.Metadata)); trace.SpanContextFromContext(appended).IsValid() {
+			ctx = appended
+		}
 	}
 	if trace.SpanContextFromContext(ctx).IsValid() {
 		traceContext.Inject(ctx, propagation.MapCarrier(md))
