@@ -59,9 +59,10 @@
 // or failure between the broker's acknowledgement and the commit delivers
 // the events again, with the same UUIDs:
 //
-//   - JetStream drops them as duplicates (by Nats-Msg-Id) as long as they
-//     come back within the stream's Duplicates window (default two
-//     minutes): consumers see every event once. The window must exceed
+//   - JetStream drops them as duplicates (by Nats-Msg-Id, which natsjs
+//     sets, and watermill-nats' publisher with JetStreamConfig.TrackMsgId)
+//     as long as they come back within the stream's Duplicates window
+//     (default two minutes): consumers see every event once. The window must exceed
 //     the longest time from a crash to the end of the re-publication:
 //     restart time, plus the subscriber's retries and backoff
 //     (WithRetryBackoff), plus a partition takeover. An outage longer than
