@@ -70,6 +70,7 @@ var (
 	rate       = flag.Int("rate", 500, "live appends per second")
 	only       = flag.String("only", "", "comma-separated contenders to run (forwarder, watermill-sql, hand-loop); all by default")
 	rounds     = flag.Int("rounds", 1, "rounds, the contenders taking turns in each; the median round of each is reported")
+	stall      = flag.Duration("stall", 3*time.Minute, "a contender whose backlog has not drained by then is reported stalled")
 )
 
 func main() {
@@ -110,6 +111,7 @@ type result struct {
 	throughput float64
 	p50, p99   time.Duration
 	received   int
+	stalled    bool // the backlog did not drain within -stall
 }
 
 func run() error {
@@ -140,6 +142,9 @@ func run() error {
 			if err != nil {
 				return fmt.Errorf("%s: %w", c.name, err)
 			}
+			if r.stalled {
+				continue
+			}
 			runs[i] = append(runs[i], r)
 			fmt.Printf("  round %d %-14s drained %d in %v: %6.0f events/s; live latency p50 %v p99 %v\n", round+1, r.name, *events,
 				r.drain.Round(time.Millisecond), r.throughput, r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond))
@@ -149,6 +154,10 @@ func run() error {
 	medians := map[string]result{}
 	for i, c := range picked {
 		rs := slices.Clone(runs[i])
+		if len(rs) == 0 {
+			fmt.Printf("  %-14s stalled in every round\n", c.name)
+			continue
+		}
 		slices.SortFunc(rs, func(a, b result) int { return cmp.Compare(a.throughput, b.throughput) })
 		m := rs[len(rs)/2]
 		medians[c.name] = m
@@ -226,9 +235,17 @@ func runOne(ctx context.Context, c contender, baseDSN string, nc *nats.Conn, js 
 	if err != nil {
 		return result{}, err
 	}
-	if err := cons.waitFor(*events, 10*time.Minute); err != nil {
-		_ = stop()
-		return result{}, err
+	if err := cons.waitFor(*events, *stall); err != nil {
+		// Reported, not fatal: watermill-sql's subscriber reads only rows
+		// older than the oldest transaction open on the server, so a
+		// transaction left open anywhere on a shared server stalls it.
+		oldest := "unknown"
+		var age stdsql.NullString
+		if admin.QueryRowContext(ctx, "SELECT (now() - min(xact_start))::text FROM pg_stat_activity WHERE xact_start IS NOT NULL").Scan(&age) == nil && age.Valid {
+			oldest = age.String
+		}
+		fmt.Printf("  %s stalled: %v; the oldest transaction open on the server is %s old\n", c.name, err, oldest)
+		return result{name: c.name, stalled: true, received: cons.count()}, stop()
 	}
 	drain := time.Since(started)
 	// Live appends.
@@ -402,7 +419,18 @@ func forwarderContender() contender {
 		if err != nil {
 			return nil, err
 		}
-		sub, err := subscriptions.NewSubscriber("fwdbench", e.store, cps, nil, subscriptions.WithBatchHandler(fwd.BatchHandler()),
+		h := fwd.BatchHandler()
+		var calls, evs, inHandler atomic.Int64
+		timed := func(ctx context.Context, batch []domain.EventEnvelope[any]) error {
+			start := time.Now()
+			err := h(ctx, batch)
+			inHandler.Add(int64(time.Since(start)))
+			calls.Add(1)
+			evs.Add(int64(len(batch)))
+			return err
+		}
+		began := time.Now()
+		sub, err := subscriptions.NewSubscriber("fwdbench", e.store, cps, nil, subscriptions.WithBatchHandler(timed),
 			subscriptions.WithBatchSize(*batch), subscriptions.WithWakeSignal(l.Subscribe()), subscriptions.WithLogger(quiet))
 		if err != nil {
 			return nil, err
@@ -411,7 +439,14 @@ func forwarderContender() contender {
 		done := make(chan error, 2)
 		go func() { done <- l.Run(ctx) }()
 		go func() { done <- sub.Run(ctx) }()
-		return func() error { cancel(); return errors.Join(<-done, <-done) }, nil
+		return func() error {
+			cancel()
+			err := errors.Join(<-done, <-done)
+			if os.Getenv("FWDBENCH_VERBOSE") != "" {
+				fmt.Printf("    forwarder: %d handler calls, %.0f events each, %v of %v in the handler\n", calls.Load(), float64(evs.Load())/float64(max(1, calls.Load())), time.Duration(inHandler.Load()).Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
+			}
+			return err
+		}, nil
 	}}
 }
 
