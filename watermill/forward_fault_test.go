@@ -92,6 +92,29 @@ func startFaultWriter(t *testing.T, store domain.EventStore, aggregates, max int
 	return w
 }
 
+// waitCount waits (bounded) until the writer has appended n events or
+// finished.
+func (w *faultWriter) waitCount(t *testing.T, n int) {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		w.mu.Lock()
+		got := len(w.ids)
+		w.mu.Unlock()
+		select {
+		case <-w.done:
+			return
+		default:
+		}
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the writer appended %d of %d events within 2 minutes", got, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func (w *faultWriter) wait(t *testing.T) []string {
 	select {
 	case <-w.done:
@@ -130,17 +153,22 @@ func newFaultRun(t *testing.T, broker, brokerURL, topic string) *faultRun {
 	return r
 }
 
-// crashLoop appends the events while the child is SIGKILLed kills times:
-// in odd lives by itself right after the broker acknowledged a batch and
-// before its checkpoint commits (the window deduplication covers), in even
-// lives by the parent at a random moment, after the proxy has cut the
-// broker connection for a while. A last child then catches up and stops.
-// It returns the IDs appended, in feed order.
+// crashLoop appends the events while the child is SIGKILLed kills times,
+// spread over the appends: in odd lives by itself right after the broker
+// acknowledged a batch and before its checkpoint commits (the window
+// deduplication covers; the life starts on a backlog), in even lives by
+// the parent at a random moment, after the proxy has cut the broker
+// connection for a while. A last child then catches up and stops. It
+// returns the IDs appended.
 func (r *faultRun) crashLoop(t *testing.T) []string {
 	total, aggregates, kills := faultSize(t)
 	w := startFaultWriter(t, r.events, aggregates, total)
 	var selfKills, cuts int
 	for i := range kills {
+		share := total * (i + 1) / (kills + 1)
+		if i%2 == 1 {
+			w.waitCount(t, share) // a backlog for the self-killing life
+		}
 		c := brokertest.StartChild(t, r.bin, append(r.args, "-kill-after-acks", strconv.Itoa(map[bool]int{true: 1 + rand.IntN(5), false: 0}[i%2 == 1]))...)
 		c.WaitReady(t)
 		if i%2 == 1 {
@@ -151,6 +179,7 @@ func (r *faultRun) crashLoop(t *testing.T) []string {
 			}
 			t.Logf("life %d: no batch acknowledged within 30s; killing it", i)
 		} else {
+			w.waitCount(t, share) // forwarding live meanwhile
 			time.Sleep(time.Duration(100+rand.IntN(400)) * time.Millisecond)
 			r.proxy.Down(t)
 			cuts++
