@@ -28,14 +28,25 @@ func TestExistingDatabasesAdoptTheFiles(t *testing.T) {
 				return
 			}
 			// SQLite has no ADD COLUMN IF NOT EXISTS: goose stops at
-			// 00002 on a table that has the column, and the remedy in
-			// docs/schema.md (record version 2 as the file would, in goose's
-			// table too) completes it.
-			_, err := dbtest.GooseUp(t, db)
-			require.ErrorContains(t, err, "duplicate column name: aggregate_id")
-			require.NoError(t, db.Exec("INSERT INTO "+migrations.VersionTable+" (version) VALUES (2) ON CONFLICT DO NOTHING").Error)
-			require.NoError(t, db.Exec("INSERT INTO goose_db_version (version_id, is_applied) VALUES (2, true)").Error)
-			require.Equal(t, fileCount(t, db.Name())-2, dbtest.ApplyWithGoose(t, db), "the files after 00002, after the remedy")
+			// 00002 and 00007 on a table that has their columns, and the
+			// remedy in docs/schema.md (record the version as the file
+			// would, in goose's table too) completes each.
+			for _, file := range []struct {
+				version int64
+				column  string
+			}{{2, "aggregate_id"}, {7, "held_by"}} {
+				_, err := dbtest.GooseUp(t, db)
+				require.ErrorContains(t, err, "duplicate column name: "+file.column)
+				require.NoError(t, db.Exec("INSERT INTO "+migrations.VersionTable+" (version) VALUES (?) ON CONFLICT DO NOTHING", file.version).Error)
+				require.NoError(t, db.Exec("INSERT INTO goose_db_version (version_id, is_applied) VALUES (?, true)", file.version).Error)
+			}
+			after := 0
+			for _, v := range fileVersions(t, db.Name()) {
+				if v > 7 {
+					after++
+				}
+			}
+			require.Equal(t, after, dbtest.ApplyWithGoose(t, db), "the files after 00007, after the remedies")
 		}},
 		{"Migrate", func(t *testing.T, db *gorm.DB) { require.NoError(t, migrations.Migrate(testCtx(t), db)) }},
 	}

@@ -57,7 +57,11 @@ func TestFilesAreToolReadable(t *testing.T) {
 	require.Equal(t, pgVersions, liteVersions, "both engines have the same migrations")
 	require.Equal(t, pgNames, liteNames)
 	for i, v := range pgVersions {
-		require.EqualValues(t, i+1, v, "versions are 1, 2, 3, ... without gaps")
+		// Versions increase; a gap is allowed (numbers are given out to
+		// work in progress on other branches), and load refuses duplicates.
+		if i > 0 {
+			require.Greater(t, v, pgVersions[i-1], "versions increase")
+		}
 		for _, body := range []string{pgBodies[i], liteBodies[i]} {
 			require.Regexp(t, `^\d{5}_[a-z0-9_]+\.up\.sql$`, pgNames[i])
 			require.True(t, strings.HasPrefix(body, "-- +goose Up\n"), "%s starts with the goose annotation", pgNames[i])

@@ -91,6 +91,7 @@ var manifest = map[string]map[int64][]object{
 			columns("subscriber_pauses", "subscriber", "paused_at", "reason"),
 			unique("subscriber_pauses", "subscriber"),
 		),
+		7: parkedQueues,
 	},
 	SQLite: {
 		1: concat(
@@ -116,7 +117,14 @@ var manifest = map[string]map[int64][]object{
 			columns("subscriber_pauses", "subscriber", "paused_at", "reason"),
 			unique("subscriber_pauses", "subscriber"),
 		),
+		7: parkedQueues,
 	},
+}
+
+// parkedQueues is what 00007 adds on both engines.
+var parkedQueues = []object{
+	{kind: "column", table: "parked_events", name: "held_by"},
+	{kind: "index", table: "parked_events", name: "idx_parked_events_heads"},
 }
 
 func concat(parts ...[]object) []object {
