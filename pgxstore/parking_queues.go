@@ -19,7 +19,7 @@ var _ subscriptions.OrderedParkingLot = (*ParkingLot)(nil)
 
 // heldByColumn is the select-list expression of ParkedEvent.HeldBy over
 // parked_events AS p: the event ID of the queue's head (its first entry,
-// never held) for a held entry, ” for others.
+// never held) for a held entry, empty for others.
 const heldByColumn = `CASE WHEN p.held_by = '' THEN '' ELSE COALESCE((SELECT h.event_id FROM parked_events h
 	WHERE h.subscriber_key = p.subscriber_key AND h.subscriber = p.subscriber AND h.aggregate_id = p.aggregate_id AND h.held_by = ''
 	ORDER BY h.position, h.event_id LIMIT 1), '') END`
