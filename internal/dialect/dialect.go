@@ -293,7 +293,7 @@ func (d *Dialect) DeleteParked(subscriber, where string, args []any) (query stri
 
 // HeldByColumn is the select-list expression of ParkedEvent.HeldBy over
 // parked_events AS p: the event ID of the queue's head for a held entry,
-// ” for others.
+// empty for others.
 func (d *Dialect) HeldByColumn() string {
 	match := `h.subscriber = p.subscriber`
 	if d.HashedParkedKeys {
