@@ -17,22 +17,20 @@ import (
 var ErrParkedBehindHead = errors.New("the parked event waits behind an earlier parked event of its aggregate")
 
 // WithOrderedParking keeps each aggregate's events in order when one of
-// them is parked: once an event of aggregate A is parked for the
-// subscriber, every later event of A it reaches is parked behind it, held
-// and never handled, while other aggregates go on, until the head of A's
-// queue succeeds (ReplayParked of the head replays the queue in order) or
-// is discarded (DiscardParked: the next entry becomes the head). See the
-// package documentation, Failures. It needs WithParkingLot with an
-// OrderedParkingLot (this package's lots and pgxstore's are);
-// NewSubscriber refuses it otherwise. Events without an aggregate ID are
-// never held. The default, without it, is the original module's: a parked
-// event is skipped and the aggregate's later events are handled.
+// them is parked: its later events are held behind it until it succeeds
+// (the package documentation, Failures, states the guarantee). It needs
+// WithParkingLot with an OrderedParkingLot (this package's lots and
+// pgxstore's are); NewSubscriber refuses it otherwise. Events without an
+// aggregate ID are never held. The default, without it, is the original
+// module's: a parked event is skipped and the aggregate's later events are
+// handled.
 func WithOrderedParking() SubscriberOption {
 	return func(s *Subscriber) { s.ordered = true }
 }
 
 // OrderedParkingLot is the optional capability of a ManagedParkingLot that
-// keeps a queue per aggregate, which WithOrderedParking needs. A
+// keeps a queue per aggregate, which WithOrderedParking needs: without it
+// NewSubscriber refuses the option, and ReplayParked replays one entry. A
 // subscriber's queue of aggregate A is its entries of A (AggregateID not
 // empty) in position order; the first is the queue's head. An entry is
 // parked for its own failure (Park), or held behind the head (Hold): never
@@ -100,10 +98,13 @@ func (s *Subscriber) newQueueLot() (*queueLot, error) {
 // wait, a skip, a moved checkpoint, a failure, a retry or a parking, any
 // of which another replica, a reset or a restart may have changed the
 // queues behind. Batches run back to back by one runner look nothing up,
-// with or without queues: nothing else commits on their checkpoint in
-// between. A queue released meanwhile (a replay or discard, in any
-// process) only shrinks the truth; Hold finds it so and the event is
-// handled.
+// with or without queues: another replica's batch in between moves the
+// checkpoint or holds it (and the next batch looks up), unless a reset
+// and another replica's catch-up to the very same position fit between
+// this runner's commit and its next acquisition, which no test can
+// provoke and this view does not see. A queue released meanwhile (a
+// replay or discard, in any process) only shrinks the truth; Hold finds
+// it so and the event is handled.
 type queueView struct {
 	heads map[string]int64
 	at    int64

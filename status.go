@@ -116,8 +116,9 @@ type PartitionStatus struct {
 
 // Status reports the subscriber's state. It reads the checkpoint, the feed
 // head, the oldest unhandled event (only when the lag is positive) and the
-// parked count (and, with WithOrderedParking, the held count): three to
-// five indexed statements, no transaction and no lock, so it is cheap enough for a metrics scrape or a readiness probe.
+// parked count: three or four indexed statements (one more for the held
+// count with WithOrderedParking), no transaction and no lock, so it is
+// cheap enough for a metrics scrape or a readiness probe.
 // Safe for concurrent use, including while Run runs.
 //
 // A database error is returned with a zero Status. A checkpoint ahead of the head returns the Status
