@@ -222,7 +222,7 @@ func RunOrderedParkingLotSuite(t *testing.T, h ParkingLotHarness) {
 		select {
 		case res = <-holding:
 			releaseOnce()
-		case <-time.After(2 * time.Second): // waiting for the replay is one of the two answers
+		case <-time.After(500 * time.Millisecond): // waiting for the replay is one of the two answers
 			releaseOnce()
 			select {
 			case res = <-holding:
