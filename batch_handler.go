@@ -103,6 +103,33 @@ func (r *runner) handleBatch(hctx context.Context, batch Batch, events []domain.
 		// stops at once when the shutdown grace has run out.
 		return events, 0, false, nil
 	}
+	if s.queues != nil {
+		// Hold first what waits behind a parked event: the batch handler
+		// sees the rest. A head delivered again (after a reset) releases
+		// its queue for the events after it, which the call then handles
+		// after it, in order; if the call fails, the one-at-a-time path
+		// starts from the lot again.
+		kept := make([]domain.EventEnvelope[any], 0, len(events))
+		for _, ev := range events {
+			held, herr := r.hold(hctx, ev)
+			if herr != nil {
+				return nil, r.queueFailed(batch, ev, "holding the event behind its aggregate's parked event failed", herr), true, herr
+			}
+			if !held {
+				kept = append(kept, ev)
+				r.handled(ev)
+			}
+		}
+		if len(kept) == 0 {
+			return nil, 0, false, nil
+		}
+		defer func() {
+			if done {
+				r.queues.forget()
+			}
+		}()
+		events = kept
+	}
 	ctx := hctx
 	if s.handlerTimeout > 0 {
 		var cancel context.CancelFunc

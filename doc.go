@@ -56,6 +56,21 @@
 // package admin and cmd/subscriptions put these calls in front of
 // operators.
 //
+// By default the events after a parked one are handled, its aggregate's
+// too, and a replay applies it after them. WithOrderedParking keeps each
+// aggregate in order instead: every later event of a parked event's
+// aggregate that the subscriber reaches is parked behind it, held
+// (ParkedEvent.HeldBy names the queue's head) and handed to no handler,
+// while other aggregates go on, until the head succeeds: by ReplayParked,
+// which then replays the queue in order and stops at the first failure
+// (which heads the queue from then on), or by its delivery after a reset.
+// Discarding the head makes the next entry the head; a replay of a held
+// entry is refused (ErrParkedBehindHead). Holding is written in the
+// batch's transaction, as parking is, and costs nothing while nothing is
+// parked: the run loop looks the queues up, in one indexed read, only in
+// a batch that does not follow its own (its first, or one after a wait,
+// another replica's turn or a failure).
+//
 // A batch whose handlers all succeeded can still fail to commit because of
 // an event: a deferred constraint, a transaction a handler left failed (on
 // Postgres one failed statement aborts it) or kept open past
@@ -267,7 +282,8 @@
 //   - a Batch's: TxEndChecker (a statement that ended the transaction),
 //     ResetAborter (a batch a reset ended);
 //   - a ParkingLot's: ManagedParkingLot, ParkingLotPurger,
-//     DeliveredClearer, PartitionDeliveredClearer, ParkedCounter;
+//     DeliveredClearer, PartitionDeliveredClearer, ParkedCounter,
+//     OrderedParkingLot (WithOrderedParking's queues);
 //   - a domain.EventStore's: PartitionFeed and FeedIndex (partitions read
 //     in the store's own query language).
 //

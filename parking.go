@@ -69,6 +69,11 @@ type ParkedEvent struct {
 	// filter by it (ListParkedPage, ReplayParkedMatching). Empty for
 	// entries parked before the field existed.
 	AggregateID string `json:"aggregate_id"`
+	// HeldBy, on an entry held behind its aggregate's queue (see
+	// WithOrderedParking), is the event ID of the queue's head, which
+	// holds it; empty for an entry parked for its own failure. The lot
+	// sets it on reads; Park ignores it (OrderedParkingLot.Hold holds).
+	HeldBy string `json:"held_by,omitempty"`
 }
 
 // ParkingLot stores poison events so one unprocessable event never blocks

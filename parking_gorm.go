@@ -31,6 +31,10 @@ type GormParkedEventModel struct {
 	// AggregateID is ParkedEvent.AggregateID (a column added to existing
 	// tables by migration 00002).
 	AggregateID string `gorm:"column:aggregate_id"`
+	// HeldBy is non-empty on an entry held behind its aggregate's queue
+	// (OrderedParkingLot; a column added by migration 00007): the event it
+	// was held behind. Write it empty: the lot holds.
+	HeldBy string `gorm:"column:held_by"`
 }
 
 // TableName returns the table name for the parked event model.
@@ -55,6 +59,7 @@ var (
 	_ ParkedCounter             = (*GormParkingLot)(nil)
 	_ rawPurger                 = (*GormParkingLot)(nil)
 	_ PartitionDeliveredClearer = (*GormParkingLot)(nil)
+	_ OrderedParkingLot         = (*GormParkingLot)(nil)
 )
 
 // NewGormParkingLot creates a parking lot, applying the module's schema
@@ -117,15 +122,11 @@ var _ DeliveredClearer = (*GormParkingLot)(nil)
 // ClearDelivered removes the subscriber's rows in (after, upTo] through the
 // batch transaction (see deliveredClearer), by the (subscriber, position)
 // index: one indexed statement per batch, which finds nothing unless the
-// checkpoint was reset before a parked event.
+// checkpoint was reset before a parked event (and leaves each queue it
+// deletes from headed, see OrderedParkingLot).
 func (g *GormParkingLot) ClearDelivered(ctx context.Context, subscriber string, after, upTo int64) error {
-	db := g.batchTx(ctx)
-	if db == nil {
-		db = g.db
-	}
 	where, args := g.dialect.ParkedSubscriber(subscriber)
-	if err := db.WithContext(ctx).Exec("DELETE FROM parked_events WHERE "+where+" AND position > ? AND position <= ?",
-		append(args, after, upTo)...).Error; err != nil {
+	if err := g.deleteParked(ctx, subscriber, where+" AND position > ? AND position <= ?", append(args, after, upTo)); err != nil {
 		return fmt.Errorf("subscriptions: clear the parked events of %q delivered in positions %d-%d: %w", subscriber, after+1, upTo, err)
 	}
 	return nil
@@ -257,14 +258,16 @@ func (g *GormParkingLot) Replay(ctx context.Context, subscriber, eventID string,
 	// latest commits, so a skipped row is told apart from a gone one, and a
 	// Park queued behind this replay's lock updates the row it finds.
 	return g.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		var found []int
+		var found []string // the entry's aggregate_id
 		if g.dialect.RowLocks {
-			if err := tx.Raw("SELECT attempts FROM parked_events WHERE "+key+" FOR UPDATE SKIP LOCKED", keyArgs...).Scan(&found).Error; err != nil {
+			// FOR NO KEY UPDATE, not FOR UPDATE: a batch holding an event
+			// behind this entry is not kept waiting (see dialect.ParkHold).
+			if err := tx.Raw("SELECT aggregate_id FROM parked_events WHERE "+key+" FOR NO KEY UPDATE SKIP LOCKED", keyArgs...).Scan(&found).Error; err != nil {
 				return fmt.Errorf("subscriptions: replay event %q for %q: lock parked row: %w", eventID, subscriber, err)
 			}
 			if len(found) == 0 {
 				// Skipped: absent, or locked by another transaction.
-				if err := tx.Raw("SELECT attempts FROM parked_events WHERE "+key, keyArgs...).Scan(&found).Error; err != nil {
+				if err := tx.Raw("SELECT aggregate_id FROM parked_events WHERE "+key, keyArgs...).Scan(&found).Error; err != nil {
 					return fmt.Errorf("subscriptions: replay event %q for %q: read parked row: %w", eventID, subscriber, err)
 				}
 				if len(found) != 0 {
@@ -277,7 +280,7 @@ func (g *GormParkingLot) Replay(ctx context.Context, subscriber, eventID string,
 			if err := tx.Exec("UPDATE parked_events SET attempts = attempts WHERE "+key, keyArgs...).Error; err != nil {
 				return fmt.Errorf("subscriptions: replay event %q for %q: lock parked row: %w", eventID, subscriber, err)
 			}
-			if err := tx.Raw("SELECT attempts FROM parked_events WHERE "+key, keyArgs...).Scan(&found).Error; err != nil {
+			if err := tx.Raw("SELECT aggregate_id FROM parked_events WHERE "+key, keyArgs...).Scan(&found).Error; err != nil {
 				return fmt.Errorf("subscriptions: replay event %q for %q: read parked row: %w", eventID, subscriber, err)
 			}
 		}
@@ -301,6 +304,9 @@ func (g *GormParkingLot) Replay(ctx context.Context, subscriber, eventID string,
 		}
 		if res.RowsAffected != 1 {
 			return fmt.Errorf("subscriptions: replay event %q for %q: the entry was cleared meanwhile: %w", eventID, subscriber, ErrReplayInProgress)
+		}
+		if err := g.promote(tx, subscriber, found[0]); err != nil {
+			return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, subscriber, err)
 		}
 		return nil
 	}, g.dialect.TxOptionsList()...)
@@ -327,7 +333,8 @@ func (g *GormParkingLot) purge(ctx context.Context, subscriber string) error {
 
 var _ ManagedParkingLot = (*GormParkingLot)(nil)
 
-// parkedColumns are the columns read into GormParkedEventModel.
+// parkedColumns are the columns read into GormParkedEventModel, but for
+// held_by (dialect.HeldByColumn, or the column itself).
 const parkedColumns = "subscriber, event_id, event_type, position, error, attempts, parked_at, aggregate_id"
 
 // selectParked is the one query behind List and ListFiltered: the
@@ -346,7 +353,7 @@ func (g *GormParkingLot) selectParked(ctx context.Context, subscriber string, fi
 		limit, args = " LIMIT ?", append(args, filter.Limit)
 	}
 	var rows []GormParkedEventModel
-	err := g.db.WithContext(ctx).Raw(`SELECT `+parkedColumns+` FROM parked_events WHERE `+where+` ORDER BY position, event_id`+limit, args...).Scan(&rows).Error
+	err := g.db.WithContext(ctx).Raw(`SELECT `+parkedColumns+`, `+g.dialect.HeldByColumn()+` FROM parked_events p WHERE `+where+` ORDER BY position, event_id`+limit, args...).Scan(&rows).Error
 	if err != nil {
 		return nil, err
 	}
@@ -367,6 +374,7 @@ func (r GormParkedEventModel) parkedEvent() ParkedEvent {
 		Attempts:    r.Attempts,
 		ParkedAt:    r.ParkedAt.UTC(),
 		AggregateID: r.AggregateID,
+		HeldBy:      r.HeldBy,
 	}
 }
 
@@ -384,7 +392,7 @@ func (g *GormParkingLot) ListFiltered(ctx context.Context, subscriber string, fi
 func (g *GormParkingLot) Get(ctx context.Context, subscriber, eventID string) (ParkedEvent, error) {
 	var rows []GormParkedEventModel
 	where, args := g.dialect.ParkedKey(subscriber, eventID)
-	err := g.db.WithContext(ctx).Raw(`SELECT `+parkedColumns+` FROM parked_events WHERE `+where, args...).Scan(&rows).Error
+	err := g.db.WithContext(ctx).Raw(`SELECT `+parkedColumns+`, `+g.dialect.HeldByColumn()+` FROM parked_events p WHERE `+where, args...).Scan(&rows).Error
 	if err != nil {
 		return ParkedEvent{}, fmt.Errorf("subscriptions: parked event %q of %q: %w", eventID, subscriber, err)
 	}
@@ -394,7 +402,9 @@ func (g *GormParkingLot) Get(ctx context.Context, subscriber, eventID string) (P
 	return rows[0].parkedEvent(), nil
 }
 
-// Discard deletes a parked row and returns it. A row being replayed is
+// Discard deletes a parked row and returns it, and makes the next entry
+// of its queue the head when it was the head (see OrderedParkingLot), in
+// one transaction. A row being replayed is
 // refused with ErrReplayInProgress, as a second replay is (see Replay):
 // on Postgres the row lock is skipped, not waited for, and a skipped row
 // that still exists is busy; on SQLite the discard takes the same
@@ -402,7 +412,7 @@ func (g *GormParkingLot) Get(ctx context.Context, subscriber, eventID string) (P
 func (g *GormParkingLot) Discard(ctx context.Context, subscriber, eventID string) (ParkedEvent, error) {
 	where, args := g.dialect.ParkedKey(subscriber, eventID)
 	if g.dialect.RowLocks {
-		where = "key IN (SELECT key FROM parked_events WHERE " + where + " FOR UPDATE SKIP LOCKED)"
+		where = "key IN (SELECT key FROM parked_events WHERE " + where + " FOR NO KEY UPDATE SKIP LOCKED)"
 	} else {
 		release, ok := g.claimSQLiteReplay(subscriber, eventID)
 		if !ok {
@@ -411,7 +421,23 @@ func (g *GormParkingLot) Discard(ctx context.Context, subscriber, eventID string
 		defer release()
 	}
 	var rows []GormParkedEventModel
-	err := g.db.WithContext(ctx).Raw(`DELETE FROM parked_events WHERE `+where+` RETURNING `+parkedColumns, args...).Scan(&rows).Error
+	err := g.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := tx.Raw(`DELETE FROM parked_events WHERE `+where+` RETURNING `+parkedColumns+`, held_by`, args...).Scan(&rows).Error; err != nil {
+			return err
+		}
+		if len(rows) != 1 {
+			return nil
+		}
+		if err := g.promote(tx, subscriber, rows[0].AggregateID); err != nil {
+			return err
+		}
+		if rows[0].HeldBy != "" { // held: it names its queue's head, as reads do
+			head, err := g.head(tx, subscriber, rows[0].AggregateID)
+			rows[0].HeldBy = head
+			return err
+		}
+		return nil
+	}, g.dialect.TxOptionsList()...)
 	if err != nil {
 		return ParkedEvent{}, fmt.Errorf("subscriptions: discard event %q of %q: %w", eventID, subscriber, err)
 	}
@@ -455,8 +481,8 @@ func (g *GormParkingLot) ClearPartitionDelivered(ctx context.Context, subscriber
 	}
 	if hash := g.dialect.PartitionHash(); hash != "" { // the partition hash in SQL
 		where, args := g.dialect.ParkedSubscriber(subscriber)
-		if err := db.Exec("DELETE FROM parked_events WHERE "+where+" AND position > ? AND position <= ? AND aggregate_id <> '' AND mod("+hash+", ?) = ?",
-			append(args, after, upTo, partitions, partition)...).Error; err != nil {
+		if err := g.deleteParked(ctx, subscriber, where+" AND position > ? AND position <= ? AND aggregate_id <> '' AND mod("+hash+", ?) = ?",
+			append(args, after, upTo, partitions, partition)); err != nil {
 			return what(err)
 		}
 		return nil
@@ -473,7 +499,7 @@ func (g *GormParkingLot) ClearPartitionDelivered(ctx context.Context, subscriber
 		if row.AggregateID == "" || PartitionOf(row.AggregateID, partitions) != partition {
 			continue
 		}
-		if err := db.Exec("DELETE FROM parked_events WHERE subscriber = ? AND event_id = ?", subscriber, row.EventID).Error; err != nil {
+		if err := g.deleteParked(ctx, subscriber, "subscriber = ? AND event_id = ?", []any{subscriber, row.EventID}); err != nil {
 			return what(fmt.Errorf("event %q: %w", row.EventID, err))
 		}
 	}

@@ -26,9 +26,10 @@ type MemoryParkingLot struct {
 type parkedKey struct{ subscriber, eventID string }
 
 type memoryParked struct {
-	event     ParkedEvent
-	version   uint64 // bumped by every Park, so a replay can tell a re-park
+	event     ParkedEvent // HeldBy empty: see view
+	version   uint64      // bumped by every Park, so a replay can tell a re-park
 	replaying bool
+	held      bool // held behind its queue's head (Hold)
 }
 
 // NewMemoryParkingLot creates an empty in-memory parking lot.
@@ -41,6 +42,7 @@ var (
 	_ ParkingLotPurger          = (*MemoryParkingLot)(nil)
 	_ ParkedCounter             = (*MemoryParkingLot)(nil)
 	_ PartitionDeliveredClearer = (*MemoryParkingLot)(nil)
+	_ OrderedParkingLot         = (*MemoryParkingLot)(nil)
 )
 
 // Park records a poison event; parking it again updates its type,
@@ -54,15 +56,115 @@ func (m *MemoryParkingLot) Park(ctx context.Context, parked ParkedEvent) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	k := parkedKey{parked.Subscriber, parked.EventID}
+	m.put(parked, false)
+	return nil
+}
+
+// put parks p, or updates its entry; the caller holds m.mu.
+func (m *MemoryParkingLot) put(p ParkedEvent, held bool) {
+	p.HeldBy = ""
+	k := parkedKey{p.Subscriber, p.EventID}
 	e, ok := m.entries[k]
 	if !ok {
 		e = &memoryParked{}
 		m.entries[k] = e
 	}
-	e.event = parked
+	e.event, e.held = p, held
 	e.version++
-	return nil
+}
+
+// first returns the first entry of subscriber's queue of aggregate, nil
+// when it has none; the caller holds m.mu.
+func (m *MemoryParkingLot) first(subscriber, aggregate string) *memoryParked {
+	var out *memoryParked
+	for k, e := range m.entries {
+		if k.subscriber != subscriber || aggregate == "" || e.event.AggregateID != aggregate {
+			continue
+		}
+		if out == nil || e.event.Position < out.event.Position ||
+			e.event.Position == out.event.Position && e.event.EventID < out.event.EventID {
+			out = e
+		}
+	}
+	return out
+}
+
+// remove deletes an entry and makes the next of its queue the head (see
+// OrderedParkingLot); the caller holds m.mu.
+func (m *MemoryParkingLot) remove(k parkedKey) {
+	e, ok := m.entries[k]
+	if !ok {
+		return
+	}
+	delete(m.entries, k)
+	if next := m.first(k.subscriber, e.event.AggregateID); next != nil {
+		next.held = false
+	}
+}
+
+// view is the entry as reads return it: a held one names its queue's
+// head; the caller holds m.mu.
+func (m *MemoryParkingLot) view(k parkedKey, e *memoryParked) ParkedEvent {
+	p := e.event
+	if e.held {
+		if head := m.first(k.subscriber, p.AggregateID); head != nil && head != e {
+			p.HeldBy = head.event.EventID
+		}
+	}
+	return p
+}
+
+// ParkedHeads returns the first entry of each of the subscriber's queues
+// (OrderedParkingLot).
+func (m *MemoryParkingLot) ParkedHeads(_ context.Context, subscriber string) ([]ParkedEvent, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	heads := map[string]*memoryParked{}
+	for k, e := range m.entries {
+		if k.subscriber == subscriber && e.event.AggregateID != "" {
+			if h := heads[e.event.AggregateID]; h == nil {
+				heads[e.event.AggregateID] = m.first(subscriber, e.event.AggregateID)
+			}
+		}
+	}
+	out := make([]ParkedEvent, 0, len(heads))
+	for _, h := range heads {
+		out = append(out, h.event)
+	}
+	return out, nil
+}
+
+// Hold parks held behind the first entry of its aggregate's queue, if
+// that lies before it (OrderedParkingLot).
+func (m *MemoryParkingLot) Hold(_ context.Context, held ParkedEvent) (string, error) {
+	if err := validateParked(held); err != nil {
+		return "", err
+	}
+	if held.ParkedAt.IsZero() {
+		held.ParkedAt = time.Now().UTC()
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	head := m.first(held.Subscriber, held.AggregateID)
+	if head == nil || head.event.Position >= held.Position {
+		return "", nil
+	}
+	m.put(held, true)
+	return head.event.EventID, nil
+}
+
+// CountHeld returns how many of the subscriber's entries are held
+// (OrderedParkingLot).
+func (m *MemoryParkingLot) CountHeld(_ context.Context, subscriber string) (int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for k, e := range m.entries {
+		if k.subscriber == subscriber && e.held {
+			n++
+		}
+	}
+	return n, nil
 }
 
 var _ DeliveredClearer = (*MemoryParkingLot)(nil)
@@ -74,7 +176,7 @@ func (m *MemoryParkingLot) ClearDelivered(_ context.Context, subscriber string, 
 	defer m.mu.Unlock()
 	for k, e := range m.entries {
 		if k.subscriber == subscriber && !e.replaying && e.event.Position > after && e.event.Position <= upTo {
-			delete(m.entries, k)
+			m.remove(k)
 		}
 	}
 	return nil
@@ -90,7 +192,7 @@ func (m *MemoryParkingLot) List(ctx context.Context, subscriber string) ([]Parke
 	out := []ParkedEvent{}
 	for k, e := range m.entries {
 		if k.subscriber == subscriber {
-			out = append(out, e.event)
+			out = append(out, m.view(k, e))
 		}
 	}
 	m.mu.Unlock()
@@ -150,7 +252,7 @@ func (m *MemoryParkingLot) Replay(ctx context.Context, subscriber, eventID strin
 		defer m.mu.Unlock()
 		e.replaying = false
 		if succeeded && e.version == version && m.entries[k] == e {
-			delete(m.entries, k)
+			m.remove(k)
 		}
 	}()
 	if err := handler(ctx, event); err != nil {
@@ -178,11 +280,12 @@ var _ ManagedParkingLot = (*MemoryParkingLot)(nil)
 func (m *MemoryParkingLot) Get(ctx context.Context, subscriber, eventID string) (ParkedEvent, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	e, ok := m.entries[parkedKey{subscriber, eventID}]
+	k := parkedKey{subscriber, eventID}
+	e, ok := m.entries[k]
 	if !ok {
 		return ParkedEvent{}, fmt.Errorf("subscriptions: parked event %q of %q: %w", eventID, subscriber, ErrEventNotParked)
 	}
-	return e.event, nil
+	return m.view(k, e), nil
 }
 
 // ListFiltered returns the subscriber's parked events matching filter in
@@ -192,7 +295,7 @@ func (m *MemoryParkingLot) ListFiltered(ctx context.Context, subscriber string, 
 	out := []ParkedEvent{}
 	for k, e := range m.entries {
 		if k.subscriber == subscriber && filter.matches(e.event) {
-			out = append(out, e.event)
+			out = append(out, m.view(k, e))
 		}
 	}
 	m.mu.Unlock()
@@ -223,8 +326,9 @@ func (m *MemoryParkingLot) Discard(ctx context.Context, subscriber, eventID stri
 	case e.replaying:
 		return ParkedEvent{}, fmt.Errorf("subscriptions: discard event %q of %q: %w", eventID, subscriber, ErrReplayInProgress)
 	}
-	delete(m.entries, k)
-	return e.event, nil
+	p := m.view(k, e)
+	m.remove(k)
+	return p, nil
 }
 
 // RecordReplayFailure counts a failed replay on the entry, if it is still
@@ -248,7 +352,7 @@ func (m *MemoryParkingLot) ClearPartitionDelivered(_ context.Context, subscriber
 	for k, e := range m.entries {
 		if k.subscriber == subscriber && !e.replaying && e.event.Position > after && e.event.Position <= upTo &&
 			e.event.AggregateID != "" && PartitionOf(e.event.AggregateID, partitions) == partition {
-			delete(m.entries, k)
+			m.remove(k)
 		}
 	}
 	return nil

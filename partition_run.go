@@ -292,6 +292,7 @@ func (s *Subscriber) partitionChild(name string, p int, index *partitionIndex, t
 	if s.parking != nil {
 		c.parking = partitionLot{ParkingLot: s.parking, name: s.name}
 	}
+	c.queues = s.queues // held under this subscriber's name too
 	if lot, ok := s.clearer.(PartitionDeliveredClearer); ok {
 		c.clearer = partitionClearer{lot: lot, name: s.name, partition: p, partitions: s.partitions}
 	}

@@ -194,12 +194,15 @@ type runner struct {
 	// countChecked: the name's partition count was read (readCheckpoint);
 	// set from the start for a partition's runner, whose Run checked it.
 	countChecked bool
+	// queues is what the runner knows of the subscriber's queues
+	// (WithOrderedParking).
+	queues queueView
 }
 
 // newRunner returns the runner of one Run of s (or of one partition of
 // it), with its timer stopped and a holder name of its own.
 func newRunner(s *Subscriber, wake <-chan struct{}, drain context.Context) *runner {
-	r := &runner{s: s, wake: wake, timer: time.NewTimer(time.Hour), known: -1, ownedAt: -1, drain: drain, holder: newHolder()}
+	r := &runner{s: s, wake: wake, timer: time.NewTimer(time.Hour), known: -1, ownedAt: -1, drain: drain, holder: newHolder(), queues: queueView{at: -1}}
 	r.timer.Stop()
 	return r
 }
@@ -259,9 +262,14 @@ func (r *runner) wait(ctx context.Context, d time.Duration, allowWake bool) (wok
 func (r *runner) cycle(ctx context.Context, check bool) outcome {
 	b, out, ok := r.acquire(ctx, check)
 	if !ok {
+		r.queues.at = -1
 		return out
 	}
-	return r.runBatch(ctx, b)
+	out = r.runBatch(ctx, b)
+	if out != outcomeMore {
+		r.queues.at = -1 // a wait follows: see queueView
+	}
+	return out
 }
 
 // cycleBatch is what acquire hands runBatch: the batch holding the
@@ -389,6 +397,12 @@ func (r *runner) runBatch(ctx context.Context, b cycleBatch) outcome {
 	hctx := withDelivery(batch.HandlerContext(tctx), b.delivery)
 	wokenAt := r.wokenAt
 	r.wokenAt = time.Time{}
+	if q := s.queues; q != nil {
+		if err := r.queues.lookUp(hctx, q, b.start); err != nil {
+			finished, batchErr = true, err
+			return r.queueFailed(batch, events[0], "looking up the parked aggregates failed", err)
+		}
+	}
 	perEvent, out, done, berr := r.handleBatch(hctx, batch, events)
 	if done {
 		finished = true
@@ -399,10 +413,17 @@ func (r *runner) runBatch(ctx context.Context, b cycleBatch) outcome {
 		if i > 0 {
 			wokenAt = time.Time{}
 		}
+		if held, err := r.hold(hctx, ev); err != nil {
+			finished, batchErr = true, err
+			return r.queueFailed(batch, ev, "holding the event behind its aggregate's parked event failed", err)
+		} else if held {
+			continue
+		}
 		if err := handlerResult(hctx, batch, span.handle(hctx, r.callHandler, ev, 1, wokenAt)); err != nil {
 			finished, batchErr = true, err
 			return r.handlerFailed(ctx, tctx, span, b, i, ev, err)
 		}
+		r.handled(ev)
 	}
 	finished = true
 	if r.graceExpired() {
@@ -415,8 +436,13 @@ func (r *runner) runBatch(ctx context.Context, b cycleBatch) outcome {
 		return r.commitFailed(ctx, tctx, span, b.start, events, err)
 	}
 	s.tel.committed(last)
-	s.tel.count(tctx, OutcomeHandled, len(events))
+	held := len(r.queues.held)
+	s.tel.count(tctx, OutcomeHandled, len(events)-held)
+	s.tel.count(tctx, OutcomeHeld, held)
 	r.known = last
+	if s.queues != nil {
+		r.queues.at = last
+	}
 	if len(events) == b.limit {
 		return outcomeMore
 	}
@@ -578,12 +604,12 @@ func (r *runner) commitBatch(bctx, hctx context.Context, batch Batch, start, las
 		if err := batch.Commit(bctx, last); err != nil {
 			return err
 		}
-		if err := c.ClearDelivered(bctx, r.s.name, start, last); err != nil {
+		if err := r.clearDelivered(bctx, c, start, last); err != nil {
 			r.s.logger.Error("subscriber: removing the parked entries of delivered events failed; they stay listed", "subscriber", r.s.name, "from", start+1, "to", last, "error", err)
 		}
 		return nil
 	}
-	if err := c.ClearDelivered(hctx, r.s.name, start, last); err != nil {
+	if err := r.clearDelivered(hctx, c, start, last); err != nil {
 		r.rollback(batch)
 		return staged(stageLibrary, err)
 	}
@@ -694,6 +720,7 @@ func (r *runner) attempt(ctx context.Context, start int64, ev domain.EventEnvelo
 	if !ok {
 		return out, true, 0, nil
 	}
+	r.queues.held = r.queues.held[:0] // the event alone, handled
 	if out, ok := r.countAttempt(bctx, batch, start, []domain.EventEnvelope[any]{ev}); !ok {
 		return out, true, 0, nil
 	}

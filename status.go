@@ -62,6 +62,9 @@ type Status struct {
 	// Parked counts the subscriber's parked events; -1 without a parking
 	// lot.
 	Parked int `json:"parked"`
+	// Held counts those of them held behind an earlier parked event of
+	// their aggregate (WithOrderedParking; 0 without it).
+	Held int `json:"held,omitempty"`
 	// Paused reports that the name is paused everywhere (Pause), since
 	// PausedAt, with PauseReason, Pause's reason: nothing of it is
 	// handled until Resume, and Healthy does not take its lag for a stuck
@@ -115,8 +118,9 @@ type PartitionStatus struct {
 
 // Status reports the subscriber's state. It reads the checkpoint, the feed
 // head, the oldest unhandled event (only when the lag is positive) and the
-// parked count: three or four indexed statements, no transaction and no
-// lock, so it is cheap enough for a metrics scrape or a readiness probe.
+// parked count: three or four indexed statements (one more for the held
+// count with WithOrderedParking), no transaction and no lock, so it is
+// cheap enough for a metrics scrape or a readiness probe.
 // Safe for concurrent use, including while Run runs.
 //
 // A database error is returned with a zero Status. A checkpoint ahead of the head returns the Status
@@ -186,6 +190,11 @@ func (s *Subscriber) pausedAndParked(ctx context.Context, st *Status) error {
 		return err // the lot names the subscriber
 	}
 	st.Parked = n
+	if s.queues != nil {
+		if st.Held, err = s.queues.lot.CountHeld(ctx, s.name); err != nil {
+			return err // the lot names the subscriber
+		}
+	}
 	return nil
 }
 

@@ -81,6 +81,9 @@ type Subscriber struct {
 	// parking is WithParkingLot's lot; a partition's Subscriber parks
 	// under the partitioned subscriber's name (partitionLot).
 	parking ParkingLot
+	// queues is the lot as WithOrderedParking holds events in (nil
+	// without the option); a partition's is its subscriber's.
+	queues *queueLot
 	// partitions and concurrency are WithPartitions and WithConcurrency;
 	// 0 when not given, and for a partition's own Subscriber (see
 	// partition.go).
@@ -143,6 +146,8 @@ type config struct {
 	// retryGiven records WithMaxRetries or WithRetryBackoff, for
 	// NewSubscriber's warning when there is no parking lot to retry for.
 	retryGiven bool
+	// ordered is WithOrderedParking.
+	ordered bool
 }
 
 // retryPolicy is how a failing event is retried before it is parked
@@ -191,7 +196,8 @@ func NewSubscriber(name string, events domain.EventStore, checkpoints Checkpoint
 			opt(s)
 		}
 	}
-	if err := s.validate(); err != nil {
+	err := s.validate()
+	if err != nil {
 		return nil, fmt.Errorf("subscriptions: NewSubscriber(%q): %w", name, err)
 	}
 	if s.logger == nil {
@@ -202,6 +208,9 @@ func NewSubscriber(name string, events domain.EventStore, checkpoints Checkpoint
 	}
 	if isNil(s.parking) {
 		s.parking = nil
+	}
+	if s.queues, err = s.newQueueLot(); err != nil {
+		return nil, fmt.Errorf("subscriptions: NewSubscriber(%q): %w", name, err)
 	}
 	if s.parking == nil && s.retryGiven {
 		s.logger.Warn("subscriber: WithMaxRetries and WithRetryBackoff apply only with WithParkingLot; without one a failing event halts the subscriber and is retried every poll interval",
@@ -405,6 +414,9 @@ func (s *Subscriber) ListParked(ctx context.Context) ([]ParkedEvent, error) {
 // error and time). The event is loaded fresh from the event store;
 // database-backed parking lots run the handler and the row deletion in one
 // transaction, exposed via TxFromContext exactly like a live batch. Requires a ParkingLot (WithParkingLot).
+// With WithOrderedParking, the entries of the event's aggregate parked
+// behind it are then replayed in order, each the same way, until one
+// fails (it stays parked, as its queue's head, and its error is returned).
 //
 // An event the store does not have returns an error wrapping
 // domain.ErrEventNotFound; a stored event that is not parked for this
@@ -412,13 +424,18 @@ func (s *Subscriber) ListParked(ctx context.Context) ([]ParkedEvent, error) {
 // running, an error wrapping ErrReplayInProgress (the handler did not
 // run); a parked event after the checkpoint, which the subscriber will
 // deliver again (see ResetCheckpoint), one wrapping
-// ErrParkedAfterCheckpoint. On a database served by a single connection
+// ErrParkedAfterCheckpoint; one behind an earlier parked event of its
+// aggregate (held, or any with WithOrderedParking), one wrapping
+// ErrParkedBehindHead. On a database served by a single connection
 // (in-memory SQLite) the event load queues behind the running replay's
 // transaction instead, and then finds the event no longer parked.
 func (s *Subscriber) ReplayParked(ctx context.Context, eventID string) error {
-	if s.parking == nil {
-		return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, s.name, ErrNoParkingLot)
-	}
+	_, _, err := s.replayParked(ctx, eventID)
+	return err
+}
+
+// replayOne is ReplayParked of one entry, queue aside.
+func (s *Subscriber) replayOne(ctx context.Context, eventID string) error {
 	// The event is loaded first, as the original did: an ID the store does
 	// not know is domain.ErrEventNotFound whether or not a parked entry
 	// names it (a parked event whose row is gone cannot be replayed either).

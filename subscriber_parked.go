@@ -27,6 +27,10 @@ type ParkedReplayResult struct {
 	Replayed []string `json:"replayed"`
 	// Failed are the events whose replay failed; they stay parked.
 	Failed []ParkedReplayFailure `json:"failed"`
+	// Held are the IDs of matching events left parked behind an earlier
+	// parked event of their aggregate that was not replayed
+	// (ErrParkedBehindHead): not failures of their own.
+	Held []string `json:"held"`
 }
 
 // ParkedReplayFailure is one failed replay of ReplayParkedMatching.
@@ -85,7 +89,9 @@ func (s *Subscriber) ListParkedPage(ctx context.Context, filter ParkedFilter) (P
 }
 
 // DiscardParked removes one parked event without running the handler —
-// for an event that will never succeed — and returns the removed entry.
+// for an event that will never succeed — and returns the removed entry;
+// the head of a queue (see WithOrderedParking) leaves the next entry its
+// queue's head.
 // The discard is logged at warning level with the subscriber's logger:
 // by (the operator, as the caller identifies them), the event and the
 // error it was parked with, so that dropping an event always leaves a
@@ -102,20 +108,22 @@ func (s *Subscriber) DiscardParked(ctx context.Context, eventID, by string) (Par
 	}
 	s.logger.Warn("parked event discarded", "subscriber", s.name, "by", by, "event_id", p.EventID,
 		"event_type", p.EventType, "position", p.Position, "aggregate_id", p.AggregateID,
-		"attempts", p.Attempts, "parked_error", p.Error)
+		"attempts", p.Attempts, "parked_error", p.Error, "held_by", p.HeldBy)
 	return p, nil
 }
 
 // ReplayParkedMatching replays, one by one in position order, this
 // subscriber's parked events that match filter (filter.Limit caps how
 // many are tried). Each replay is a ReplayParked: its own transaction, a
-// failure recorded on the entry. With continueOnError false it stops at
-// the first failure; with true it tries every matching event. The error
-// is nil only when every tried replay succeeded, and otherwise joins the
-// failures (a cancelled ctx ends the run early with ctx's error). Requires
-// a ManagedParkingLot.
+// failure recorded on the entry, with WithOrderedParking the queue behind
+// it (Replayed lists those too). With continueOnError false it stops at
+// the first failure; with true it tries every matching event. An event
+// behind an earlier parked event of its aggregate is not tried (Held).
+// The error is nil only when every tried replay succeeded, and otherwise
+// joins the failures (a cancelled ctx ends the run early with ctx's
+// error). Requires a ManagedParkingLot.
 func (s *Subscriber) ReplayParkedMatching(ctx context.Context, filter ParkedFilter, continueOnError bool) (ParkedReplayResult, error) {
-	res := ParkedReplayResult{Replayed: []string{}, Failed: []ParkedReplayFailure{}}
+	res := ParkedReplayResult{Replayed: []string{}, Failed: []ParkedReplayFailure{}, Held: []string{}}
 	lot, err := s.managed("replay parked events")
 	if err != nil {
 		return res, err
@@ -138,18 +146,25 @@ func (s *Subscriber) ReplayParkedMatching(ctx context.Context, filter ParkedFilt
 				return res, errors.Join(append(errs, err)...)
 			}
 			cursor.AfterPosition = p.Position
-			if err := s.ReplayParked(ctx, p.EventID); err != nil {
-				if errors.Is(err, ErrEventNotParked) {
+			replayed, failed, err := s.replayParked(ctx, p.EventID)
+			res.Replayed = append(res.Replayed, replayed...)
+			if err != nil {
+				if errors.Is(err, ErrEventNotParked) && len(replayed) == 0 {
 					continue // replayed or discarded meanwhile
 				}
-				res.Failed = append(res.Failed, ParkedReplayFailure{EventID: p.EventID, Position: p.Position, Error: err.Error()})
+				if errors.Is(err, ErrParkedBehindHead) {
+					res.Held = append(res.Held, p.EventID)
+					continue
+				}
+				if failed.EventID == "" {
+					failed = p
+				}
+				res.Failed = append(res.Failed, ParkedReplayFailure{EventID: failed.EventID, Position: failed.Position, Error: err.Error()})
 				errs = append(errs, err)
 				if !continueOnError {
 					return res, errors.Join(errs...)
 				}
-				continue
 			}
-			res.Replayed = append(res.Replayed, p.EventID)
 		}
 		if filter.Limit > 0 {
 			remaining -= len(page)

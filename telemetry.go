@@ -51,6 +51,7 @@ const (
 	OutcomeFailed   = "failed"   // an attempt failed without a parking lot: the subscriber halts on it
 	OutcomeParked   = "parked"   // parked after its last attempt failed
 	OutcomeReplayed = "replayed" // a parked event handled successfully by ReplayParked
+	OutcomeHeld     = "held"     // parked behind its aggregate's parked event (WithOrderedParking)
 )
 
 // Span names.
@@ -142,8 +143,9 @@ func newTelemetry(name string, mp metric.MeterProvider, tp trace.TracerProvider)
 	sub := attribute.String(string(AttrSubscriber), name)
 	t.attrs = metric.WithAttributeSet(attribute.NewSet(sub))
 	t.record = []metric.RecordOption{t.attrs}
-	t.outcomes = make(map[string]metric.AddOption, 5)
-	for _, o := range []string{OutcomeHandled, OutcomeRetried, OutcomeFailed, OutcomeParked, OutcomeReplayed} {
+	outcomes := []string{OutcomeHandled, OutcomeRetried, OutcomeFailed, OutcomeParked, OutcomeReplayed, OutcomeHeld}
+	t.outcomes = make(map[string]metric.AddOption, len(outcomes))
+	for _, o := range outcomes {
 		t.outcomes[o] = metric.WithAttributeSet(attribute.NewSet(sub, AttrOutcome.String(o)))
 	}
 	var err error

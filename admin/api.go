@@ -119,7 +119,8 @@ func errorStatus(err error, replay bool) int {
 	switch {
 	case errors.Is(err, subscriptions.ErrReplayInProgress):
 		return http.StatusConflict
-	case errors.Is(err, subscriptions.ErrEventNotParked) && replay, errors.Is(err, subscriptions.ErrParkedAfterCheckpoint):
+	case errors.Is(err, subscriptions.ErrEventNotParked) && replay, errors.Is(err, subscriptions.ErrParkedAfterCheckpoint),
+		errors.Is(err, subscriptions.ErrParkedBehindHead):
 		return http.StatusConflict
 	case errors.Is(err, subscriptions.ErrEventNotParked), errors.Is(err, domain.ErrEventNotFound):
 		return http.StatusNotFound

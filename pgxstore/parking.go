@@ -21,7 +21,8 @@ import (
 //
 // Besides subscriptions.ParkingLot it has every capability of the GORM
 // lot: subscriptions.ManagedParkingLot, ParkingLotPurger,
-// DeliveredClearer, PartitionDeliveredClearer and ParkedCounter.
+// DeliveredClearer, PartitionDeliveredClearer, ParkedCounter and
+// OrderedParkingLot.
 //
 // It is safe for concurrent use. It does not own the pool: closing the
 // pool is the caller's, after the lot's last call. Every call holds one
@@ -74,10 +75,11 @@ func (l *ParkingLot) Park(ctx context.Context, parked subscriptions.ParkedEvent)
 		parked.ParkedAt = time.Now()
 	}
 	_, err := l.querier(ctx).Exec(ctx, `INSERT INTO parked_events
-			(key, subscriber_key, subscriber, event_id, event_type, position, error, attempts, parked_at, aggregate_id)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+			(key, subscriber_key, subscriber, event_id, event_type, position, error, attempts, parked_at, aggregate_id, held_by)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, '')
 		ON CONFLICT (key) DO UPDATE SET event_type = excluded.event_type, position = excluded.position,
-			error = excluded.error, attempts = excluded.attempts, parked_at = excluded.parked_at, aggregate_id = excluded.aggregate_id`,
+			error = excluded.error, attempts = excluded.attempts, parked_at = excluded.parked_at,
+			aggregate_id = excluded.aggregate_id, held_by = excluded.held_by`,
 		entryKey(parked.Subscriber, parked.EventID), subscriberKey(parked.Subscriber), parked.Subscriber, parked.EventID,
 		storableText(parked.EventType), parked.Position, storableText(parked.Error), parked.Attempts,
 		parked.ParkedAt.UTC(), storableText(parked.AggregateID))
@@ -125,11 +127,12 @@ func (l *ParkingLot) Purge(ctx context.Context, subscriber string) error {
 // (subscriptions.DeliveredClearer), through the batch transaction when
 // ctx carries one on the lot's database (ClearsInBatch), else on its own.
 // It is one statement on the (subscriber_key, position) index, which finds
-// nothing unless the checkpoint was reset before a parked event. An entry
+// nothing unless the checkpoint was reset before a parked event (and
+// leaves each queue it deletes from headed). An entry
 // whose replay is running holds its row lock: the statement waits for the
 // replay, which clears the entry or leaves it to this delete.
 func (l *ParkingLot) ClearDelivered(ctx context.Context, subscriber string, after, upTo int64) error {
-	if _, err := l.querier(ctx).Exec(ctx, `DELETE FROM parked_events WHERE `+bySubscriber+` AND position > $3 AND position <= $4`,
+	if _, err := l.querier(ctx).Exec(ctx, deleteKeepingHeads(`position > $3 AND position <= $4`),
 		subscriberKey(subscriber), subscriber, after, upTo); err != nil {
 		return fmt.Errorf("pgxstore: clear the parked events of %q delivered in positions %d-%d: %w", subscriber, after+1, upTo, err)
 	}
@@ -175,7 +178,7 @@ func (l *ParkingLot) ClearPartitionDelivered(ctx context.Context, subscriber str
 	if len(keys) == 0 {
 		return nil
 	}
-	if _, err := q.Exec(ctx, `DELETE FROM parked_events WHERE key = ANY($1) AND subscriber = $2`, keys, subscriber); err != nil {
+	if _, err := q.Exec(ctx, deleteKeepingHeads(`key = ANY($3)`), subscriberKey(subscriber), subscriber, keys); err != nil {
 		return what(err)
 	}
 	return nil

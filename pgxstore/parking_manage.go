@@ -12,17 +12,19 @@ import (
 	"github.com/eventfeed/subscriptions"
 )
 
-// parkedColumns are the columns scanParked reads. A table taken over from
-// the original module (migration 00001) keeps its nullable columns, so
-// NULLs read as the zero values subscriptions.GormParkingLot gives them.
+// parkedColumns are the columns scanParked reads, but for the last, the
+// held_by it reads (heldByColumn, or the column itself). A table taken
+// over from the original module (migration 00001) keeps its nullable
+// columns, so NULLs read as the zero values subscriptions.GormParkingLot
+// gives them.
 const parkedColumns = `subscriber, event_id, COALESCE(event_type, ''), COALESCE(position, 0), COALESCE(error, ''),
 	COALESCE(attempts, 0), parked_at, aggregate_id`
 
-// scanParked reads one row of parkedColumns.
+// scanParked reads one row of parkedColumns and a held_by.
 func scanParked(row pgx.CollectableRow) (subscriptions.ParkedEvent, error) {
 	var p subscriptions.ParkedEvent
 	var at *time.Time
-	if err := row.Scan(&p.Subscriber, &p.EventID, &p.EventType, &p.Position, &p.Error, &p.Attempts, &at, &p.AggregateID); err != nil {
+	if err := row.Scan(&p.Subscriber, &p.EventID, &p.EventType, &p.Position, &p.Error, &p.Attempts, &at, &p.AggregateID, &p.HeldBy); err != nil {
 		return subscriptions.ParkedEvent{}, err
 	}
 	if at != nil {
@@ -51,7 +53,7 @@ func (l *ParkingLot) selectParked(ctx context.Context, subscriber string, filter
 	if filter.Limit > 0 {
 		limit = " LIMIT " + arg(filter.Limit)
 	}
-	rows, err := l.pool.Query(ctx, `SELECT `+parkedColumns+` FROM parked_events WHERE `+where+` ORDER BY position, event_id`+limit, args...)
+	rows, err := l.pool.Query(ctx, `SELECT `+parkedColumns+`, `+heldByColumn+` FROM parked_events p WHERE `+where+` ORDER BY position, event_id`+limit, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -87,7 +89,12 @@ func (l *ParkingLot) Get(ctx context.Context, subscriber, eventID string) (subsc
 }
 
 func (l *ParkingLot) get(ctx context.Context, subscriber, eventID string) (subscriptions.ParkedEvent, error) {
-	rows, err := l.pool.Query(ctx, `SELECT `+parkedColumns+` FROM parked_events WHERE `+byKey,
+	return getParked(ctx, l.pool, subscriber, eventID)
+}
+
+// getParked reads one entry through q.
+func getParked(ctx context.Context, q querier, subscriber, eventID string) (subscriptions.ParkedEvent, error) {
+	rows, err := q.Query(ctx, `SELECT `+parkedColumns+`, `+heldByColumn+` FROM parked_events p WHERE `+byKey,
 		entryKey(subscriber, eventID), subscriber, eventID)
 	if err != nil {
 		return subscriptions.ParkedEvent{}, err
@@ -100,23 +107,36 @@ func (l *ParkingLot) get(ctx context.Context, subscriber, eventID string) (subsc
 }
 
 // Discard deletes a parked entry without running any handler and returns
-// it as it was. An entry being replayed is refused with an error wrapping
+// it as it was, and makes the next entry of its queue the head when it
+// was the head (subscriptions.OrderedParkingLot), in one transaction. An
+// entry being replayed is refused with an error wrapping
 // subscriptions.ErrReplayInProgress, as a second replay is: its row lock
-// is skipped, not waited for, and a skipped row that still exists is
-// busy. An entry that is not parked is an error wrapping
-// subscriptions.ErrEventNotParked.
+// (FOR NO KEY UPDATE, as a replay's) is skipped, not waited for, and a
+// skipped row that still exists is busy. An entry that is not parked is an
+// error wrapping subscriptions.ErrEventNotParked.
 func (l *ParkingLot) Discard(ctx context.Context, subscriber, eventID string) (subscriptions.ParkedEvent, error) {
-	rows, err := l.pool.Query(ctx, `DELETE FROM parked_events
-		WHERE key IN (SELECT key FROM parked_events WHERE `+byKey+` FOR UPDATE SKIP LOCKED)
-		RETURNING `+parkedColumns, entryKey(subscriber, eventID), subscriber, eventID)
-	if err != nil {
-		return subscriptions.ParkedEvent{}, fmt.Errorf("pgxstore: discard event %q of %q: %w", eventID, subscriber, err)
-	}
-	p, err := pgx.CollectExactlyOneRow(rows, scanParked)
+	var p subscriptions.ParkedEvent
+	// READ COMMITTED, as a replay's: see promote.
+	err := pgx.BeginTxFunc(ctx, l.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		var err error
+		if p, err = getParked(ctx, tx, subscriber, eventID); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, `DELETE FROM parked_events
+			WHERE key IN (SELECT key FROM parked_events WHERE `+byKey+` FOR NO KEY UPDATE SKIP LOCKED)`,
+			entryKey(subscriber, eventID), subscriber, eventID)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() != 1 {
+			return pgx.ErrNoRows
+		}
+		return promote(ctx, tx, subscriber, p.AggregateID)
+	})
 	if err == nil {
 		return p, nil
 	}
-	if !errors.Is(err, pgx.ErrNoRows) {
+	if !errors.Is(err, pgx.ErrNoRows) && !errors.Is(err, subscriptions.ErrEventNotParked) {
 		return subscriptions.ParkedEvent{}, fmt.Errorf("pgxstore: discard event %q of %q: %w", eventID, subscriber, err)
 	}
 	// Skipped: absent, or locked by a replay.

@@ -20,7 +20,7 @@ import (
 //
 // The handler runs at most once per parked entry, whichever lots replay
 // it (this one and subscriptions.GormParkingLot lock the same row): the
-// entry's row is locked FOR UPDATE SKIP LOCKED, so a second replay, or a
+// entry's row is locked FOR NO KEY UPDATE SKIP LOCKED, so a second replay, or a
 // Discard, finds it busy and returns an error wrapping
 // subscriptions.ErrReplayInProgress at once without running its handler,
 // and the delete must remove the row (a replay that finds it gone
@@ -42,7 +42,14 @@ func (l *ParkingLot) Replay(ctx context.Context, subscriber, eventID string, eve
 	key := entryKey(subscriber, eventID)
 	var failure error // the replay's own answer, kept apart from pgx's wrapping of it
 	err := pgx.BeginTxFunc(ctx, l.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-		found, err := rowExists(ctx, tx, `SELECT 1 FROM parked_events WHERE `+byKey+` FOR UPDATE SKIP LOCKED`, key, subscriber, eventID)
+		// FOR NO KEY UPDATE, not FOR UPDATE: a batch holding an event behind
+		// this entry (Hold's FOR KEY SHARE) is not kept waiting.
+		var aggregate string
+		err := tx.QueryRow(ctx, `SELECT aggregate_id FROM parked_events WHERE `+byKey+` FOR NO KEY UPDATE SKIP LOCKED`, key, subscriber, eventID).Scan(&aggregate)
+		found := err == nil
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = nil
+		}
 		if err != nil {
 			failure = fail("lock parked row", err)
 			return failure
@@ -81,6 +88,10 @@ func (l *ParkingLot) Replay(ctx context.Context, subscriber, eventID string, eve
 		}
 		if tag.RowsAffected() != 1 {
 			failure = fail("the entry was cleared meanwhile", subscriptions.ErrReplayInProgress)
+			return failure
+		}
+		if err := promote(ctx, tx, subscriber, aggregate); err != nil {
+			failure = fail("", err)
 			return failure
 		}
 		return nil

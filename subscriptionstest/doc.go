@@ -22,7 +22,8 @@
 // an event store's database (FeedSharer, BatchFeedReader, FeedAcquirer);
 // for an event store RunPartitionFeedSuite (PartitionFeed, FeedIndex); for
 // a parking lot RunDeliveredClearerSuite (DeliveredClearer,
-// PartitionDeliveredClearer, ParkedCounter) and ParkingLotPurger's cases;
+// PartitionDeliveredClearer, ParkedCounter), RunOrderedParkingLotSuite
+// (OrderedParkingLot) and ParkingLotPurger's cases;
 // for a batch's failures RunBatchFailureSuite (TxEndChecker, ResetAborter,
 // FailureClassifier).
 // A backend that passes them all gets every guarantee of package

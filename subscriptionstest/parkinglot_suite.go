@@ -379,4 +379,5 @@ func RunParkingLotSuite(t *testing.T, h ParkingLotHarness) {
 		})
 	}
 	RunDeliveredClearerSuite(t, h)
+	RunOrderedParkingLotSuite(t, h)
 }

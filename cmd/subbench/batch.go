@@ -148,6 +148,12 @@ func batchLibraryRebuild(ctx context.Context, store domain.EventStore, cps subsc
 	if bh != nil {
 		opts = append(opts, subscriptions.WithBatchHandler(bh))
 	}
+	return rebuildTo(ctx, store, cps, name, head, h, opts)
+}
+
+// rebuildTo runs a subscriber with opts until its checkpoint reaches head.
+func rebuildTo(ctx context.Context, store domain.EventStore, cps subscriptions.CheckpointStore, name string, head int64,
+	h subscriptions.Handler, opts []subscriptions.SubscriberOption) error {
 	sub, err := subscriptions.NewSubscriber(name, store, cps, h, opts...)
 	if err != nil {
 		return err

@@ -101,8 +101,12 @@ func (c *cli) status(ctx context.Context, d *database) error {
 		if s.Partitions > 0 {
 			parts = strconv.Itoa(s.Partitions)
 		}
+		parked := strconv.Itoa(s.Parked)
+		if s.Held > 0 {
+			parked += fmt.Sprintf(" (%d held)", s.Held)
+		}
 		rows = append(rows, []string{s.Subscriber, strconv.FormatInt(s.Position, 10), strconv.FormatInt(s.Head, 10),
-			strconv.FormatInt(s.Lag, 10), seconds(s.LagSeconds), strconv.Itoa(s.Parked), parts, state})
+			strconv.FormatInt(s.Lag, 10), seconds(s.LagSeconds), parked, parts, state})
 		for _, p := range s.PartitionCheckpoints {
 			pstate := "caught up"
 			switch {
@@ -175,8 +179,12 @@ func (c *cli) parkedList(ctx context.Context, d *database) error {
 	var more []string
 	for _, l := range all {
 		for _, p := range l.Page.Events {
+			why := p.Error
+			if p.HeldBy != "" {
+				why = "held behind " + p.HeldBy
+			}
 			rows = append(rows, []string{p.Subscriber, strconv.FormatInt(p.Position, 10), p.EventID, p.EventType, p.AggregateID,
-				strconv.Itoa(p.Attempts), p.ParkedAt.UTC().Format(time.RFC3339), p.Error})
+				strconv.Itoa(p.Attempts), p.ParkedAt.UTC().Format(time.RFC3339), why})
 		}
 		if l.Page.More {
 			more = append(more, fmt.Sprintf("more parked events of %s: add -after %d", l.Subscriber, l.Page.NextAfter))
@@ -250,6 +258,9 @@ func (c *cli) parkedShow(ctx context.Context, d *database, eventID string) error
 	rows := [][]string{
 		{"subscriber", p.Subscriber}, {"event", p.EventID}, {"type", p.EventType}, {"position", strconv.FormatInt(p.Position, 10)},
 		{"aggregate", p.AggregateID}, {"attempts", strconv.Itoa(p.Attempts)}, {"last failure", p.ParkedAt.UTC().Format(time.RFC3339Nano)},
+	}
+	if p.HeldBy != "" {
+		rows = append(rows, []string{"held behind", p.HeldBy + " (replay or discard that one first)"})
 	}
 	if err := c.table([]string{"FIELD", "VALUE"}, rows); err != nil {
 		return err

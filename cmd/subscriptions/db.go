@@ -196,7 +196,9 @@ func hasTable(ctx context.Context, db *gorm.DB, kind, table string) (bool, error
 // partitions. Its handler refuses to run: the CLI never processes events.
 // Its log lines (the audit line of a discard, a reset) go to stderr.
 func (d *database) subscriber(g *group, log *slog.Logger) (*subscriptions.Subscriber, error) {
-	opts := []subscriptions.SubscriberOption{subscriptions.WithParkingLot(d.parking), subscriptions.WithLogger(log)}
+	// WithOrderedParking: Status then counts held entries, whatever the
+	// application's option (this Subscriber never runs).
+	opts := []subscriptions.SubscriberOption{subscriptions.WithParkingLot(d.parking), subscriptions.WithOrderedParking(), subscriptions.WithLogger(log)}
 	if g.partitions > 0 {
 		opts = append(opts, subscriptions.WithPartitions(g.partitions))
 	}

@@ -96,6 +96,7 @@ var manifest = map[string]map[int64][]object{
 			columns("subscriber_catch_ups", "subscriber", "through", "started_at"),
 			unique("subscriber_catch_ups", "subscriber"),
 		),
+		7: parkedQueues,
 	},
 	SQLite: {
 		1: concat(
@@ -126,7 +127,14 @@ var manifest = map[string]map[int64][]object{
 			columns("subscriber_catch_ups", "subscriber", "through", "started_at"),
 			unique("subscriber_catch_ups", "subscriber"),
 		),
+		7: parkedQueues,
 	},
+}
+
+// parkedQueues is what 00007 adds on both engines.
+var parkedQueues = []object{
+	{kind: "column", table: "parked_events", name: "held_by"},
+	{kind: "index", table: "parked_events", name: "idx_parked_events_heads"},
 }
 
 func concat(parts ...[]object) []object {
