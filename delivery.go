@@ -29,7 +29,9 @@ const (
 	DeliveryCatchUp
 	// DeliveryParkedReplay is ReplayParked's (and ReplayParkedMatching's)
 	// call: the event failed and was parked; whether its side effect
-	// happened depends on where the handler failed.
+	// happened depends on where the handler failed. The entries a replay
+	// releases from behind it (WithOrderedParking) are live: no handler
+	// saw them before.
 	DeliveryParkedReplay
 )
 

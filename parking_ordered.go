@@ -259,7 +259,7 @@ func (s *Subscriber) replayQueue(ctx context.Context, lot OrderedParkingLot, agg
 		}
 		n := next[0]
 		done[n.EventID] = true
-		if err := s.replayOne(ctx, n.EventID); err != nil {
+		if err := s.replayOne(ctx, n.EventID, replayDelivery(n)); err != nil {
 			if errors.Is(err, ErrEventNotParked) {
 				continue // discarded or replayed meanwhile
 			}
@@ -267,6 +267,17 @@ func (s *Subscriber) replayQueue(ctx context.Context, lot OrderedParkingLot, agg
 		}
 		replayed = append(replayed, n.EventID)
 	}
+}
+
+// replayDelivery is the Delivery of the replay of entry p (the zero
+// ParkedEvent when it was not read): a parked replay, unless p was only
+// ever held behind its aggregate's queue, never reaching a handler, whose
+// first delivery this is (live: its side effects have not happened).
+func replayDelivery(p ParkedEvent) Delivery {
+	if p.EventID != "" && p.Attempts == 0 && p.Error == "" {
+		return Delivery{}
+	}
+	return Delivery{Kind: DeliveryParkedReplay}
 }
 
 // replayParked is ReplayParked, returning the IDs of the events it
@@ -283,7 +294,7 @@ func (s *Subscriber) replayParked(ctx context.Context, eventID string) (replayed
 			return nil, ParkedEvent{}, err
 		}
 	}
-	if err := s.replayOne(ctx, eventID); err != nil {
+	if err := s.replayOne(ctx, eventID, replayDelivery(p)); err != nil {
 		return nil, ParkedEvent{}, err
 	}
 	if s.queues == nil || p.AggregateID == "" {

@@ -35,9 +35,10 @@ type orderProj struct {
 	seen      map[string]bool
 	feed      map[string][]string // order -> event IDs in feed order
 	discarded map[string]bool
-	failing   map[string]bool // event IDs whose handler fails
-	calls     map[string]int  // handler calls per event ID
-	broken    []string        // what watch saw wrong
+	failing   map[string]bool                         // event IDs whose handler fails
+	calls     map[string]int                          // handler calls per event ID
+	kinds     map[string][]subscriptions.DeliveryKind // DeliveryFrom of each call, per event ID
+	broken    []string                                // what watch saw wrong
 }
 
 func newOrderProj(t *testing.T, e *env, table string) *orderProj {
@@ -46,7 +47,7 @@ func newOrderProj(t *testing.T, e *env, table string) *orderProj {
 		require.NoError(t, e.DB.Exec("CREATE TABLE "+table+" (order_id text PRIMARY KEY, history text NOT NULL)").Error)
 	}
 	return &orderProj{e: e, table: table, mem: map[string][]string{}, seen: map[string]bool{}, feed: map[string][]string{},
-		discarded: map[string]bool{}, failing: map[string]bool{}, calls: map[string]int{}}
+		discarded: map[string]bool{}, failing: map[string]bool{}, calls: map[string]int{}, kinds: map[string][]subscriptions.DeliveryKind{}}
 }
 
 // add appends an event of order to the feed and returns it as stored.
@@ -72,6 +73,13 @@ func (p *orderProj) fail(on bool, evs ...domain.EventEnvelope[any]) {
 	}
 }
 
+// kindsOf is the DeliveryFrom kind of each handler call of id.
+func (p *orderProj) kindsOf(id string) []subscriptions.DeliveryKind {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.kinds[id])
+}
+
 func (p *orderProj) callsOf(id string) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -90,6 +98,7 @@ func (p *orderProj) discard(ev domain.EventEnvelope[any]) {
 func (p *orderProj) handle(ctx context.Context, ev domain.EventEnvelope[any]) error {
 	p.mu.Lock()
 	p.calls[ev.ID]++
+	p.kinds[ev.ID] = append(p.kinds[ev.ID], subscriptions.DeliveryFrom(ctx).Kind)
 	failing := p.failing[ev.ID]
 	p.mu.Unlock()
 	if failing {
@@ -352,6 +361,10 @@ func TestOrderedParkingReleases(t *testing.T) {
 				require.NoError(t, sub.ReplayParked(ctx, shipped.ID))
 				p.requireRow(t, "o1", placed, shipped, delivered, more)
 				require.Empty(t, parkedState(t, sub))
+				live := []subscriptions.DeliveryKind{subscriptions.DeliveryLive}
+				for _, ev := range []domain.EventEnvelope[any]{shipped, delivered, more} {
+					require.Equal(t, live, p.kindsOf(ev.ID), "only ever held: its first delivery is live")
+				}
 			})
 			t.Run("replay stops at a failure", func(t *testing.T) {
 				e := b.New(t)
@@ -393,6 +406,11 @@ func TestOrderedParkingReleases(t *testing.T) {
 				require.Empty(t, res.Held)
 				p.requireRow(t, "o1", placed, paid, shipped, delivered)
 				require.Empty(t, parkedState(t, sub))
+				replay := subscriptions.DeliveryParkedReplay
+				require.Equal(t, replay, p.kindsOf(paid.ID)[len(p.kindsOf(paid.ID))-1], "parked for its own failure")
+				require.Equal(t, []subscriptions.DeliveryKind{subscriptions.DeliveryLive, replay, replay}, p.kindsOf(shipped.ID),
+					"released live, then replayed after its own failure")
+				require.Equal(t, []subscriptions.DeliveryKind{subscriptions.DeliveryLive}, p.kindsOf(delivered.ID))
 			})
 		})
 	}

@@ -434,8 +434,9 @@ func (s *Subscriber) ReplayParked(ctx context.Context, eventID string) error {
 	return err
 }
 
-// replayOne is ReplayParked of one entry, queue aside.
-func (s *Subscriber) replayOne(ctx context.Context, eventID string) error {
+// replayOne is ReplayParked of one entry, queue aside, its handler call
+// delivered as d says (DeliveryFrom).
+func (s *Subscriber) replayOne(ctx context.Context, eventID string, d Delivery) error {
 	// The event is loaded first, as the original did: an ID the store does
 	// not know is domain.ErrEventNotFound whether or not a parked entry
 	// names it (a parked event whose row is gone cannot be replayed either).
@@ -450,7 +451,7 @@ func (s *Subscriber) replayOne(ctx context.Context, eventID string) error {
 	var herr error
 	traced := s.tel.replayHandler(s.handler)
 	handler := func(hctx context.Context, ev domain.EventEnvelope[any]) error {
-		herr = traced(withDelivery(hctx, Delivery{Kind: DeliveryParkedReplay}), ev)
+		herr = traced(withDelivery(hctx, d), ev)
 		return herr
 	}
 	if err := s.parking.Replay(ctx, s.name, eventID, event, handler); err != nil {
