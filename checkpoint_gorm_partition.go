@@ -129,7 +129,8 @@ func (g *GormCheckpointStore) fencedAll(ctx context.Context, names []string, wha
 }
 
 // InitPartitions takes the marker row's lock (Postgres) or the write lock
-// (SQLite) first, so that replicas starting together seed once.
+// (SQLite) first, so that replicas starting together seed once; a
+// retired row (RetiredCheckpoint) is seeded as a missing one.
 func (g *GormCheckpointStore) InitPartitions(ctx context.Context, marker, plain string, parts []string, n int64) (int64, error) {
 	var existing int64
 	err := g.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
@@ -144,11 +145,13 @@ func (g *GormCheckpointStore) InitPartitions(ctx context.Context, marker, plain 
 			return nil
 		}
 		var seed int64
-		if err := tx.Raw("SELECT COALESCE(MAX(position), 0) FROM subscriber_checkpoints WHERE subscriber = ?", plain).Scan(&seed).Error; err != nil {
+		if err := tx.Raw("SELECT COALESCE(MAX(position), 0) FROM subscriber_checkpoints WHERE subscriber = ? AND position <> ?", plain, RetiredCheckpoint).Scan(&seed).Error; err != nil {
 			return err
 		}
 		for _, part := range parts {
-			if err := tx.Exec("INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, ?, ?) ON CONFLICT (subscriber) DO NOTHING", part, seed, now).Error; err != nil {
+			if err := tx.Exec(`INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, ?, ?)
+				ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at WHERE subscriber_checkpoints.position = ?`,
+				part, seed, now, RetiredCheckpoint).Error; err != nil {
 				return err
 			}
 		}

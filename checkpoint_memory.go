@@ -373,11 +373,11 @@ func (m *MemoryCheckpointStore) InitPartitions(_ context.Context, marker, plain 
 		return e.position, nil
 	}
 	var seed int64
-	if e := m.entries[plain]; e != nil {
+	if e := m.entries[plain]; e != nil && e.position != RetiredCheckpoint {
 		seed = e.position
 	}
 	for _, part := range parts {
-		if _, ok := m.entries[part]; !ok {
+		if e, ok := m.entries[part]; !ok || e.position == RetiredCheckpoint {
 			m.entry(part).position = seed
 		}
 	}

@@ -226,6 +226,19 @@ func (s *Subscriber) DeleteState(ctx context.Context) error {
 		del = func(ctx context.Context, _ string, purge func(ctx context.Context) error) error {
 			return s.deletePartitions(ctx, purge)
 		}
+	} else if ps, ok := s.checkpoints.(PartitionCheckpointStore); ok {
+		// A name repartitioned to run unpartitioned records that in its
+		// partition count's row, which goes too.
+		marker := partitionMarker(s.name)
+		recorded, err := ps.Positions(ctx, []string{marker})
+		if err != nil {
+			return err // the store names the checkpoint
+		}
+		if recorded[0] < 0 {
+			del = func(ctx context.Context, name string, purge func(ctx context.Context) error) error {
+				return ps.DeleteAll(ctx, []string{name, marker}, s.countGuard, purge)
+			}
+		}
 	}
 	if err := del(ctx, s.name, purge); err != nil {
 		return err // the store names the subscriber

@@ -110,6 +110,9 @@ type Subscriber struct {
 	// classifier tells the events' commit failures from the store's: the
 	// checkpoint store when it can (FailureClassifier).
 	classifier FailureClassifier
+	// parent is, for a partition's Subscriber (partitionChild), the
+	// partitioned one; nil otherwise.
+	parent *Subscriber
 }
 
 // config is a Subscriber's configuration as NewSubscriber's options leave

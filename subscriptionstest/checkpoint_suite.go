@@ -51,7 +51,8 @@ type CheckpointStoreHarness struct {
 // subscriptions.CheckpointStore against the store h builds, as subtests of
 // t named h.Name/<case>, then the suites of the optional capabilities the
 // store has (RunAttemptCounterSuite, RunPartitionCheckpointStoreSuite,
-// RunPauserSuite; CheckpointResetter's cases run within). Every case gets a fresh store from h.New. Cases
+// RunPauserSuite, RunRepartitionerSuite; CheckpointResetter's cases run
+// within). Every case gets a fresh store from h.New. Cases
 // run one after another; a case may run goroutines of its own, all ended
 // before it returns.
 func RunCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
@@ -309,6 +310,7 @@ func RunCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
 	RunAttemptCounterSuite(t, h)
 	RunPartitionCheckpointStoreSuite(t, h)
 	RunPauserSuite(t, h)
+	RunRepartitionerSuite(t, h)
 }
 
 // advance sets a subscriber's checkpoint through a committed batch (not

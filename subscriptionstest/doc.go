@@ -17,7 +17,8 @@
 // Each optional capability a backend may offer has a suite of its own,
 // which skips when the store does not have it, and which the interface's
 // suite also runs: for a checkpoint store RunAttemptCounterSuite,
-// RunPartitionCheckpointStoreSuite and RunPauserSuite (and
+// RunPartitionCheckpointStoreSuite, RunPauserSuite and
+// RunRepartitionerSuite (and
 // CheckpointResetter's cases), and RunFeedSharerSuite for a store sharing
 // an event store's database (FeedSharer, BatchFeedReader, FeedAcquirer);
 // for an event store RunPartitionFeedSuite (PartitionFeed, FeedIndex); for
