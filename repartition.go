@@ -116,6 +116,7 @@ func (s *Subscriber) Repartition(ctx context.Context, n int) error {
 		count = unpartitionedCount
 	}
 	var target int64
+	var caughtUp int
 	var cleared []clearRange
 	err = rp.Repartition(ctx, marker, s.layoutNames(m), s.layoutNames(n), count, func(ctx context.Context, now int64, positions []int64) (int64, func(context.Context) error, error) {
 		if recordedCount(now) != m {
@@ -128,7 +129,7 @@ func (s *Subscriber) Repartition(ctx context.Context, n int) error {
 		if plan.events > 0 && paused {
 			return 0, nil, fmt.Errorf("%q is paused and %d events of its partitions lie behind position %d: resume it, let them catch up, then repartition", s.name, plan.events, plan.target)
 		}
-		target = plan.target
+		target, caughtUp = plan.target, plan.events
 		return plan.target, func(hctx context.Context) error {
 			var err error
 			cleared, err = s.catchUp(hctx, m, plan)
@@ -143,7 +144,7 @@ func (s *Subscriber) Repartition(ctx context.Context, n int) error {
 			s.logger.Error("subscriber: removing the parked entries of delivered events failed; they stay listed", "subscriber", s.name, "error", err)
 		}
 	}
-	s.logger.Info("subscriber repartitioned", "subscriber", s.name, "from", m, "to", n, "position", target)
+	s.logger.Info("subscriber repartitioned", "subscriber", s.name, "from", m, "to", n, "position", target, "caught_up", caughtUp)
 	return nil
 }
 

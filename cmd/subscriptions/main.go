@@ -9,6 +9,7 @@
 //	parked show [-subscriber S] EVENT_ID  one parked event with its stored event
 //	parked discard [-subscriber S] EVENT_ID  remove it without processing (asks first)
 //	reset SUBSCRIBER POSITION           set the checkpoint (asks first; not beyond the head)
+//	repartition SUBSCRIBER -partitions N  change the partition count without a rebuild (asks first)
 //	migrate [-verify]                   apply (or only check) the module's schema migrations
 //
 // Only migrate changes the schema: every other command opens the stores
@@ -41,6 +42,8 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"github.com/eventfeed/subscriptions"
 )
 
 func main() {
@@ -64,6 +67,8 @@ commands:
   parked replay ...                         not here: replay needs the application's handler (see below)
   reset SUBSCRIBER POSITION                 set a subscriber's checkpoint, every partition's if partitioned
                                             (asks first; refuses a position beyond the feed head)
+  repartition SUBSCRIBER -partitions N      change the partition count (0: unpartitioned) in place (asks first);
+                                            needs the partitions at one position (docs/partitions.md)
   migrate [-verify]                         apply the module's schema migrations (migrations.Migrate);
                                             -verify only checks them (migrations.Verify), changing nothing.
                                             The only command that changes the schema: the others refuse a
@@ -108,6 +113,8 @@ type cli struct {
 	limit      int
 	verify     bool
 	partitions bool
+	// repartitionTo is repartition's -partitions N, -1 when not given.
+	repartitionTo int
 
 	stdin          io.Reader
 	stdout, stderr io.Writer
@@ -237,6 +244,15 @@ func (c *cli) dispatch(ctx context.Context, args []string, getenv func(string) s
 		if err == nil && len(pos) != 2 {
 			err = usageError{fmt.Sprintf("reset: want SUBSCRIBER POSITION, got %d arguments", len(pos))}
 		}
+	case "repartition":
+		pos, err = c.flags(cmd, rest, func(fs *flag.FlagSet) { fs.IntVar(&c.repartitionTo, "partitions", -1, "") })
+		switch {
+		case err != nil:
+		case len(pos) != 1:
+			err = usageError{fmt.Sprintf("repartition: want SUBSCRIBER -partitions N, got %d arguments", len(pos))}
+		case c.repartitionTo < 0 || c.repartitionTo > subscriptions.MaxPartitions:
+			err = usageError{fmt.Sprintf("repartition: -partitions N is required, from 0 (unpartitioned) to %d", subscriptions.MaxPartitions)}
+		}
 	case "migrate":
 		pos, err = c.flags(cmd, rest, func(fs *flag.FlagSet) { fs.BoolVar(&c.verify, "verify", false, "") })
 		if err == nil && len(pos) != 0 {
@@ -272,6 +288,8 @@ func (c *cli) dispatch(ctx context.Context, args []string, getenv func(string) s
 		return c.parkedShow(ctx, db, pos[0])
 	case "parked discard":
 		return c.parkedDiscard(ctx, db, pos[0])
+	case "repartition":
+		return c.repartition(ctx, db, pos[0], c.repartitionTo)
 	default: // reset
 		return c.reset(ctx, db, pos[0], pos[1])
 	}
