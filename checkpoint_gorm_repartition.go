@@ -91,13 +91,6 @@ func (g *GormCheckpointStore) Repartition(ctx context.Context, marker string, fr
 	return nil
 }
 
-// layoutRows are the rows a repartition holds, sorted, each once.
-func layoutRows(marker string, from, to []string) []string {
-	all := append(append([]string{marker}, from...), to...)
-	slices.Sort(all)
-	return slices.Compact(all)
-}
-
 // holdLayout (Postgres) creates the count's row and the missing rows of
 // from and locks the count's row, then every row of all in name order.
 func holdLayout(tx *gorm.DB, forUpdate, marker string, from, all []string) error {

@@ -148,6 +148,15 @@ func (s *Subscriber) Repartition(ctx context.Context, n int) error {
 	return nil
 }
 
+// layoutRows are the rows a repartition holds (Repartitioner): marker,
+// from and to, sorted, each once; this package's stores hold them in that
+// order.
+func layoutRows(marker string, from, to []string) []string {
+	all := append(append([]string{marker}, from...), to...)
+	slices.Sort(all)
+	return slices.Compact(all)
+}
+
 // recordedCount is the partition count a row of the partition count
 // records: 0 for none or unpartitioned.
 func recordedCount(marker int64) int {
