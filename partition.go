@@ -406,6 +406,9 @@ func (s *Subscriber) waitPartitionsCaughtUp(ctx context.Context, head int64) err
 			}
 			continue
 		}
+		if i := slices.Index(positions, RetiredCheckpoint); i >= 0 {
+			return s.retiredError(ctx, names[i]) // repartitioned meanwhile
+		}
 		behind := false
 		for p, position := range positions {
 			if position >= head {

@@ -164,6 +164,9 @@ func (s *Subscriber) waitCaughtUpTo(ctx context.Context, head int64) error {
 		if err != nil && ctx.Err() == nil {
 			return err // the store names the subscriber
 		}
+		if err == nil && position == RetiredCheckpoint {
+			return s.retiredError(ctx, s.name) // repartitioned meanwhile
+		}
 		if err == nil && position >= head {
 			return nil
 		}

@@ -118,26 +118,29 @@ func (s *Subscriber) Repartition(ctx context.Context, n int) error {
 	var target int64
 	var caughtUp int
 	var cleared []clearRange
+	step := fmt.Sprintf("from %d to %d partitions", m, n)
 	err = rp.Repartition(ctx, marker, s.layoutNames(m), s.layoutNames(n), count, func(ctx context.Context, now int64, positions []int64) (int64, func(context.Context) error, error) {
 		if recordedCount(now) != m {
-			return 0, nil, fmt.Errorf("the count changed meanwhile (to %d): %w", recordedCount(now), ErrPartitionsChanged)
+			return 0, nil, fmt.Errorf("%s: the count changed meanwhile (to %d): %w", step, recordedCount(now), ErrPartitionsChanged)
 		}
 		plan, err := s.catchUpPlan(ctx, m, positions)
 		if err != nil {
-			return 0, nil, err
+			return 0, nil, fmt.Errorf("%s: %w", step, err)
 		}
 		if plan.events > 0 && paused {
-			return 0, nil, fmt.Errorf("%q is paused and %d events of its partitions lie behind position %d: resume it, let them catch up, then repartition", s.name, plan.events, plan.target)
+			return 0, nil, fmt.Errorf("%s: %q is paused and %d events of its partitions lie behind position %d: resume it, let them catch up, then repartition", step, s.name, plan.events, plan.target)
 		}
 		target, caughtUp = plan.target, plan.events
 		return plan.target, func(hctx context.Context) error {
 			var err error
-			cleared, err = s.catchUp(hctx, m, plan)
-			return err
+			if cleared, err = s.catchUp(hctx, m, plan); err != nil {
+				return fmt.Errorf("%s: catch up to position %d: %w", step, plan.target, err)
+			}
+			return nil
 		}, nil
 	})
 	if err != nil {
-		return fmt.Errorf("%s: %w", what, err) // the store names the step; nothing changed
+		return err // the store names the subscriber; nothing changed
 	}
 	for _, c := range cleared {
 		if err := c.clear(ctx); err != nil {

@@ -303,7 +303,8 @@ func TestRepartitionUnpartitionedBothWays(t *testing.T) {
 // changes nothing (the error names the event) and the replica keeps
 // running; once they succeed (the replica stopped) it handles exactly
 // those, in the repartition's transaction, and not the event appended
-// after that position, which the new layout handles.
+// after that position, which the new layout handles. A WaitCaughtUp of
+// the old count in progress ends with ErrPartitionsChanged.
 func TestRepartitionCatchesUpTheLaggards(t *testing.T) {
 	t.Parallel()
 	for _, b := range envBackends() {
@@ -342,9 +343,19 @@ func TestRepartitionCatchesUpTheLaggards(t *testing.T) {
 			require.EqualValues(t, 3, lags[subscriptions.PartitionOf(aggA, 4)])
 			require.False(t, run.returned(), "the replica keeps running")
 
+			// A WaitCaughtUp of the old count, waiting on A, ends with the
+			// repartition: the old rows are retired, not caught up.
+			waited := make(chan error, 1)
+			go func() {
+				wctx, cancel := context.WithTimeout(ctx, time.Minute)
+				defer cancel()
+				_, err := sub.WaitCaughtUp(wctx)
+				waited <- err
+			}()
 			run.stop(t)
 			p.fail.Store(nil)
 			require.NoError(t, sub.Repartition(ctx, 2))
+			require.ErrorIs(t, <-waited, subscriptions.ErrPartitionsChanged)
 			require.ElementsMatch(t, []string{b1.ID, b2.ID, a1.ID, a2.ID}, p.ids(t),
 				"the catch-up handled A's events up to B's checkpoint, not %s", a3.ID)
 			feed, err := e.Events.ReadAfter(ctx, 0, 0)
