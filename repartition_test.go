@@ -457,3 +457,39 @@ func TestRepartitionRefusals(t *testing.T) {
 		require.NoError(t, sub.Repartition(ctx, 3))
 	}
 }
+
+// TestRepartitionToMaxPartitions: the largest layout is written and
+// replaced in one transaction like any other (the stores write its rows
+// in statements of bounded size).
+func TestRepartitionToMaxPartitions(t *testing.T) {
+	t.Parallel()
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			e := b.New(t)
+			ctx := context.Background()
+			partAppend(t, e.Events, map[string]int{}, 6, 10)
+			sub := repartSubscriberOf(t, e, "repart-max", 0)
+			require.NoError(t, sub.ResetCheckpoint(ctx, 10))
+			require.NoError(t, sub.Repartition(ctx, subscriptions.MaxPartitions))
+			big := repartSubscriberOf(t, e, "repart-max", subscriptions.MaxPartitions)
+			st, err := big.Status(ctx)
+			require.NoError(t, err)
+			require.Len(t, st.Partitions, subscriptions.MaxPartitions)
+			require.Zero(t, st.Lag)
+			require.NoError(t, big.Repartition(ctx, 7))
+			lags, err := repartSubscriberOf(t, e, "repart-max", 7).PartitionLags(ctx)
+			require.NoError(t, err)
+			require.Equal(t, make([]int64, 7), lags)
+		})
+	}
+}
+
+// repartSubscriberOf is a subscriber of name with n partitions (0: none)
+// on e's stores, whose handler does nothing.
+func repartSubscriberOf(t *testing.T, e *env, name string, n int) *subscriptions.Subscriber {
+	t.Helper()
+	sub, err := subscriptions.NewSubscriber(name, e.Events, e.Checkpoints, func(context.Context, domain.EventEnvelope[any]) error { return nil },
+		append(partitionsOpt(n), subscriptions.WithLogger(quietLogger()))...)
+	require.NoError(t, err)
+	return sub
+}
