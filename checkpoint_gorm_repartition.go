@@ -9,21 +9,24 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/internal/eventrow"
 )
 
 var _ Repartitioner = (*GormCheckpointStore)(nil)
 
 // Repartition changes the layout in one transaction (see Repartitioner).
-// On Postgres the transaction creates the count's row and the missing
-// rows of from (uncommitted: a batch creating one waits for the commit),
-// locks the count's row first (as InitPartitions does) and then every
-// row in name order, which waits for the batches in flight while the
-// others skip them (SKIP LOCKED); catchUp reads the checkpoints under
-// those locks. On SQLite every row is fenced first, as Reset fences, and
-// the checkpoints are read and catchUp called before the transaction
-// begins (the fences keep them still, and catchUp's reads need the
-// pool's connection, which may be its only one). When it returns, nothing
-// of the transaction holds a lock any more (see fencedOnServer).
+// The transaction creates the count's row and the missing rows of from
+// (uncommitted: a batch creating one waits for the commit) and locks the
+// count's row first (as InitPartitions does), then every row in name
+// order: on Postgres that waits for the batches in flight, which hold
+// their rows, while the others skip them (SKIP LOCKED); on SQLite every
+// row is fenced first, as Reset fences (the batch in flight is ended),
+// and the first write takes the database's write lock, after any commit
+// under way. catchUp then reads the checkpoints, and the feed, in the
+// transaction: it needs no second connection. When it returns, nothing of
+// the transaction holds a lock any more (see fencedOnServer).
 func (g *GormCheckpointStore) Repartition(ctx context.Context, marker string, from, to []string, count int64, catchUp RepartitionCatchUp) error {
 	what := fmt.Sprintf("repartition %q", PauseKey(marker))
 	all := layoutRows(marker, from, to)
@@ -35,19 +38,22 @@ func (g *GormCheckpointStore) Repartition(ctx context.Context, marker string, fr
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("subscriptions: %s: %w", what, err)
 	}
-	var target int64
-	var apply func(ctx context.Context) error
-	prepare := func(db *gorm.DB) error {
+	run := func(tx *gorm.DB) error {
+		if err := holdLayout(tx, g.dialect.ForUpdate(), marker, from, all); err != nil {
+			return fmt.Errorf("hold the batches: %w", err)
+		}
 		var rows []GormCheckpointModel
-		if err := db.Raw("SELECT subscriber, position FROM subscriber_checkpoints WHERE subscriber IN ?", all).Scan(&rows).Error; err != nil {
+		if err := tx.Raw("SELECT subscriber, position FROM subscriber_checkpoints WHERE subscriber IN ?", all).Scan(&rows).Error; err != nil {
 			return fmt.Errorf("read the checkpoints: %w", err)
 		}
 		positions := checkpointsOf(rows, append(slices.Clone(from), marker))
-		var err error
-		target, apply, err = catchUp(ctx, positions[len(from)], positions[:len(from)])
-		return err
-	}
-	finish := func(tx *gorm.DB) error {
+		read := func(ctx context.Context, after, upTo int64, limit int) ([]domain.EventEnvelope[any], error) {
+			return eventrow.Read(ctx, tx, "WHERE position > ? AND position <= ? ORDER BY position LIMIT ?", after, upTo, limit)
+		}
+		target, apply, err := catchUp(ctx, positions[len(from)], positions[:len(from)], read)
+		if err != nil {
+			return err
+		}
 		if apply != nil {
 			actx, guard := handlerContext(ctx, tx, g.pool, !g.dialect.RowLocks)
 			if err := errors.Join(apply(actx), guard.finished(ctx)); err != nil {
@@ -61,15 +67,7 @@ func (g *GormCheckpointStore) Repartition(ctx context.Context, marker string, fr
 	}
 	var err error
 	if g.reg == nil {
-		err = g.fencedOnServer(ctx, func(tx *gorm.DB) error {
-			if err := holdLayout(tx, g.dialect.ForUpdate(), marker, from, all); err != nil {
-				return fmt.Errorf("hold the batches: %w", err)
-			}
-			if err := prepare(tx); err != nil {
-				return err
-			}
-			return finish(tx)
-		})
+		err = g.fencedOnServer(ctx, run)
 	} else {
 		for _, name := range all {
 			release, ferr := g.fenceSQLite(ctx, name, what)
@@ -78,9 +76,7 @@ func (g *GormCheckpointStore) Repartition(ctx context.Context, marker string, fr
 			}
 			defer release()
 		}
-		if err = prepare(g.db.WithContext(ctx)); err == nil {
-			err = g.db.WithContext(ctx).Transaction(finish, g.txOptions())
-		}
+		err = g.db.WithContext(ctx).Transaction(run, g.txOptions())
 	}
 	if err != nil {
 		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
@@ -91,8 +87,10 @@ func (g *GormCheckpointStore) Repartition(ctx context.Context, marker string, fr
 	return nil
 }
 
-// holdLayout (Postgres) creates the count's row and the missing rows of
-// from and locks the count's row, then every row of all in name order.
+// holdLayout creates the count's row and the missing rows of from and
+// locks the count's row, then every row of all in name order (forUpdate
+// is the dialect's lock clause; on SQLite the first write takes the
+// database's write lock).
 func holdLayout(tx *gorm.DB, forUpdate, marker string, from, all []string) error {
 	now := time.Now().UTC()
 	if err := upsertCheckpoints(tx, []string{marker}, 0, now, false); err != nil {

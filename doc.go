@@ -213,7 +213,8 @@
 //   - an append: one (the concurrent appends of one GormEventStore share
 //     it);
 //   - Lag, Status, Healthy, ListParked, ReplayParked, ResetCheckpoint,
-//     ResetCheckpointWith, DeleteState and the admin calls: one each (a
+//     ResetCheckpointWith, DeleteState, Repartition (its catch-up reads
+//     the feed in its transaction) and the admin calls: one each (a
 //     reset abandoned on Postgres is cancelled on the server with an
 //     out-of-band cancel request, not a pool connection);
 //   - a PostgresListener: one of its own, outside the pool.

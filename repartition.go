@@ -26,8 +26,14 @@ const unpartitionedCount = -1
 // repartitionCatchUpLimit bounds the events a Repartition handles to bring
 // the lagging partitions to the common position: they are read first and
 // then handled in the repartition's one transaction, which holds every
-// partition meanwhile.
-const repartitionCatchUpLimit = 10_000
+// partition meanwhile. repartitionScanLimit bounds the events it reads of
+// the shared feed to find them (see catchUpPlan), and
+// repartitionReadChunk is one read.
+const (
+	repartitionCatchUpLimit = 10_000
+	repartitionScanLimit    = 200_000
+	repartitionReadChunk    = 1_000
+)
 
 // Repartitioner is the optional capability of a CheckpointStore that
 // changes a name's partition layout in one transaction, for
@@ -48,15 +54,24 @@ type Repartitioner interface {
 	// cleared, marker is set to count, and it commits. An error of catchUp
 	// or apply, a cancelled ctx or a crash changes nothing.
 	//
-	// catchUp may read the event store (on its own pool: on Postgres the
-	// transaction holds a connection meanwhile). Safe for concurrent use.
+	// A store that holds a connection of its pool while catchUp runs (a
+	// transaction, on Postgres) passes it read, its own feed read in that
+	// transaction, so that catchUp reads a feed the store shares
+	// (FeedSharer) without a second connection of the pool (doc.go,
+	// Connections); other stores pass nil. Safe for concurrent use.
 	Repartition(ctx context.Context, marker string, from, to []string, count int64, catchUp RepartitionCatchUp) error
 }
 
 // RepartitionCatchUp is the Subscriber's part of Repartitioner.Repartition:
-// given the recorded count and from's checkpoints, the position to write
-// and the statements that bring every row of from to it.
-type RepartitionCatchUp func(ctx context.Context, recorded int64, positions []int64) (position int64, apply func(ctx context.Context) error, err error)
+// given the recorded count, from's checkpoints and read, the position to
+// write and the statements that bring every row of from to it.
+type RepartitionCatchUp func(ctx context.Context, recorded int64, positions []int64, read RepartitionFeed) (position int64, apply func(ctx context.Context) error, err error)
+
+// RepartitionFeed reads, in a repartition's transaction, up to limit
+// events of the store's own feed with after < position <= upTo, in
+// position order. upTo is a checkpoint, so every position up to it has
+// committed.
+type RepartitionFeed func(ctx context.Context, after, upTo int64, limit int) ([]domain.EventEnvelope[any], error)
 
 // Repartition changes the name's partition count to n (0: unpartitioned;
 // 1 is one partition, a layout like any other) without a rebuild. It holds
@@ -99,16 +114,31 @@ func (s *Subscriber) Repartition(ctx context.Context, n int) error {
 	marker := partitionMarker(s.name)
 	recorded, err := s.storePositions(ctx, []string{marker})
 	if err != nil {
-		return fmt.Errorf("%s: %w", what, err)
+		return err // the store names the checkpoint
 	}
 	m := recordedCount(recorded[0])
 	if m == n {
 		return nil
 	}
+	// A checkpoint past the feed head is refused: every partition would
+	// skip the events appended up to it. Checked before the hold (which
+	// may keep the pool's only connection): batches move checkpoints only
+	// to events that exist.
+	before, err := s.storePositions(ctx, s.layoutNames(m))
+	if err != nil {
+		return err
+	}
+	head, err := s.events.HeadPosition(ctx)
+	if err != nil {
+		return fmt.Errorf("%s: read the feed head: %w", what, err)
+	}
+	if high := slices.Max(before); high > head && high != RetiredCheckpoint {
+		return fmt.Errorf("%s: a checkpoint is at %d, feed head %d: %w", what, high, head, ErrCheckpointAhead)
+	}
 	paused := false
 	if p, ok := s.checkpoints.(Pauser); ok {
 		if _, paused, err = p.PausedSince(ctx, s.name); err != nil {
-			return fmt.Errorf("%s: %w", what, err)
+			return err // the store names the subscriber
 		}
 	}
 	count := int64(n)
@@ -119,11 +149,19 @@ func (s *Subscriber) Repartition(ctx context.Context, n int) error {
 	var caughtUp int
 	var cleared []clearRange
 	step := fmt.Sprintf("from %d to %d partitions", m, n)
-	err = rp.Repartition(ctx, marker, s.layoutNames(m), s.layoutNames(n), count, func(ctx context.Context, now int64, positions []int64) (int64, func(context.Context) error, error) {
+	// The store's read of its own feed, for the events' store only.
+	shared := false
+	if sharer, ok := s.checkpoints.(FeedSharer); ok {
+		shared = sharer.SharesFeed(undecorated(s.events))
+	}
+	err = rp.Repartition(ctx, marker, s.layoutNames(m), s.layoutNames(n), count, func(ctx context.Context, now int64, positions []int64, read RepartitionFeed) (int64, func(context.Context) error, error) {
 		if recordedCount(now) != m {
 			return 0, nil, fmt.Errorf("%s: the count changed meanwhile (to %d): %w", step, recordedCount(now), ErrPartitionsChanged)
 		}
-		plan, err := s.catchUpPlan(ctx, m, positions)
+		if !shared {
+			read = nil
+		}
+		plan, err := s.catchUpPlan(ctx, m, positions, read)
 		if err != nil {
 			return 0, nil, fmt.Errorf("%s: %w", step, err)
 		}
@@ -190,23 +228,49 @@ type catchUpPlan struct {
 }
 
 // catchUpPlan reads, once every partition is held, the events of the m
-// partitions (at positions) up to the highest of their checkpoints.
-// Every event up to it is committed: it is the position of one the feed
-// returned. A checkpoint past the feed head is refused: every partition
-// would skip the events appended up to it.
-func (s *Subscriber) catchUpPlan(ctx context.Context, m int, positions []int64) (catchUpPlan, error) {
+// partitions (at positions) up to the highest of their checkpoints. Every
+// event up to it is committed: it is the position of one the feed
+// returned. With read (a feed the checkpoint store shares, read in its
+// transaction) it reads the feed from the lowest checkpoint on and keeps
+// each partition's events past its checkpoint; otherwise each lagging
+// partition's events through the event store.
+func (s *Subscriber) catchUpPlan(ctx context.Context, m int, positions []int64, read RepartitionFeed) (catchUpPlan, error) {
 	plan := catchUpPlan{target: slices.Max(positions), positions: positions, lagging: map[int][]domain.EventEnvelope[any]{}}
 	if slices.Contains(positions, RetiredCheckpoint) {
 		return plan, fmt.Errorf("a checkpoint of the recorded layout is retired (%d): %w", RetiredCheckpoint, ErrPartitionsChanged)
 	}
-	head, err := s.events.HeadPosition(ctx)
-	if err != nil {
-		return plan, fmt.Errorf("read the feed head: %w", err)
-	}
-	if plan.target > head {
-		return plan, fmt.Errorf("a checkpoint is at %d, feed head %d: %w", plan.target, head, ErrCheckpointAhead)
-	}
 	if m == 0 {
+		return plan, nil
+	}
+	keep := func(p int, ev domain.EventEnvelope[any]) error {
+		plan.lagging[p] = append(plan.lagging[p], ev)
+		if plan.events++; plan.events > repartitionCatchUpLimit {
+			return fmt.Errorf("more than %d events of the partitions lie behind position %d: let them catch up (PartitionLags), then repartition", repartitionCatchUpLimit, plan.target)
+		}
+		return nil
+	}
+	if read != nil {
+		scanned := 0
+		for after := slices.Min(positions); after < plan.target; {
+			events, err := read(ctx, after, plan.target, repartitionReadChunk)
+			if err != nil {
+				return plan, fmt.Errorf("read the feed after position %d: %w", after, err)
+			}
+			for _, ev := range events {
+				if p := PartitionOf(ev.AggregateID, m); ev.Position > positions[p] {
+					if err := keep(p, ev); err != nil {
+						return plan, err
+					}
+				}
+			}
+			if scanned += len(events); scanned > repartitionScanLimit {
+				return plan, fmt.Errorf("the partitions lie more than %d events apart, behind position %d: let them catch up (PartitionLags), then repartition", repartitionScanLimit, plan.target)
+			}
+			if len(events) < repartitionReadChunk {
+				break
+			}
+			after = events[len(events)-1].Position
+		}
 		return plan, nil
 	}
 	for p, from := range positions {
@@ -214,18 +278,16 @@ func (s *Subscriber) catchUpPlan(ctx context.Context, m int, positions []int64) 
 		for after := from; after < plan.target; {
 			events, err := feed.ReadAfter(ctx, after, s.batchSize)
 			if err != nil {
-				return plan, fmt.Errorf("partition %d of %d: %w", p, m, err)
+				return plan, err // the feed names the partition
 			}
 			for _, ev := range events {
 				if ev.Position > plan.target {
 					break
 				}
-				plan.lagging[p] = append(plan.lagging[p], ev)
-				plan.events++
+				if err := keep(p, ev); err != nil {
+					return plan, err
+				}
 				after = ev.Position
-			}
-			if plan.events > repartitionCatchUpLimit {
-				return plan, fmt.Errorf("more than %d events of the partitions lie behind position %d: let them catch up (PartitionLags), then repartition", repartitionCatchUpLimit, plan.target)
 			}
 			if len(events) < s.batchSize || events[len(events)-1].Position > plan.target {
 				break

@@ -31,7 +31,7 @@ func (m *MemoryCheckpointStore) Repartition(ctx context.Context, marker string, 
 	if err != nil {
 		return err
 	}
-	target, apply, err := catchUp(ctx, positions[len(from)], positions[:len(from)])
+	target, apply, err := catchUp(ctx, positions[len(from)], positions[:len(from)], nil)
 	if err == nil && apply != nil {
 		err = apply(ctx)
 	}

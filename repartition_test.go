@@ -11,10 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/internal/dbtest"
 )
 
 // repartProjection is a projection that every layout of a name writes:
@@ -492,4 +494,56 @@ func repartSubscriberOf(t *testing.T, e *env, name string, n int) *subscriptions
 		append(partitionsOpt(n), subscriptions.WithLogger(quietLogger()))...)
 	require.NoError(t, err)
 	return sub
+}
+
+// TestRepartitionOnOneConnection: on Postgres pools of one connection
+// (GORM's and pgxstore's), a repartition with events to catch up
+// completes: its transaction holds the connection, and it reads the feed
+// and runs the handler through that transaction, never waiting for a
+// second one (doc.go, Connections).
+func TestRepartitionOnOneConnection(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{"gorm", "pgx"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			pg := dbtest.NewPostgres(t)
+			var e *env
+			if backend == "pgx" {
+				cfg, err := pgxpool.ParseConfig(pg.DSN)
+				require.NoError(t, err)
+				cfg.MaxConns = 1
+				pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+				require.NoError(t, err)
+				t.Cleanup(pool.Close)
+				e = pgxEnvOn(t, pg, pool)
+			} else {
+				gdb := pg.Open(t)
+				sqlDB, err := gdb.DB()
+				require.NoError(t, err)
+				e = gormEnv(t, "postgres", gdb, pg)
+				sqlDB.SetMaxOpenConns(1)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			p := newRepartProjection(t, e, "repart_one")
+			partAppend(t, e.Events, map[string]int{}, 12, 24)
+			sub, err := subscriptions.NewSubscriber("repart-one", e.Events, e.Checkpoints, p.handle, subscriptions.WithLogger(quietLogger()))
+			require.NoError(t, err)
+			require.NoError(t, sub.Repartition(ctx, 2))
+			head, err := e.Events.HeadPosition(ctx)
+			require.NoError(t, err)
+			require.NoError(t, e.Checkpoints.Reset(ctx, "repart-one/partition-0-of-2", head)) // partition 1 lags
+			require.NoError(t, sub.Repartition(ctx, 3))
+			feed, err := e.Events.ReadAfter(ctx, 0, 0)
+			require.NoError(t, err)
+			var lagging []string
+			for _, ev := range feed {
+				if subscriptions.PartitionOf(ev.AggregateID, 2) == 1 {
+					lagging = append(lagging, ev.ID)
+				}
+			}
+			require.NotEmpty(t, lagging)
+			require.ElementsMatch(t, lagging, p.ids(t), "the catch-up handled partition 1's events")
+		})
+	}
 }

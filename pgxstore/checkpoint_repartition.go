@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/domain"
 )
 
 var _ subscriptions.Repartitioner = (*CheckpointStore)(nil)
@@ -20,8 +21,8 @@ var _ subscriptions.Repartitioner = (*CheckpointStore)(nil)
 // batch creating one waits for the commit), locks the count's row first
 // (as InitPartitions does) and then every row in name order, which waits
 // for the batches in flight while the others skip them; catchUp reads the
-// checkpoints under those locks and its apply gets the transaction from
-// TxFromContext. When it returns, nothing of the transaction holds a lock
+// checkpoints under those locks, and reads the feed, in the transaction,
+// and its apply gets the transaction from TxFromContext. When it returns, nothing of the transaction holds a lock
 // any more (see onServer).
 func (s *CheckpointStore) Repartition(ctx context.Context, marker string, from, to []string, count int64, catchUp subscriptions.RepartitionCatchUp) error {
 	what := fmt.Sprintf("repartition %q", subscriptions.PauseKey(marker))
@@ -45,7 +46,11 @@ func (s *CheckpointStore) Repartition(ctx context.Context, marker string, from, 
 		if err != nil {
 			return err
 		}
-		target, apply, err := catchUp(ctx, positions[len(from)], positions[:len(from)])
+		read := func(ctx context.Context, after, upTo int64, limit int) ([]domain.EventEnvelope[any], error) {
+			return queryEvents(ctx, tx, fmt.Sprintf("read the feed after position %d", after),
+				"WHERE position > $1 AND position <= $2 ORDER BY position LIMIT $3", after, upTo, limit)
+		}
+		target, apply, err := catchUp(ctx, positions[len(from)], positions[:len(from)], read)
 		if err != nil {
 			return err
 		}

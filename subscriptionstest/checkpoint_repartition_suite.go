@@ -40,9 +40,14 @@ func RunRepartitionerSuite(t *testing.T, h CheckpointStoreHarness) {
 			advance(t, cps, from[1], 9) // from[2] has no row
 			advance(t, cps, marker, 3)
 			var inHold []bool
-			err := rp.Repartition(ctx, marker, from, to, 2, func(_ context.Context, recorded int64, got []int64) (int64, func(context.Context) error, error) {
+			err := rp.Repartition(ctx, marker, from, to, 2, func(ctx context.Context, recorded int64, got []int64, read subscriptions.RepartitionFeed) (int64, func(context.Context) error, error) {
 				require.EqualValues(t, 3, recorded)
 				require.Equal(t, []int64{4, 9, 0}, got, "a missing row reads 0")
+				if read != nil {
+					events, err := read(ctx, 0, 9, 10)
+					require.NoError(t, err, "the read of the store's own feed, in the transaction")
+					require.Empty(t, events)
+				}
 				for _, store := range []subscriptions.CheckpointStore{cps, other} {
 					for _, row := range from[:2] {
 						batch, acquired, err := store.Acquire(ctx, row)
@@ -75,8 +80,10 @@ func RunRepartitionerSuite(t *testing.T, h CheckpointStoreHarness) {
 				what    string
 				catchUp subscriptions.RepartitionCatchUp
 			}{
-				{"catchUp", func(context.Context, int64, []int64) (int64, func(context.Context) error, error) { return 0, nil, boom }},
-				{"apply", func(context.Context, int64, []int64) (int64, func(context.Context) error, error) {
+				{"catchUp", func(context.Context, int64, []int64, subscriptions.RepartitionFeed) (int64, func(context.Context) error, error) {
+					return 0, nil, boom
+				}},
+				{"apply", func(context.Context, int64, []int64, subscriptions.RepartitionFeed) (int64, func(context.Context) error, error) {
 					return 4, func(context.Context) error { return boom }, nil
 				}},
 			} {
@@ -97,7 +104,7 @@ func RunRepartitionerSuite(t *testing.T, h CheckpointStoreHarness) {
 			saw := make(chan []int64, 1)
 			done := make(chan error, 1)
 			go func() {
-				done <- rp.Repartition(ctx, marker, from, to, 2, func(_ context.Context, _ int64, got []int64) (int64, func(context.Context) error, error) {
+				done <- rp.Repartition(ctx, marker, from, to, 2, func(_ context.Context, _ int64, got []int64, _ subscriptions.RepartitionFeed) (int64, func(context.Context) error, error) {
 					saw <- got
 					return got[0], nil, nil
 				})
@@ -122,7 +129,7 @@ func RunRepartitionerSuite(t *testing.T, h CheckpointStoreHarness) {
 			const plain = "layout"
 			advance(t, cps, plain, 6)
 			one := func(position int64) subscriptions.RepartitionCatchUp {
-				return func(context.Context, int64, []int64) (int64, func(context.Context) error, error) {
+				return func(context.Context, int64, []int64, subscriptions.RepartitionFeed) (int64, func(context.Context) error, error) {
 					return position, nil, nil
 				}
 			}
