@@ -38,7 +38,7 @@ func TestFaultRepartitionKilledMidway(t *testing.T) {
 	faultCreateChildProjection(t, db, table)
 	// A backlog over 24 aggregates, handled slowly, so that the partitions
 	// are at different places when the repartitions come.
-	faultPartBacklog(t, events, 3000, 24)
+	faultPartBacklog(t, events, 1500, 24)
 	args := func(i int, extra ...string) []string {
 		return append([]string{"-driver", []string{"postgres", "pgx"}[i%2], "-dsn", pg.DSN, "-name", name, "-batch", "10",
 			"-poll", "50ms", "-table", table, "-delay", "3ms"}, extra...)

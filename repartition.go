@@ -93,8 +93,9 @@ type RepartitionFeed func(ctx context.Context, after, upTo int64, limit int) ([]
 //
 // The catch-up runs in the transaction, so it is bounded (10,000 events;
 // beyond that, or when the name is paused and partitions lag, it refuses
-// and changes nothing: let the partitions catch up first). It must not be
-// called from a handler of the name. It needs a checkpoint store with
+// and changes nothing: let the partitions catch up first); on SQLite it
+// holds the write lock meanwhile, as a batch does, and appends wait for
+// it. It must not be called from a handler of the name. It needs a checkpoint store with
 // Repartitioner (this package's; otherwise the error wraps
 // errors.ErrUnsupported). Safe for concurrent use. See docs/partitions.md.
 func (s *Subscriber) Repartition(ctx context.Context, n int) error {
