@@ -130,7 +130,8 @@ func (g *GormCheckpointStore) fencedAll(ctx context.Context, names []string, wha
 }
 
 // InitPartitions takes the marker row's lock (Postgres) or the write lock
-// (SQLite) first, so that replicas starting together seed once.
+// (SQLite) first, so that replicas starting together seed once; a
+// retired row (RetiredCheckpoint) is seeded as a missing one.
 func (g *GormCheckpointStore) InitPartitions(ctx context.Context, marker, plain string, parts []string, n int64) (int64, error) {
 	var existing int64
 	err := g.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
@@ -145,11 +146,13 @@ func (g *GormCheckpointStore) InitPartitions(ctx context.Context, marker, plain 
 			return nil
 		}
 		var seed struct{ Position, Redelivered int64 }
-		if err := tx.Raw("SELECT COALESCE(MAX(position), 0) AS position, COALESCE(MAX(redelivered_through), 0) AS redelivered FROM subscriber_checkpoints WHERE subscriber = ?", plain).Scan(&seed).Error; err != nil {
+		if err := tx.Raw("SELECT COALESCE(MAX(position), 0) AS position, COALESCE(MAX(redelivered_through), 0) AS redelivered FROM subscriber_checkpoints WHERE subscriber = ? AND position <> ?", plain, RetiredCheckpoint).Scan(&seed).Error; err != nil {
 			return err
 		}
 		for _, part := range parts {
-			if err := tx.Exec("INSERT INTO subscriber_checkpoints (subscriber, position, updated_at, redelivered_through) VALUES (?, ?, ?, ?) ON CONFLICT (subscriber) DO NOTHING", part, seed.Position, now, seed.Redelivered).Error; err != nil {
+			if err := tx.Exec(`INSERT INTO subscriber_checkpoints (subscriber, position, updated_at, redelivered_through) VALUES (?, ?, ?, ?)
+				ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at, redelivered_through = excluded.redelivered_through WHERE subscriber_checkpoints.position = ?`,
+				part, seed.Position, now, seed.Redelivered, RetiredCheckpoint).Error; err != nil {
 				return err
 			}
 		}

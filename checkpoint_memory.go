@@ -393,11 +393,11 @@ func (m *MemoryCheckpointStore) InitPartitions(_ context.Context, marker, plain 
 		return e.position, nil
 	}
 	var seed memoryCheckpoint
-	if e := m.entries[plain]; e != nil {
+	if e := m.entries[plain]; e != nil && e.position != RetiredCheckpoint {
 		seed = *e
 	}
 	for _, part := range parts {
-		if _, ok := m.entries[part]; !ok {
+		if e, ok := m.entries[part]; !ok || e.position == RetiredCheckpoint {
 			e := m.entry(part)
 			e.position, e.redelivered = seed.position, seed.redelivered
 		}

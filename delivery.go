@@ -189,16 +189,16 @@ func sameDelivery(batch Batch, events []domain.EventEnvelope[any]) (Delivery, []
 // negative threshold is rejected, and so is a checkpoint store without
 // DeliveryMarker (the error wraps errors.ErrUnsupported).
 func WithFirstRunCatchUp(threshold int64) SubscriberOption {
-	return func(s *Subscriber) { s.catchUp, s.catchUpThreshold = true, threshold }
+	return func(s *Subscriber) { s.firstRunCatchUp, s.firstRunThreshold = true, threshold }
 }
 
 // validateCatchUp checks WithFirstRunCatchUp.
 func (s *Subscriber) validateCatchUp() error {
-	if !s.catchUp {
+	if !s.firstRunCatchUp {
 		return nil
 	}
-	if s.catchUpThreshold < 0 {
-		return fmt.Errorf("catch-up threshold %d must not be negative (WithFirstRunCatchUp)", s.catchUpThreshold)
+	if s.firstRunThreshold < 0 {
+		return fmt.Errorf("catch-up threshold %d must not be negative (WithFirstRunCatchUp)", s.firstRunThreshold)
 	}
 	if _, ok := s.checkpoints.(DeliveryMarker); !ok {
 		return fmt.Errorf("catch-up (WithFirstRunCatchUp): checkpoint store %T does not implement DeliveryMarker: %w", s.checkpoints, errors.ErrUnsupported)
@@ -211,13 +211,13 @@ func (s *Subscriber) validateCatchUp() error {
 // every poll interval: running without it would deliver the history as
 // live. stop is true when ctx ended first.
 func (s *Subscriber) startCatchUp(ctx context.Context) (stop bool) {
-	if !s.catchUp {
+	if !s.firstRunCatchUp {
 		return false
 	}
 	marker := s.checkpoints.(DeliveryMarker) // validateCatchUp
 	for {
 		head, err := s.events.HeadPosition(ctx)
-		if err == nil && head > s.catchUpThreshold {
+		if err == nil && head > s.firstRunThreshold {
 			err = marker.StartCatchUp(ctx, s.name, []string{s.name, partitionMarker(s.name)}, head)
 		}
 		if err == nil {

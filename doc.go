@@ -135,9 +135,14 @@
 // partition); ResetCheckpoint and ResetCheckpointWith move every
 // partition in one transaction, WaitCaughtUp waits for every partition and
 // DeleteState deletes them all. An idle partitioned subscriber costs two
-// statements per poll interval whatever n is. The partition count is recorded with the checkpoints: a Run with another
-// n is refused with ErrPartitionsChanged, and the first partitioned Run of
-// a name that ran unpartitioned starts every partition at its checkpoint.
+// statements per poll interval whatever n is. The partition count is
+// recorded with the checkpoints: a Run with another n is refused with
+// ErrPartitionsChanged, and the first partitioned Run of a name that ran
+// unpartitioned starts every partition at its checkpoint. Repartition
+// changes n (to or from unpartitioned too) while replicas run, in one
+// transaction that first brings every partition to the highest
+// checkpoint: nothing is skipped or handled twice, each aggregate stays in
+// feed order, and replicas on the old n stop with ErrPartitionsChanged.
 // See docs/partitions.md.
 //
 // # Batch handlers
@@ -240,7 +245,8 @@
 //   - an append: one (the concurrent appends of one GormEventStore share
 //     it);
 //   - Lag, Status, Healthy, ListParked, ReplayParked, ResetCheckpoint,
-//     ResetCheckpointWith, DeleteState and the admin calls: one each (a
+//     ResetCheckpointWith, DeleteState, Repartition (its catch-up reads
+//     the feed in its transaction) and the admin calls: one each (a
 //     reset abandoned on Postgres is cancelled on the server with an
 //     out-of-band cancel request, not a pool connection);
 //   - a PostgresListener: one of its own, outside the pool.
@@ -274,11 +280,12 @@
 //   - a CheckpointStore's: CheckpointResetter (rebuilds in place),
 //     AttemptCounter (attempt counts across replicas and restarts),
 //     PartitionCheckpointStore (partitions in one statement and one
-//     transaction), Pauser (Pause, SwitchOver), DeliveryMarker and its
-//     batches' MarkedBatch (DeliveryFrom's re-deliveries and catch-ups),
-//     FailureClassifier (commit failures blamed on events), FeedSharer,
-//     FeedAcquirer and their batches' BatchFeedReader (reading the feed on
-//     the batch's own connection);
+//     transaction), Pauser (Pause, SwitchOver), Repartitioner
+//     (Repartition), DeliveryMarker and its batches' MarkedBatch
+//     (DeliveryFrom's re-deliveries and catch-ups), FailureClassifier
+//     (commit failures blamed on events), FeedSharer, FeedAcquirer and
+//     their batches' BatchFeedReader (reading the feed on the batch's own
+//     connection);
 //   - a Batch's: TxEndChecker (a statement that ended the transaction),
 //     ResetAborter (a batch a reset ended);
 //   - a ParkingLot's: ManagedParkingLot, ParkingLotPurger,

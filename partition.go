@@ -20,11 +20,12 @@ const MaxPartitions = 1024
 // ResetCheckpointWith, DeleteState, WaitCaughtUp, Lag, PartitionLags,
 // Status and Healthy of a subscriber whose name has checkpoints recorded
 // for another number of partitions (WithPartitions, or none), before
-// anything is changed. Running with another n would hand the aggregates to
-// other partitions, whose checkpoints are elsewhere in the feed: events
-// would be skipped or handled twice; resetting or deleting would move rows
-// the name's runs do not use. Keep the old n, or rebuild under a new name
-// (see docs/partitions.md).
+// anything is changed, and by a Run whose name is repartitioned while it
+// runs, at its next batch or poll. Running with another n would hand the
+// aggregates to other partitions, whose checkpoints are elsewhere in the
+// feed: events would be skipped or handled twice; resetting or deleting
+// would move rows the name's runs do not use. Keep the recorded n, or
+// change it with Repartition (see docs/partitions.md).
 var ErrPartitionsChanged = errors.New("the subscriber's checkpoints were written for another number of partitions")
 
 // WithPartitions splits the feed into n partitions by a stable hash of the
@@ -154,8 +155,9 @@ type PartitionCheckpointStore interface {
 	DeleteAll(ctx context.Context, names []string, guard, apply func(ctx context.Context) error) error
 	// InitPartitions records n in the row marker unless it already holds a
 	// count, which it then returns (0 when it recorded n); on first use it
-	// seeds every partition of parts that has no row yet at plain's
-	// checkpoint, in the same transaction.
+	// seeds every partition of parts that has no row yet, or a retired one
+	// (RetiredCheckpoint), at plain's checkpoint (0 when retired), in the
+	// same transaction.
 	InitPartitions(ctx context.Context, marker, plain string, parts []string, n int64) (int64, error)
 }
 
@@ -223,12 +225,18 @@ func (s *Subscriber) partitionCountIs(recorded int64) error {
 	switch {
 	case recorded == 0 || recorded == int64(s.partitions):
 		return nil
+	case recorded < 0: // repartitioned to unpartitioned
+		if s.partitions == 0 {
+			return nil
+		}
+		return fmt.Errorf("subscriptions: subscriber %q has unpartitioned checkpoints (repartitioned), WithPartitions(%d) given: %w; construct it without WithPartitions, or Repartition it",
+			s.name, s.partitions, ErrPartitionsChanged)
 	case s.partitions == 0:
 		return fmt.Errorf("subscriptions: subscriber %q has checkpoints for %d partitions, WithPartitions not given: %w; construct it with WithPartitions(%d)",
 			s.name, recorded, ErrPartitionsChanged, recorded)
 	}
-	return fmt.Errorf("subscriptions: subscriber %q has checkpoints for %d partitions, WithPartitions(%d) given: %w; run it with WithPartitions(%d), or rebuild the projection under a new name",
-		s.name, recorded, s.partitions, ErrPartitionsChanged, recorded)
+	return fmt.Errorf("subscriptions: subscriber %q has checkpoints for %d partitions, WithPartitions(%d) given: %w; run it with WithPartitions(%d), or Repartition it to %d",
+		s.name, recorded, s.partitions, ErrPartitionsChanged, recorded, s.partitions)
 }
 
 // checkPartitionCount reads the name's recorded partition count and
@@ -367,14 +375,15 @@ func (s *Subscriber) resetPartitionsWith(ctx context.Context, position int64, ap
 }
 
 // deletePartitions is DeleteState's checkpoint part for a partitioned
-// subscriber: every partition's row and the partition count, with purge,
-// in one transaction.
+// subscriber: every partition's row, the partition count and the name's
+// own row (a seed for the partitions, or retired by Repartition), with
+// purge, in one transaction.
 func (s *Subscriber) deletePartitions(ctx context.Context, purge func(ctx context.Context) error) error {
 	ps, ok := s.checkpoints.(PartitionCheckpointStore)
 	if !ok {
 		return fmt.Errorf("subscriptions: delete the state of %q: checkpoint store %T cannot delete partitions atomically: %w", s.name, s.checkpoints, errors.ErrUnsupported)
 	}
-	return ps.DeleteAll(ctx, append(s.partitionNames(), partitionMarker(s.name)), s.countGuard, purge)
+	return ps.DeleteAll(ctx, append(s.partitionNames(), partitionMarker(s.name), s.name), s.countGuard, purge)
 }
 
 // waitPartitionsCaughtUp is waitCaughtUpTo for a partitioned subscriber:
@@ -396,6 +405,9 @@ func (s *Subscriber) waitPartitionsCaughtUp(ctx context.Context, head int64) err
 				return err // the store names the subscriber
 			}
 			continue
+		}
+		if i := slices.Index(positions, RetiredCheckpoint); i >= 0 {
+			return s.retiredError(ctx, names[i]) // repartitioned meanwhile
 		}
 		behind := false
 		for p, position := range positions {

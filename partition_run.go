@@ -282,6 +282,7 @@ func (s *Subscriber) partitionChild(name string, p int, index *partitionIndex, t
 		// Each partition has a checkpoint row, and so a record, of its own.
 		attempts:   s.attempts,
 		classifier: s.classifier,
+		parent:     s,
 	}
 	c.acquirer = readThenAcquire{events: c.events, checkpoints: c.checkpoints}
 	// The indexed acquirer reads the events in the batch's transaction:
@@ -496,11 +497,25 @@ func (s *Subscriber) probe(ctx context.Context, ps *partitionSet, scanned *int64
 	return true
 }
 
-// sweep reads every partition's checkpoint in one statement: a partition
-// whose checkpoint moved since this process last saw it (a reset, another
-// replica's batch) is looked at again.
+// sweep reads every partition's checkpoint, and the partition count, in
+// one statement: a partition whose checkpoint moved since this process
+// last saw it (a reset, another replica's batch) is looked at again, and
+// a count changed by a Repartition ends the Run (ErrPartitionsChanged),
+// idle partitions included.
 func (s *Subscriber) sweep(ctx context.Context, ps *partitionSet, names []string) {
-	positions, err := s.storePositions(ctx, names)
+	positions, err := s.checkpointPositions(ctx, names)
+	if err == nil && slices.Contains(positions, RetiredCheckpoint) {
+		err = s.retiredError(ctx, names[slices.Index(positions, RetiredCheckpoint)])
+	}
+	if errors.Is(err, ErrPartitionsChanged) {
+		ps.mu.Lock()
+		if ps.fatal == nil {
+			ps.fatal = err
+		}
+		ps.mu.Unlock()
+		ps.abort()
+		return
+	}
 	if err != nil {
 		if ctx.Err() == nil {
 			s.logger.Error("subscriber: reading the partition checkpoints failed; will retry", "subscriber", s.name, "error", err)

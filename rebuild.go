@@ -166,6 +166,9 @@ func (s *Subscriber) waitCaughtUpTo(ctx context.Context, head int64) error {
 		if err != nil && ctx.Err() == nil {
 			return err // the store names the subscriber
 		}
+		if err == nil && position == RetiredCheckpoint {
+			return s.retiredError(ctx, s.name) // repartitioned meanwhile
+		}
 		if err == nil && position >= head {
 			return nil
 		}
@@ -227,6 +230,19 @@ func (s *Subscriber) DeleteState(ctx context.Context) error {
 	if s.partitions > 0 {
 		del = func(ctx context.Context, _ string, purge func(ctx context.Context) error) error {
 			return s.deletePartitions(ctx, purge)
+		}
+	} else if ps, ok := s.checkpoints.(PartitionCheckpointStore); ok {
+		// A name repartitioned to run unpartitioned records that in its
+		// partition count's row, which goes too.
+		marker := partitionMarker(s.name)
+		recorded, err := ps.Positions(ctx, []string{marker})
+		if err != nil {
+			return err // the store names the checkpoint
+		}
+		if recorded[0] < 0 {
+			del = func(ctx context.Context, name string, purge func(ctx context.Context) error) error {
+				return ps.DeleteAll(ctx, []string{name, marker}, s.countGuard, purge)
+			}
 		}
 	}
 	if err := del(ctx, s.name, purge); err != nil {

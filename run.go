@@ -55,7 +55,8 @@ var wakeRechecks = []time.Duration{5 * time.Millisecond, 25 * time.Millisecond, 
 // from ErrRunning, the only errors Run returns are fatal misconfiguration:
 // an event store without a global ordered feed (an error wrapping
 // domain.ErrGlobalOrderingNotSupported), or a name whose checkpoints were
-// written for another partition count (ErrPartitionsChanged).
+// written for another partition count (ErrPartitionsChanged, also at the
+// next batch or poll after a Repartition of the name).
 //
 // A panicking handler rolls back its batch, releasing the checkpoint, and
 // the panic propagates out of Run.
@@ -328,6 +329,13 @@ func (r *runner) acquire(ctx context.Context, check bool) (b cycleBatch, out out
 		}
 		return b, outcomeIdle, false
 	}
+	if batch != nil && batch.Position() == RetiredCheckpoint {
+		// A Repartition retired this layout: nothing past its position is
+		// this runner's to handle.
+		r.rollback(batch)
+		r.fatal = s.retiredError(ctx, s.name)
+		return b, outcomeFatal, false
+	}
 	if p := r.takePending(events[0], prefixCycle); p != nil {
 		if batch != nil {
 			r.rollback(batch)
@@ -362,18 +370,27 @@ func (r *runner) acquire(ctx context.Context, check bool) (b cycleBatch, out out
 // Run also reads the name's partition count (in the same statement where
 // the store allows) and refuses a name that was run partitioned
 // (ErrPartitionsChanged, which transient makes fatal): running from its
-// stale plain checkpoint would handle events twice.
+// stale plain checkpoint would handle events twice. A checkpoint a
+// Repartition retired is refused the same way, at any read.
 func (r *runner) readCheckpoint(ctx context.Context) (int64, error) {
 	s := r.s
+	var position int64
 	if r.countChecked {
-		return s.checkpoints.Position(ctx, s.name)
+		var err error
+		if position, err = s.checkpoints.Position(ctx, s.name); err != nil {
+			return 0, err
+		}
+	} else {
+		positions, err := s.checkpointPositions(ctx, []string{s.name})
+		if err != nil {
+			return 0, err
+		}
+		r.countChecked, position = true, positions[0]
 	}
-	positions, err := s.checkpointPositions(ctx, []string{s.name})
-	if err != nil {
-		return 0, err
+	if position == RetiredCheckpoint { // see acquire
+		return 0, s.retiredError(ctx, s.name)
 	}
-	r.countChecked = true
-	return positions[0], nil
+	return position, nil
 }
 
 // runBatch runs the handlers of b's events (through the BatchHandler

@@ -114,6 +114,9 @@ type Subscriber struct {
 	// classifier tells the events' commit failures from the store's: the
 	// checkpoint store when it can (FailureClassifier).
 	classifier FailureClassifier
+	// parent is, for a partition's Subscriber (partitionChild), the
+	// partitioned one; nil otherwise.
+	parent *Subscriber
 }
 
 // config is a Subscriber's configuration as NewSubscriber's options leave
@@ -136,9 +139,9 @@ type config struct {
 	meterProvider  metric.MeterProvider
 	tracerProvider trace.TracerProvider
 
-	// catchUp and catchUpThreshold are WithFirstRunCatchUp's.
-	catchUp          bool
-	catchUpThreshold int64
+	// firstRunCatchUp and firstRunThreshold are WithFirstRunCatchUp's.
+	firstRunCatchUp   bool
+	firstRunThreshold int64
 
 	// noTelemetry (tests only) turns the instruments off: the baseline the
 	// telemetry benchmarks compare with.

@@ -140,11 +140,14 @@ func (s *CheckpointStore) InitPartitions(ctx context.Context, marker, plain stri
 			return nil
 		}
 		var seed, redelivered int64
-		if err := tx.QueryRow(ctx, "SELECT COALESCE(MAX(position), 0), COALESCE(MAX(redelivered_through), 0) FROM subscriber_checkpoints WHERE subscriber = $1", plain).Scan(&seed, &redelivered); err != nil {
+		if err := tx.QueryRow(ctx, "SELECT COALESCE(MAX(position), 0), COALESCE(MAX(redelivered_through), 0) FROM subscriber_checkpoints WHERE subscriber = $1 AND position <> $2",
+			plain, subscriptions.RetiredCheckpoint).Scan(&seed, &redelivered); err != nil {
 			return err
 		}
+		// A retired row (left by a Repartition) is seeded as a missing one.
 		if _, err := tx.Exec(ctx, `INSERT INTO subscriber_checkpoints (subscriber, position, updated_at, redelivered_through)
-			SELECT unnest($1::text[]), $2, $3, $4 ON CONFLICT (subscriber) DO NOTHING`, parts, seed, now, redelivered); err != nil {
+			SELECT unnest($1::text[]), $2, $3, $4 ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at, redelivered_through = excluded.redelivered_through
+			WHERE subscriber_checkpoints.position = $5`, parts, seed, now, redelivered, subscriptions.RetiredCheckpoint); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, "UPDATE subscriber_checkpoints SET position = $1, updated_at = $2 WHERE subscriber = $3", n, now, marker)

@@ -140,7 +140,8 @@ func RunAttemptCounterSuite(t *testing.T, h CheckpointStoreHarness) {
 // subscriptions.PartitionCheckpointStore: Positions reads many rows at
 // once; ResetAll and DeleteAll change every row together with apply, or
 // nothing when guard or apply fails; InitPartitions records the count once
-// and seeds the partitions from the plain checkpoint.
+// and seeds the partitions (missing or retired) from the plain
+// checkpoint.
 func RunPartitionCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
 	ctx := context.Background()
 	boom := errors.New("boom")
@@ -199,13 +200,14 @@ func RunPartitionCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
 		t.Run("InitPartitions", func(t *testing.T) {
 			ps, cps, other := capability[subscriptions.PartitionCheckpointStore](t, h)
 			advance(t, cps, "multi", 7)
-			advance(t, cps, names[1], 9) // a row of its own already
+			advance(t, cps, names[1], 9)                               // a row of its own already
+			advance(t, cps, names[2], subscriptions.RetiredCheckpoint) // left by a Repartition
 			existing, err := ps.InitPartitions(ctx, "multi/partitions", "multi", names, 3)
 			require.NoError(t, err)
 			require.Zero(t, existing, "the first call records the count")
 			got, err := ps.Positions(ctx, names)
 			require.NoError(t, err)
-			require.Equal(t, []int64{7, 9, 7}, got, "partitions without a row start at the plain checkpoint")
+			require.Equal(t, []int64{7, 9, 7}, got, "partitions without a row, or with a retired one, start at the plain checkpoint")
 			otherPS := other.(subscriptions.PartitionCheckpointStore)
 			existing, err = otherPS.InitPartitions(ctx, "multi/partitions", "multi", names[:2], 2)
 			require.NoError(t, err)

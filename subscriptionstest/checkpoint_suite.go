@@ -51,8 +51,8 @@ type CheckpointStoreHarness struct {
 // subscriptions.CheckpointStore against the store h builds, as subtests of
 // t named h.Name/<case>, then the suites of the optional capabilities the
 // store has (RunAttemptCounterSuite, RunPartitionCheckpointStoreSuite,
-// RunPauserSuite, RunDeliveryMarkerSuite; CheckpointResetter's cases run
-// within). Every case gets a fresh store from h.New. Cases
+// RunPauserSuite, RunDeliveryMarkerSuite, RunRepartitionerSuite;
+// CheckpointResetter's cases run within). Every case gets a fresh store from h.New. Cases
 // run one after another; a case may run goroutines of its own, all ended
 // before it returns.
 func RunCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
@@ -311,6 +311,7 @@ func RunCheckpointStoreSuite(t *testing.T, h CheckpointStoreHarness) {
 	RunPartitionCheckpointStoreSuite(t, h)
 	RunPauserSuite(t, h)
 	RunDeliveryMarkerSuite(t, h)
+	RunRepartitionerSuite(t, h)
 }
 
 // advance sets a subscriber's checkpoint through a committed batch (not

@@ -18,7 +18,8 @@
 // which skips when the store does not have it, and which the interface's
 // suite also runs: for a checkpoint store RunAttemptCounterSuite,
 // RunPartitionCheckpointStoreSuite, RunPauserSuite and
-// RunDeliveryMarkerSuite (and CheckpointResetter's cases), and RunFeedSharerSuite for a store sharing
+// RunDeliveryMarkerSuite, RunRepartitionerSuite (and CheckpointResetter's
+// cases), and RunFeedSharerSuite for a store sharing
 // an event store's database (FeedSharer, BatchFeedReader, FeedAcquirer);
 // for an event store RunPartitionFeedSuite (PartitionFeed, FeedIndex); for
 // a parking lot RunDeliveredClearerSuite (DeliveredClearer,

@@ -119,7 +119,7 @@ func (c *cli) status(ctx context.Context, d *database) error {
 				strconv.FormatInt(p.Lag, 10), seconds(p.LagSeconds), "-", fmt.Sprintf("%d of %d", p.Partition, s.Partitions), pstate})
 		}
 		if len(s.OtherCheckpoints) > 0 {
-			notes = append(notes, fmt.Sprintf("note: %s also has checkpoints of another partition count (%s ...), not used while it runs with %d (docs/partitions.md)",
+			notes = append(notes, fmt.Sprintf("note: %s also has checkpoints of another partition count (%s ...), retired by a repartition or left by an earlier count, not used while it runs with %d (docs/partitions.md)",
 				s.Subscriber, s.OtherCheckpoints[0], s.Partitions))
 		}
 	}

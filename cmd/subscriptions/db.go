@@ -203,6 +203,6 @@ func (d *database) subscriber(g *group, log *slog.Logger) (*subscriptions.Subscr
 		opts = append(opts, subscriptions.WithPartitions(g.partitions))
 	}
 	return subscriptions.NewSubscriber(g.name, d.events, d.checkpoints, func(context.Context, domain.EventEnvelope[any]) error {
-		return errors.New("the subscriptions CLI has no event handler")
+		return errNoHandler
 	}, opts...)
 }

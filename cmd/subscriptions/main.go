@@ -11,6 +11,7 @@
 //	reset SUBSCRIBER POSITION           set the checkpoint (asks first; not beyond the head)
 //	pause SUBSCRIBER [-reason TEXT]     stop it in every process until resume (asks first)
 //	resume SUBSCRIBER                   lift the pause (asks first)
+//	repartition SUBSCRIBER -partitions N  change the partition count without a rebuild (asks first)
 //	migrate [-verify]                   apply (or only check) the module's schema migrations
 //
 // Only migrate changes the schema: every other command opens the stores
@@ -43,6 +44,8 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"github.com/eventfeed/subscriptions"
 )
 
 func main() {
@@ -69,6 +72,8 @@ commands:
   pause SUBSCRIBER [-reason TEXT]           stop it everywhere (every replica, partition and process) from its
                                             next batch until resume, across restarts (asks first)
   resume SUBSCRIBER                         lift the pause: its replicas go on from their checkpoints (asks first)
+  repartition SUBSCRIBER -partitions N      change the partition count (0: unpartitioned) in place (asks first);
+                                            needs the partitions at one position (docs/partitions.md)
   migrate [-verify]                         apply the module's schema migrations (migrations.Migrate);
                                             -verify only checks them (migrations.Verify), changing nothing.
                                             The only command that changes the schema: the others refuse a
@@ -114,6 +119,8 @@ type cli struct {
 	verify     bool
 	partitions bool
 	reason     string
+	// repartitionTo is repartition's -partitions N, -1 when not given.
+	repartitionTo int
 
 	stdin          io.Reader
 	stdout, stderr io.Writer
@@ -252,6 +259,15 @@ func (c *cli) dispatch(ctx context.Context, args []string, getenv func(string) s
 		if err == nil && len(pos) != 1 {
 			err = usageError{fmt.Sprintf("%s: want one SUBSCRIBER, got %d arguments", cmd, len(pos))}
 		}
+	case "repartition":
+		pos, err = c.flags(cmd, rest, func(fs *flag.FlagSet) { fs.IntVar(&c.repartitionTo, "partitions", -1, "") })
+		switch {
+		case err != nil:
+		case len(pos) != 1:
+			err = usageError{fmt.Sprintf("repartition: want SUBSCRIBER -partitions N, got %d arguments", len(pos))}
+		case c.repartitionTo < 0 || c.repartitionTo > subscriptions.MaxPartitions:
+			err = usageError{fmt.Sprintf("repartition: -partitions N is required, from 0 (unpartitioned) to %d", subscriptions.MaxPartitions)}
+		}
 	case "migrate":
 		pos, err = c.flags(cmd, rest, func(fs *flag.FlagSet) { fs.BoolVar(&c.verify, "verify", false, "") })
 		if err == nil && len(pos) != 0 {
@@ -291,6 +307,8 @@ func (c *cli) dispatch(ctx context.Context, args []string, getenv func(string) s
 		return c.pause(ctx, db, pos[0], c.reason)
 	case "resume":
 		return c.resume(ctx, db, pos[0])
+	case "repartition":
+		return c.repartition(ctx, db, pos[0], c.repartitionTo)
 	default: // reset
 		return c.reset(ctx, db, pos[0], pos[1])
 	}

@@ -13,7 +13,8 @@ import (
 
 // A partitioned subscriber (subscriptions.WithPartitions) keeps one
 // checkpoint row per partition, NAME/partition-K-of-N, and a marker row,
-// NAME/partitions, whose position holds N; its parked events are kept
+// NAME/partitions, whose position holds N (-1 once repartitioned to run
+// unpartitioned); its parked events are kept
 // under NAME (the formats are the library's partitionName and
 // partitionMarker, checkpoint_partition.go and partition.go). The CLI
 // shows and addresses such a subscriber by NAME.
@@ -28,8 +29,8 @@ type group struct {
 	// partitions is N for a partitioned subscriber, 0 otherwise.
 	partitions int
 	// checkpoints are the positions of the partition rows of N, by
-	// partition; other holds rows of another partition count (left by an
-	// earlier N, see docs/partitions.md).
+	// partition; other holds rows of another partition count (retired by
+	// a repartition, or left by an earlier N; see docs/partitions.md).
 	checkpoints map[int]int64
 	other       []string
 }
@@ -61,9 +62,13 @@ func (d *database) groups(ctx context.Context) ([]*group, error) {
 		position   int64
 	}
 	var parts []part
+	// unpartitioned: names whose marker says they were repartitioned to
+	// run unpartitioned (its position is then negative).
+	unpartitioned := map[string]bool{}
 	for _, r := range rows {
-		if base, ok := cutSuffix(r.Subscriber, markerSuffix); ok && r.Position > 0 {
-			get(base).partitions = int(r.Position)
+		if base, ok := cutSuffix(r.Subscriber, markerSuffix); ok {
+			get(base).partitions = int(max(r.Position, 0))
+			unpartitioned[base] = r.Position < 0
 			continue
 		}
 		if m := partitionRow.FindStringSubmatch(r.Subscriber); m != nil {
@@ -79,7 +84,7 @@ func (d *database) groups(ctx context.Context) ([]*group, error) {
 	}
 	marked := map[string]bool{}
 	for name, g := range byName {
-		marked[name] = g.partitions > 0
+		marked[name] = g.partitions > 0 || unpartitioned[name]
 	}
 	for _, pt := range parts {
 		if g := byName[pt.base]; !marked[pt.base] {

@@ -17,8 +17,14 @@
 //
 //	crashchild -driver postgres|pgx|sqlite|glebarez -dsn DSN -name SUBSCRIBER [-batch N] [-poll D]
 //	           [-table NAME] [-delay D] [-listen] [-partitions N -concurrency K]
+//	           [-repartition N] [-kill-after K]
 //
 // It prints "READY <pid>" on stdout once its subscriber is about to run.
+// With -repartition N it does not run the subscriber but repartitions its
+// name to N partitions (Subscriber.Repartition, whose catch-up writes the
+// projection through the repartition's transaction), prints
+// "REPARTITIONED" and exits; -kill-after K makes the handler SIGKILL its
+// own process on its K-th call, in the middle of that catch-up.
 package main
 
 import (
@@ -30,6 +36,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -66,6 +73,8 @@ func main() {
 	concurrency := flag.Int("concurrency", 1, "WithConcurrency(K), with -partitions")
 	killType := flag.String("kill-type", "", "the handler SIGKILLs its own process on an event of this type")
 	retries := flag.Int("park-retries", -1, "with a GORM parking lot and WithMaxRetries(N); -1: no parking lot")
+	flag.IntVar(&repartitionTo, "repartition", -1, "repartition the name to N partitions (0: unpartitioned) instead of running it")
+	flag.Int64Var(&killAfter, "kill-after", 0, "the handler SIGKILLs its own process on its K-th call (0: never)")
 	flag.Parse()
 
 	var extra []subscriptions.SubscriberOption
@@ -80,10 +89,15 @@ func main() {
 	}
 }
 
-// killOn and parkRetries are -kill-type and -park-retries.
+// killOn, parkRetries, repartitionTo and killAfter are -kill-type,
+// -park-retries, -repartition and -kill-after; calls counts the handler's
+// calls.
 var (
-	killOn      string
-	parkRetries = -1
+	killOn        string
+	parkRetries   = -1
+	repartitionTo = -1
+	killAfter     int64
+	calls         atomic.Int64
 )
 
 // pool is the connection pool's size: a partition worker each, plus the
@@ -119,8 +133,8 @@ func run(driver, dsn, name string, batch int, poll time.Duration, table string, 
 		if delay > 0 {
 			time.Sleep(delay)
 		}
-		if killOn != "" && ev.EventType == killOn {
-			fmt.Fprintf(os.Stderr, "KILLER event %s at position %d: killing pid %d\n", ev.ID, ev.Position, pid)
+		if n := calls.Add(1); (killOn != "" && ev.EventType == killOn) || n == killAfter {
+			fmt.Fprintf(os.Stderr, "KILLER event %s at position %d (call %d): killing pid %d\n", ev.ID, ev.Position, n, pid)
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 			select {} // the signal ends the process
 		}
@@ -166,6 +180,14 @@ func run(driver, dsn, name string, batch int, poll time.Duration, table string, 
 		return err
 	}
 	fmt.Printf("READY %d\n", pid)
+	if repartitionTo >= 0 {
+		if err := sub.Repartition(ctx, repartitionTo); err != nil {
+			return err
+		}
+		fmt.Println("REPARTITIONED")
+		stop()
+		return <-listenerDone
+	}
 	runErr := sub.Run(ctx)
 	stop()
 	return errors.Join(runErr, <-listenerDone)

@@ -1,0 +1,106 @@
+package pgxstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/domain"
+)
+
+var _ subscriptions.Repartitioner = (*CheckpointStore)(nil)
+
+// Repartition changes the layout in one transaction (see
+// subscriptions.Repartitioner), as the GORM Postgres backend does: it
+// creates the count's row and the missing rows of from (uncommitted: a
+// batch creating one waits for the commit), locks the count's row first
+// (as InitPartitions does) and then every row in name order, which waits
+// for the batches in flight while the others skip them; catchUp reads the
+// checkpoints under those locks, and reads the feed, in the transaction,
+// and its apply gets the transaction from TxFromContext. When it returns, nothing of the transaction holds a lock
+// any more (see onServer).
+func (s *CheckpointStore) Repartition(ctx context.Context, marker string, from, to []string, count int64, catchUp subscriptions.RepartitionCatchUp) error {
+	what := fmt.Sprintf("repartition %q", subscriptions.PauseKey(marker))
+	all := append(append([]string{marker}, from...), to...)
+	slices.Sort(all)
+	all = slices.Compact(all)
+	for _, name := range all {
+		if err := subscriptions.CheckSubscriberName(name); err != nil {
+			return fmt.Errorf("pgxstore: %s: %w", what, err)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("pgxstore: %s: %w", what, err)
+	}
+	err := s.onServer(ctx, func(tctx context.Context, tx pgx.Tx) error {
+		now := time.Now().UTC()
+		if err := holdRows(tctx, tx, marker, from, all, now); err != nil {
+			return fmt.Errorf("hold the batches: %w", err)
+		}
+		positions, err := s.Positions(withTx(tctx, newHandlerTx(tx, s.pool)), append(slices.Clone(from), marker))
+		if err != nil {
+			return err
+		}
+		read := func(ctx context.Context, after, upTo int64, limit int) ([]domain.EventEnvelope[any], error) {
+			return queryEvents(ctx, tx, fmt.Sprintf("read the feed after position %d", after),
+				"WHERE position > $1 AND position <= $2 ORDER BY position LIMIT $3", after, upTo, limit)
+		}
+		target, apply, err := catchUp(ctx, positions[len(from)], positions[:len(from)], read)
+		if err != nil {
+			return err
+		}
+		if apply != nil {
+			htx := newHandlerTx(tx, s.pool)
+			if err := errors.Join(apply(withTx(tctx, htx)), htx.misused()); err != nil {
+				return err
+			}
+		}
+		var retired []string
+		for _, name := range from {
+			if !slices.Contains(to, name) {
+				retired = append(retired, name)
+			}
+		}
+		for _, w := range []struct {
+			names    []string
+			position int64
+		}{{to, target}, {retired, subscriptions.RetiredCheckpoint}, {[]string{marker}, count}} {
+			if _, err := tx.Exec(tctx, `INSERT INTO subscriber_checkpoints (subscriber, position, updated_at)
+				SELECT unnest($1::text[]), $2, $3
+				ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at`, w.names, w.position, now); err != nil {
+				return fmt.Errorf("write the checkpoints: %w", err)
+			}
+		}
+		return clearAttempts(tctx, tx, append(slices.Clone(from), to...)...)
+	})
+	if err != nil {
+		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
+			return fmt.Errorf("pgxstore: %s: %w: %w", what, ctxErr, err)
+		}
+		return fmt.Errorf("pgxstore: %s: %w", what, err)
+	}
+	return nil
+}
+
+// holdRows creates the count's row and the missing rows of from and locks
+// the count's row, then every row of all in name order.
+func holdRows(ctx context.Context, tx pgx.Tx, marker string, from, all []string, now time.Time) error {
+	const create = `INSERT INTO subscriber_checkpoints (subscriber, position, updated_at)
+		SELECT unnest($1::text[]), 0, $2 ON CONFLICT (subscriber) DO NOTHING`
+	if _, err := tx.Exec(ctx, create, []string{marker}, now); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, "SELECT position FROM subscriber_checkpoints WHERE subscriber = $1 FOR UPDATE", marker); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, create, slices.Sorted(slices.Values(from)), now); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, "SELECT subscriber FROM subscriber_checkpoints WHERE subscriber = ANY($1) ORDER BY subscriber FOR UPDATE", all)
+	return err
+}
