@@ -171,6 +171,11 @@ func (s *Subscriber) Repartition(ctx context.Context, n int) error {
 		}
 		target, caughtUp = plan.target, plan.events
 		return plan.target, func(hctx context.Context) error {
+			// In the repartition's transaction (hctx): on SQLite the lot
+			// cannot be read beside it.
+			if err := s.refuseHeldCatchUp(hctx, plan); err != nil {
+				return fmt.Errorf("%s: %w", step, err)
+			}
 			var err error
 			if cleared, err = s.catchUp(hctx, m, plan); err != nil {
 				return fmt.Errorf("%s: catch up to position %d: %w", step, plan.target, err)
@@ -296,6 +301,32 @@ func (s *Subscriber) catchUpPlan(ctx context.Context, m int, positions []int64, 
 		}
 	}
 	return plan, nil
+}
+
+// refuseHeldCatchUp refuses a catch-up that would hand a handler an event
+// of an aggregate with an earlier event parked (WithOrderedParking): the
+// catch-up does not hold events behind their queue's head as a batch does.
+func (s *Subscriber) refuseHeldCatchUp(ctx context.Context, plan catchUpPlan) error {
+	if s.queues == nil || plan.events == 0 {
+		return nil
+	}
+	heads, err := s.queues.lot.ParkedHeads(ctx, s.queues.name)
+	if err != nil {
+		return fmt.Errorf("read the parked aggregates' queues: %w", err)
+	}
+	at := make(map[string]int64, len(heads))
+	for _, h := range heads {
+		at[h.AggregateID] = h.Position
+	}
+	for _, events := range plan.lagging {
+		for _, ev := range events {
+			if head, ok := at[ev.AggregateID]; ok && ev.AggregateID != "" && head < ev.Position {
+				return fmt.Errorf("event %q (position %d) of aggregate %q lies behind its parked event at position %d, which the catch-up cannot hold it behind: replay or discard that one, or let the partitions catch up, then repartition: %w",
+					ev.ID, ev.Position, ev.AggregateID, head, ErrParkedBehindHead)
+			}
+		}
+	}
+	return nil
 }
 
 // clearRange is the removal of the parked entries of a partition's events

@@ -566,3 +566,56 @@ func TestRepartitionOnOneConnection(t *testing.T) {
 		})
 	}
 }
+
+// TestRepartitionRefusesToPassAParkedHead: under WithOrderedParking, a
+// repartition whose catch-up would hand a handler an aggregate's event
+// behind its parked one (which a batch would hold) is refused, and
+// changes nothing.
+func TestRepartitionRefusesToPassAParkedHead(t *testing.T) {
+	t.Parallel()
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			e := b.New(t)
+			ctx := context.Background()
+			const name = "repart-held"
+			p := newRepartProjection(t, e, "repart_held")
+			aggA, aggB := "held-a", ""
+			for i := 0; aggB == ""; i++ {
+				if c := fmt.Sprintf("held-b-%d", i); subscriptions.PartitionOf(c, 4) != subscriptions.PartitionOf(aggA, 4) {
+					aggB = c
+				}
+			}
+			appendTo := func(agg string) domain.EventEnvelope[any] {
+				ev := domain.NewEventEnvelope[any](map[string]any{}, agg, "repart.held", 0)
+				require.NoError(t, e.Events.Append(ctx, agg, -1, ev))
+				stored, err := e.Events.GetEventByID(ctx, ev.ID)
+				require.NoError(t, err)
+				return stored
+			}
+			p.fail.Store(&map[string]bool{aggA: true})
+			a1 := appendTo(aggA)
+			sub := repartSubscriber(t, e, name, p, subscriptions.WithPartitions(4), subscriptions.WithParkingLot(e.Parking),
+				subscriptions.WithOrderedParking(), subscriptions.WithMaxRetries(0))
+			run := start(t, sub)
+			require.Eventually(t, func() bool {
+				parked, err := sub.ListParked(ctx)
+				return err == nil && len(parked) == 1
+			}, time.Minute, 5*time.Millisecond, "A's first event is parked")
+			run.stop(t)
+			p.fail.Store(nil)
+			a2, b1 := appendTo(aggA), appendTo(aggB)
+			// B's partition has gone past A's new event, as its replica
+			// would have; A's partition lags behind it.
+			require.NoError(t, e.Checkpoints.Reset(ctx, fmt.Sprintf("%s/partition-%d-of-4", name, subscriptions.PartitionOf(aggB, 4)), b1.Position))
+
+			err := sub.Repartition(ctx, 2)
+			require.ErrorIs(t, err, subscriptions.ErrParkedBehindHead)
+			require.ErrorContains(t, err, a2.ID)
+			require.NotContains(t, p.ids(t), a2.ID, "not handled past its parked head %s", a1.ID)
+			require.Equal(t, 4, sub.Partitions())
+			lags, err := sub.PartitionLags(ctx)
+			require.NoError(t, err, "still 4 partitions")
+			require.EqualValues(t, 1, lags[subscriptions.PartitionOf(aggA, 4)])
+		})
+	}
+}
