@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
-	"path/filepath"
 	"regexp"
 	"testing"
 	"time"
@@ -16,7 +15,6 @@ import (
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
-	"github.com/eventfeed/subscriptions/internal/dbtest"
 )
 
 // TestHeldEntries: status counts the entries held behind an earlier
@@ -26,19 +24,7 @@ import (
 func TestHeldEntries(t *testing.T) {
 	t.Parallel()
 	cli, _ := binaries(t)
-	for _, c := range []struct {
-		name string
-		open func(t *testing.T) (*gorm.DB, string)
-	}{
-		{"sqlite", func(t *testing.T) (*gorm.DB, string) {
-			path := filepath.Join(t.TempDir(), "orders.db")
-			return dbtest.OpenSQLite(t, dbtest.SQLiteFileDSN(path)), path
-		}},
-		{"postgres", func(t *testing.T) (*gorm.DB, string) {
-			pg := dbtest.NewPostgres(t)
-			return pg.DB, pg.DSN
-		}},
-	} {
+	for _, c := range cliDatabases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			db, dsn := c.open(t)

@@ -83,6 +83,23 @@ func partitionedState(t *testing.T, db *gorm.DB) (lags []int64, head int64) {
 	return lags, head
 }
 
+// cliDatabases are the databases the command tests run on, each opened
+// for the test with the DSN the command is given: a SQLite file and a
+// Postgres schema.
+var cliDatabases = []struct {
+	name string
+	open func(t *testing.T) (*gorm.DB, string)
+}{
+	{"sqlite", func(t *testing.T) (*gorm.DB, string) {
+		path := filepath.Join(t.TempDir(), "orders.db")
+		return dbtest.OpenSQLite(t, dbtest.SQLiteFileDSN(path)), path
+	}},
+	{"postgres", func(t *testing.T) (*gorm.DB, string) {
+		pg := dbtest.NewPostgres(t)
+		return pg.DB, pg.DSN
+	}},
+}
+
 // TestPartitionedSubscriber: status shows a partitioned subscriber as one
 // row (with -partitions and -json its partitions too), parked list takes
 // its name, reset moves every partition and refuses a position beyond the
@@ -90,19 +107,7 @@ func partitionedState(t *testing.T, db *gorm.DB) (lags []int64, head int64) {
 func TestPartitionedSubscriber(t *testing.T) {
 	t.Parallel()
 	cli, _ := binaries(t)
-	for _, c := range []struct {
-		name string
-		open func(t *testing.T) (*gorm.DB, string)
-	}{
-		{"sqlite", func(t *testing.T) (*gorm.DB, string) {
-			path := filepath.Join(t.TempDir(), "orders.db")
-			return dbtest.OpenSQLite(t, dbtest.SQLiteFileDSN(path)), path
-		}},
-		{"postgres", func(t *testing.T) (*gorm.DB, string) {
-			pg := dbtest.NewPostgres(t)
-			return pg.DB, pg.DSN
-		}},
-	} {
+	for _, c := range cliDatabases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			db, dsn := c.open(t)

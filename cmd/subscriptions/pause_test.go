@@ -5,18 +5,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"gorm.io/gorm"
 
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
-	"github.com/eventfeed/subscriptions/internal/dbtest"
 )
 
 // pauseCounts counts each event's handler calls per subscriber name.
@@ -58,19 +55,7 @@ func (c *pauseCounts) count(name string) int {
 func TestPauseCommand(t *testing.T) {
 	t.Parallel()
 	cli, _ := binaries(t)
-	for _, c := range []struct {
-		name string
-		open func(t *testing.T) (*gorm.DB, string)
-	}{
-		{"sqlite", func(t *testing.T) (*gorm.DB, string) {
-			path := filepath.Join(t.TempDir(), "orders.db")
-			return dbtest.OpenSQLite(t, dbtest.SQLiteFileDSN(path)), path
-		}},
-		{"postgres", func(t *testing.T) (*gorm.DB, string) {
-			pg := dbtest.NewPostgres(t)
-			return pg.DB, pg.DSN
-		}},
-	} {
+	for _, c := range cliDatabases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()

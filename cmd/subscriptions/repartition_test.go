@@ -3,13 +3,9 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"gorm.io/gorm"
-
-	"github.com/eventfeed/subscriptions/internal/dbtest"
 )
 
 // TestRepartitionCommand: repartition refuses, changing nothing, while a
@@ -21,19 +17,7 @@ import (
 func TestRepartitionCommand(t *testing.T) {
 	t.Parallel()
 	cli, _ := binaries(t)
-	for _, c := range []struct {
-		name string
-		open func(t *testing.T) (*gorm.DB, string)
-	}{
-		{"sqlite", func(t *testing.T) (*gorm.DB, string) {
-			path := filepath.Join(t.TempDir(), "orders.db")
-			return dbtest.OpenSQLite(t, dbtest.SQLiteFileDSN(path)), path
-		}},
-		{"postgres", func(t *testing.T) (*gorm.DB, string) {
-			pg := dbtest.NewPostgres(t)
-			return pg.DB, pg.DSN
-		}},
-	} {
+	for _, c := range cliDatabases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			db, dsn := c.open(t)
