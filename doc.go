@@ -187,8 +187,12 @@
 // marks are recorded with the checkpoints, in the reset's transaction or
 // before the first start handles anything, so every replica, partition
 // and restart tells the same, and a batch ends where the nature changes,
-// so that each handler call has one. Everything else is live, a retry of
-// a failed attempt included.
+// so that each handler call has one. Repartition during a rebuild keeps
+// them: its catch-up re-delivers under each old partition's mark, and the
+// new partitions re-deliver up to the lowest of them (past it, an event
+// an old partition had handled comes live again: a side effect may
+// repeat, none is skipped). Everything else is live, a retry of a failed
+// attempt included.
 //
 // # Pausing a name
 //
