@@ -8,10 +8,15 @@
 // interrupt too. The SQLite scenario uses a file in a temporary directory,
 // also removed at the end.
 //
-//	go run ./cmd/subbench                       # every scenario, ~3-4 minutes
-//	go run ./cmd/subbench -quick                # smoke mode, seconds
-//	go run ./cmd/subbench -only latency,idle    # selected scenarios
-//	go run ./cmd/subbench -json -cpuprofile cpu.out
+//	go -C cmd/subbench run .                       # every scenario, ~3-4 minutes
+//	go -C cmd/subbench run . -quick                # smoke mode, seconds
+//	go -C cmd/subbench run . -only latency,idle    # selected scenarios
+//	go -C cmd/subbench run . -json -cpuprofile cpu.out
+//
+// It is a module of its own (as examples/prometheus and watermill are),
+// so that what it measures the library against stays out of the
+// library's dependencies: from the repository's root, go -C runs it (or
+// cd cmd/subbench first); its tests run there too (go test ./...).
 //
 // Scenarios: memory (1), postgres (2), sqlite (3), latency (4),
 // replicas (5), idle (6), appends (7), telemetry (8), partitions (9),
