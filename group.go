@@ -82,6 +82,27 @@ type HeadProber interface {
 	ProbeHeads(ctx context.Context, stores []domain.EventStore) ([]int64, error)
 }
 
+// tenantKey is the context key of the tenant a Group's handler runs for.
+type tenantKey struct{}
+
+// TenantFromContext returns the tenant (Feed.Tenant) a Group's handler
+// runs for, from the handler's context (also in ReplayParked of a group's
+// Subscriber); "" outside one. The batch transaction (TxFromContext) is
+// already the tenant's: this is for what the handler does elsewhere.
+func TenantFromContext(ctx context.Context) string {
+	tenant, _ := ctx.Value(tenantKey{}).(string)
+	return tenant
+}
+
+// withTenant returns ctx carrying tenant, for TenantFromContext; ctx
+// itself when tenant is "".
+func withTenant(ctx context.Context, tenant string) context.Context {
+	if tenant == "" {
+		return ctx
+	}
+	return context.WithValue(ctx, tenantKey{}, tenant)
+}
+
 // GroupOption configures a Group; NewGroup validates the result.
 type GroupOption func(*groupConfig)
 

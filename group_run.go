@@ -174,7 +174,7 @@ func (g *Group) Run(ctx context.Context) error {
 // startTenant starts t's units in run, each queued with its checkpoint to
 // read. Called with mu held.
 func (g *Group) startTenant(run *groupRun, t *groupTenant) {
-	t.ctx, t.cancel = context.WithCancel(run.ctx)
+	t.ctx, t.cancel = context.WithCancel(withTenant(run.ctx, t.feed.Tenant))
 	t.seen = -1
 	for _, u := range t.units {
 		drain, stop := u.s.drainContext(t.ctx)

@@ -480,7 +480,7 @@ func (s *Subscriber) replayOne(ctx context.Context, eventID string, d Delivery) 
 		herr = traced(withDelivery(hctx, d), ev)
 		return herr
 	}
-	if err := s.parking.Replay(ctx, s.name, eventID, event, handler); err != nil {
+	if err := s.parking.Replay(withTenant(ctx, s.tenant), s.name, eventID, event, handler); err != nil {
 		if herr != nil {
 			if rerr := s.recordReplayFailure(ctx, event, herr); rerr != nil {
 				err = errors.Join(err, rerr)
