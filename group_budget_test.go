@@ -2,6 +2,7 @@ package subscriptions_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -16,7 +17,10 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
+	"github.com/eventfeed/subscriptions/pgxstore"
 )
 
 // socketGauge counts the connections to the server that pools opened
@@ -72,7 +76,7 @@ func groupCountedDB(t *testing.T, dsn string, gauge *socketGauge, dials *atomic.
 	return db
 }
 
-// TestGroupConnectionBudget runs one definition over 12 Postgres schemas,
+// TestGroupConnectionBudget runs one definition over 8 Postgres schemas,
 // each tenant on a pool of its own that keeps no idle connection (see
 // Group), on two workers, woken by one PostgresListener for the database.
 // While the backlog drains, the tenants' pools never have more than the
@@ -83,7 +87,8 @@ func groupCountedDB(t *testing.T, dsn string, gauge *socketGauge, dials *atomic.
 // while the probe runs several times. An append then still reaches an
 // idle tenant through the listener.
 func TestGroupConnectionBudget(t *testing.T) {
-	const tenantsN, workers = 12, 2
+	t.Parallel()
+	const tenantsN, workers, backlog = 8, 2, 8
 	admin := groupAdmin(t)
 	names := map[string]string{"budget": "grp_a"}
 	var gauge socketGauge
@@ -96,7 +101,7 @@ func TestGroupConnectionBudget(t *testing.T) {
 		gt.pg, gt.read = pg, admin
 		noIdle(t, db)
 		tenants = append(tenants, gt)
-		appendN(t, gt.feed.Events, "Backlog", 0, 10)
+		appendN(t, gt.feed.Events, "Backlog", 0, backlog)
 	}
 	listener, err := subscriptions.NewPostgresListener(tenants[0].pg.DSN, subscriptions.WithListenerLogger(quietLogger()))
 	require.NoError(t, err)
@@ -116,7 +121,7 @@ func TestGroupConnectionBudget(t *testing.T) {
 	require.Zero(t, gauge.open.Load(), "the tenants' pools keep no connection before the group runs")
 	gauge.max.Store(0)
 	runGroup(t, g)
-	ledger.waitCalls(t, tenantsN*10)
+	ledger.waitCalls(t, tenantsN*backlog)
 	waitCheckpoints(t, tenants, names)
 	t.Logf("%d tenants, %d workers: at most %d connections open at once in the tenants' pools", tenantsN, workers, gauge.max.Load())
 	require.LessOrEqual(t, gauge.max.Load(), int64(workers+1), "the tenants' pools had more open than workers + the probe")
@@ -133,6 +138,37 @@ func TestGroupConnectionBudget(t *testing.T) {
 		require.Equal(t, before[i], dials[i].Load(), "idle tenant %s issued a statement", tenants[i].feed.Tenant)
 	}
 
-	appendN(t, tenants[tenantsN-1].feed.Events, "Late", 10, 1)
-	ledger.waitCalls(t, tenantsN*10+1)
+	appendN(t, tenants[tenantsN-1].feed.Events, "Late", backlog, 1)
+	ledger.waitCalls(t, tenantsN*backlog+1)
+}
+
+// TestProbeHeads reads the heads of three schemas' event stores in one
+// statement, through the GORM and the pgx stores, and checks what each
+// refuses (errors.ErrUnsupported, on which a Group reads each head).
+func TestProbeHeads(t *testing.T) {
+	t.Parallel()
+	var gormStores, pgxStores []domain.EventStore
+	var want []int64
+	for i := range 3 {
+		pg := dbtest.NewPostgres(t)
+		gs, err := infrastructure.NewGormEventStore(pg.DB)
+		require.NoError(t, err)
+		ps, err := pgxstore.NewEventStore(context.Background(), pg.OpenPgx(t))
+		require.NoError(t, err)
+		appendN(t, gs, "E", 0, 2*i)
+		gormStores, pgxStores, want = append(gormStores, gs), append(pgxStores, ps), append(want, int64(2*i))
+	}
+	ctx := context.Background()
+	for name, stores := range map[string][]domain.EventStore{"gorm": gormStores, "pgx": pgxStores} {
+		prober := stores[1].(subscriptions.HeadProber)
+		heads, err := prober.ProbeHeads(ctx, stores)
+		require.NoError(t, err, name)
+		require.Equal(t, want, heads, name)
+		_, err = prober.ProbeHeads(ctx, []domain.EventStore{gormStores[0], pgxStores[0]})
+		require.ErrorIs(t, err, errors.ErrUnsupported, name)
+	}
+	sqlite, err := infrastructure.NewGormEventStore(dbtest.NewSQLiteFile(t))
+	require.NoError(t, err)
+	_, err = sqlite.ProbeHeads(ctx, []domain.EventStore{sqlite})
+	require.ErrorIs(t, err, errors.ErrUnsupported)
 }

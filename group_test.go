@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"gorm.io/gorm"
 
 	"github.com/eventfeed/subscriptions"
@@ -58,10 +60,27 @@ func groupAdmin(t *testing.T) *gorm.DB {
 func groupPostgresTenants(t *testing.T, prefix string, n int, tables ...string) []*groupTenant {
 	t.Helper()
 	admin := groupAdmin(t)
+	pgs := make([]*dbtest.Postgres, n)
+	for i := range pgs {
+		pgs[i] = dbtest.NewPostgres(t)
+	}
+	// The migrations are most of the cost: four schemas at a time.
 	out := make([]*groupTenant, n)
-	for i := range out {
-		pg := dbtest.NewPostgres(t)
-		out[i] = groupGormTenant(t, fmt.Sprintf("%s-pg-%d", prefix, i), "pg", pg.DB, tables...)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 4)
+	for i, pg := range pgs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			out[i], errs[i] = newGroupGormTenant(fmt.Sprintf("%s-pg-%d", prefix, i), "pg", pg.DB, tables...)
+		}()
+	}
+	wg.Wait()
+	for i, pg := range pgs {
+		require.NoError(t, errs[i])
 		out[i].pg, out[i].read = pg, admin
 		noIdle(t, pg.DB)
 	}
@@ -92,12 +111,32 @@ func groupSQLiteTenants(t *testing.T, prefix string, n int, tables ...string) []
 // groupGormTenant is one tenant on db, with the projection tables.
 func groupGormTenant(t *testing.T, tenant, database string, db *gorm.DB, tables ...string) *groupTenant {
 	t.Helper()
-	e := gormEnv(t, tenant, db, nil)
+	gt, err := newGroupGormTenant(tenant, database, db, tables...)
+	require.NoError(t, err)
+	return gt
+}
+
+// newGroupGormTenant is groupGormTenant for any goroutine.
+func newGroupGormTenant(tenant, database string, db *gorm.DB, tables ...string) (*groupTenant, error) {
+	events, err := infrastructure.NewGormEventStore(db)
+	if err != nil {
+		return nil, err
+	}
+	cps, err := subscriptions.NewGormCheckpointStore(db)
+	if err != nil {
+		return nil, err
+	}
+	lot, err := subscriptions.NewGormParkingLot(db)
+	if err != nil {
+		return nil, err
+	}
 	for _, table := range tables {
 		// No key: a second delivery of an event would show as a second row.
-		require.NoError(t, db.Exec("CREATE TABLE "+table+" (event_id text NOT NULL, position bigint NOT NULL)").Error)
+		if err := db.Exec("CREATE TABLE " + table + " (event_id text NOT NULL, position bigint NOT NULL)").Error; err != nil {
+			return nil, err
+		}
 	}
-	return &groupTenant{db: db, read: db, feed: subscriptions.Feed{Tenant: tenant, Database: database, Events: e.Events, Checkpoints: e.Checkpoints, Parking: e.Parking}}
+	return &groupTenant{db: db, read: db, feed: subscriptions.Feed{Tenant: tenant, Database: database, Events: events, Checkpoints: cps, Parking: lot}}, nil
 }
 
 // reopen is the tenant as a second process sees it: the same database
@@ -313,6 +352,7 @@ func waitCheckpoints(t *testing.T, tenants []*groupTenant, names map[string]stri
 // has a row per tenant and name, naming the tenant, and the handler's
 // context names its tenant.
 func TestGroupRunsManyTenantsOnce(t *testing.T) {
+	t.Parallel()
 	names := map[string]string{"proj-a": "grp_a", "proj-b": "grp_b"}
 	tables := []string{"grp_a", "grp_b"}
 
@@ -322,7 +362,7 @@ func TestGroupRunsManyTenantsOnce(t *testing.T) {
 	notifier := subscriptions.NewInProcessNotifier()
 	for _, gt := range tenants {
 		gt.feed.Events = subscriptions.NewNotifyingEventStore(gt.feed.Events, notifier.Notify)
-		appendN(t, gt.feed.Events, "Before", 0, 3)
+		appendN(t, gt.feed.Events, "Before", 0, 2)
 	}
 
 	ledger := newGroupLedger()
@@ -336,10 +376,10 @@ func TestGroupRunsManyTenantsOnce(t *testing.T) {
 	runGroup(t, g)
 	// While it runs: a few events more on every fifth schema and on every
 	// other tenant, which only the probe tells the group about.
-	events := len(tenants) * 3
+	events := len(tenants) * 2
 	for i, gt := range tenants {
 		if gt.pg == nil || i%5 == 0 {
-			appendN(t, gt.feed.Events, "During", 3, 2)
+			appendN(t, gt.feed.Events, "During", 2, 2)
 			events += 2
 		}
 	}
@@ -377,6 +417,7 @@ var groupBackends = []struct {
 // tenant runs after it), and adds it back (it resumes from its
 // checkpoint, each event once).
 func TestGroupAddRemoveWhileRunning(t *testing.T) {
+	t.Parallel()
 	for _, b := range groupBackends {
 		t.Run(b.name, func(t *testing.T) {
 			names := map[string]string{"proj": "grp_a"}
@@ -477,6 +518,7 @@ func TestGroupResetRunsIdleTenant(t *testing.T) {
 // tenants over, every event is handled exactly once per tenant (the
 // projection tables have no key), and both groups handled some.
 func TestGroupsShareTenants(t *testing.T) {
+	t.Parallel()
 	names := map[string]string{"shared": "grp_a"}
 	first := append(groupPostgresTenants(t, "share", 6, "grp_a"), groupSQLiteTenants(t, "share", 2, "grp_a")...)
 	second := make([]*groupTenant, len(first))
@@ -518,4 +560,110 @@ func TestGroupsShareTenants(t *testing.T) {
 	waitCheckpoints(t, second, names)
 	t.Logf("group B caught up %v after group A stopped; handler calls: A %d, B %d", time.Since(stopped), ledgerA.total(), ledgerB.total())
 	newGroupLedger().requireOnce(t, first, names) // the projections, the committed writes
+}
+
+// TestGroupTelemetryCarriesTenant runs one definition over two memory
+// tenants with an SDK: the events counter, the lag gauge and the batch
+// and handler spans have a series (or an attribute) per tenant.
+func TestGroupTelemetryCarriesTenant(t *testing.T) {
+	k := newTelemetryKit(t)
+	tenants := groupMemoryTenants("tel", 2)
+	ledger := newGroupLedger()
+	g, err := subscriptions.NewGroup(groupDefs(ledger, map[string]string{"proj": ""}, k.options()...),
+		subscriptions.WithGroupPollInterval(groupPoll), subscriptions.WithGroupLogger(quietLogger()))
+	require.NoError(t, err)
+	for i, gt := range tenants {
+		appendN(t, gt.feed.Events, "E", 0, i+1)
+		require.NoError(t, g.Add(gt.feed))
+	}
+	runGroup(t, g)
+	ledger.waitCalls(t, 3)
+	waitCheckpoints(t, tenants, map[string]string{"proj": ""})
+
+	tenantOf := func(attrs attribute.Set) string {
+		v, _ := attrs.Value(subscriptions.AttrTenant)
+		return v.AsString()
+	}
+	ms := k.collect(t)
+	handled := map[string]int64{}
+	for _, dp := range ms[subscriptions.MetricEvents].(metricdata.Sum[int64]).DataPoints {
+		if o, _ := dp.Attributes.Value(subscriptions.AttrOutcome); o.AsString() == subscriptions.OutcomeHandled {
+			handled[tenantOf(dp.Attributes)] += dp.Value
+		}
+	}
+	require.Equal(t, map[string]int64{tenants[0].feed.Tenant: 1, tenants[1].feed.Tenant: 2}, handled)
+	lags := map[string]int64{}
+	for _, dp := range ms[subscriptions.MetricLagEvents].(metricdata.Gauge[int64]).DataPoints {
+		lags[tenantOf(dp.Attributes)] = dp.Value
+	}
+	require.Equal(t, map[string]int64{tenants[0].feed.Tenant: 0, tenants[1].feed.Tenant: 0}, lags)
+
+	spans := map[string]map[string]bool{}
+	for _, span := range k.spans.Ended() {
+		for _, kv := range span.Attributes() {
+			if kv.Key == subscriptions.AttrTenant {
+				if spans[span.Name()] == nil {
+					spans[span.Name()] = map[string]bool{}
+				}
+				spans[span.Name()][kv.Value.AsString()] = true
+			}
+		}
+	}
+	want := map[string]bool{tenants[0].feed.Tenant: true, tenants[1].feed.Tenant: true}
+	require.Equal(t, want, spans[subscriptions.SpanBatch])
+	require.Equal(t, want, spans[subscriptions.SpanHandle])
+}
+
+// TestNewGroupRefuses checks NewGroup's and Add's refusals.
+func TestNewGroupRefuses(t *testing.T) {
+	noop := func(context.Context, domain.EventEnvelope[any]) error { return nil }
+	def := func(opts ...subscriptions.SubscriberOption) []subscriptions.GroupSubscriber {
+		return []subscriptions.GroupSubscriber{{Name: "proj", Handler: noop, Options: opts}}
+	}
+	for name, tc := range map[string]struct {
+		defs []subscriptions.GroupSubscriber
+		opts []subscriptions.GroupOption
+		want string
+	}{
+		"no definition": {nil, nil, "no subscriber definition"},
+		"twice":         {append(def(), def()...), nil, "defined twice"},
+		"wake signal":   {def(subscriptions.WithWakeSignal(make(chan struct{}))), nil, "WithWakeSignal"},
+		"parking lot":   {def(subscriptions.WithParkingLot(subscriptions.NewMemoryParkingLot())), nil, "Feed.Parking"},
+		"partitions":    {def(subscriptions.WithPartitions(4)), nil, "partitioned"},
+		"batch size":    {def(subscriptions.WithBatchSize(0)), nil, "WithBatchSize"},
+		"nil handler":   {[]subscriptions.GroupSubscriber{{Name: "proj"}}, nil, "nil handler"},
+		"workers":       {def(), []subscriptions.GroupOption{subscriptions.WithGroupWorkers(0)}, "WithGroupWorkers"},
+		"poll interval": {def(), []subscriptions.GroupOption{subscriptions.WithGroupPollInterval(0)}, "WithGroupPollInterval"},
+		"nil wake":      {def(), []subscriptions.GroupOption{subscriptions.WithGroupWakeSignal("db", nil)}, "nil channel"},
+		"reserved name": {[]subscriptions.GroupSubscriber{{Name: "", Handler: noop}}, nil, "name"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := subscriptions.NewGroup(tc.defs, tc.opts...)
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+	g, err := subscriptions.NewGroup(def())
+	require.NoError(t, err)
+	require.ErrorContains(t, g.Add(subscriptions.Feed{}), "empty tenant")
+	tenant := groupMemoryTenants("refuse", 1)[0].feed
+	tenant.Checkpoints = nil
+	require.ErrorContains(t, g.Add(tenant), `"refuse-mem-0"`)
+	require.ErrorContains(t, g.Add(tenant), "nil checkpoint store")
+	require.Empty(t, g.Tenants())
+}
+
+// TestGroupHandlerPanic makes a handler panic: its batch rolls back, the
+// group stops, and Run panics with the handler's value.
+func TestGroupHandlerPanic(t *testing.T) {
+	tenant := groupMemoryTenants("panic", 1)[0]
+	g, err := subscriptions.NewGroup([]subscriptions.GroupSubscriber{{Name: "proj", Handler: func(context.Context, domain.EventEnvelope[any]) error {
+		panic("handler bug")
+	}}}, subscriptions.WithGroupLogger(quietLogger()))
+	require.NoError(t, err)
+	require.NoError(t, g.Add(tenant.feed))
+	appendN(t, tenant.feed.Events, "E", 0, 1)
+	require.PanicsWithValue(t, "handler bug", func() { _ = g.Run(context.Background()) })
+	pos, err := tenant.feed.Checkpoints.Position(context.Background(), "proj")
+	require.NoError(t, err)
+	require.Zero(t, pos)
 }
