@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/eventfeed/subscriptions/domain"
-	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/ident"
 )
 
@@ -293,12 +292,7 @@ func (g *Group) checkDef(def GroupSubscriber) error {
 	case scratch.firstRunCatchUp:
 		return errors.New("WithFirstRunCatchUp: a group does not run the first start's catch-up yet")
 	}
-	_, err := g.newSubscriber(def, Feed{
-		Tenant:      "check",
-		Events:      infrastructure.NewMemoryStore(),
-		Checkpoints: NewMemoryCheckpointStore(),
-		Parking:     NewMemoryParkingLot(),
-	})
+	_, err := g.newSubscriber(def, checkFeed())
 	return err
 }
 

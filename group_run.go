@@ -569,27 +569,35 @@ func (g *Group) readHeads(ctx context.Context, set *probeSet) ([]*groupTenant, [
 				g.mu.Unlock()
 				g.cfg.logger.Warn("group: the database's tenants cannot be probed in one statement; each idle tenant's head is read at every probe",
 					"database", set.tenants[0].feed.Database, "tenants", len(set.tenants), "error", err)
-				return g.readEach(ctx, set)
+				return g.readEach(ctx, set.tenants, true)
 			}
 			if err != nil {
-				if ctx.Err() == nil {
-					g.cfg.logger.Warn("group: probing the database's feed heads failed; will retry", "database", set.tenants[0].feed.Database, "tenants", len(chunk), "error", err)
+				if ctx.Err() != nil {
+					return tenants, heads
 				}
+				// Each head on its own then, so that a prober that cannot read
+				// another tenant's table (a Database shared by mistake) leaves
+				// no tenant unwatched; a database that is down fails those
+				// too, quietly: the probe's failure is logged.
+				g.cfg.logger.Warn("group: probing the database's feed heads in one statement failed; reading each idle tenant's head", "database", set.tenants[0].feed.Database, "tenants", len(chunk), "error", err)
+				got, read := g.readEach(ctx, chunk, false)
+				tenants, heads = append(tenants, got...), append(heads, read...)
 				continue
 			}
 			tenants, heads = append(tenants, chunk...), append(heads, got...)
 		}
 		return tenants, heads
 	}
-	return g.readEach(ctx, set)
+	return g.readEach(ctx, set.tenants, true)
 }
 
-// readEach is readHeads without a prober: one HeadPosition per tenant that
-// has a caught-up unit.
-func (g *Group) readEach(ctx context.Context, set *probeSet) ([]*groupTenant, []int64) {
+// readEach is readHeads without a prober: one HeadPosition per tenant of
+// list that has a caught-up unit; a failure is logged when logFailures
+// says so.
+func (g *Group) readEach(ctx context.Context, list []*groupTenant, logFailures bool) ([]*groupTenant, []int64) {
 	var tenants []*groupTenant
 	var heads []int64
-	for _, t := range set.tenants {
+	for _, t := range list {
 		g.mu.Lock()
 		idle := false
 		for _, u := range t.units {
@@ -601,7 +609,10 @@ func (g *Group) readEach(ctx context.Context, set *probeSet) ([]*groupTenant, []
 		}
 		head, err := t.feed.Events.HeadPosition(ctx)
 		if err != nil {
-			if ctx.Err() == nil {
+			if ctx.Err() != nil {
+				break
+			}
+			if logFailures {
 				g.cfg.logger.Warn("group: reading the tenant's feed head failed; will retry", "tenant", t.feed.Tenant, "error", err)
 			}
 			continue

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -666,4 +667,44 @@ func TestGroupHandlerPanic(t *testing.T) {
 	pos, err := tenant.feed.Checkpoints.Position(context.Background(), "proj")
 	require.NoError(t, err)
 	require.Zero(t, pos)
+}
+
+// TestGroupProbeFallsBack puts tenants whose stores cannot be probed
+// together under one Database: a Postgres schema with a memory store (the
+// prober refuses the memory store) and two memory stores (no prober). The
+// group reads each idle tenant's head instead, logs that once, and every
+// event appended while the tenants idle is handled.
+func TestGroupProbeFallsBack(t *testing.T) {
+	t.Parallel()
+	mixed := append(groupPostgresTenants(t, "fallback", 1, "grp_a"), groupMemoryTenants("fallback", 3)...)
+	mixed[1].feed.Database = "pg"
+	mixed[2].feed.Database, mixed[3].feed.Database = "mem", "mem"
+	logger, logs := newLogger()
+	ledger := newGroupLedger()
+	g, err := subscriptions.NewGroup(groupDefs(ledger, map[string]string{"proj": "grp_a"}),
+		subscriptions.WithGroupPollInterval(groupPoll), subscriptions.WithGroupLogger(logger))
+	require.NoError(t, err)
+	for _, gt := range mixed {
+		require.NoError(t, g.Add(gt.feed))
+	}
+	runGroup(t, g)
+	require.Eventually(t, func() bool {
+		rows, err := g.Status(context.Background())
+		if err != nil || len(rows) != len(mixed) {
+			return false
+		}
+		for _, st := range rows {
+			if st.State != subscriptions.StateIdle {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 5*time.Millisecond)
+	for _, gt := range mixed {
+		appendN(t, gt.feed.Events, "E", 0, 2)
+	}
+	ledger.waitCalls(t, 2*len(mixed))
+	waitCheckpoints(t, mixed, map[string]string{"proj": "grp_a"})
+	ledger.requireOnce(t, mixed, map[string]string{"proj": "grp_a"})
+	require.Equal(t, 1, strings.Count(logs.String(), "cannot be probed in one statement"), logs.String())
 }
