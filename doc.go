@@ -253,7 +253,9 @@
 //     the feed in its transaction) and the admin calls: one each (a
 //     reset abandoned on Postgres is cancelled on the server with an
 //     out-of-band cancel request, not a pool connection);
-//   - a PostgresListener: one of its own, outside the pool.
+//   - a PostgresListener: one of its own, outside the pool;
+//   - a Group: one per worker (WithGroupWorkers) and one for its probe,
+//     however many tenants it runs (Group gives the process's budget).
 //
 // A pool with as many connections as those run at once never makes one
 // wait. The one way to break the rule is the application's: a handler
