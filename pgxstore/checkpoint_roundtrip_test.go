@@ -1,9 +1,6 @@
 package pgxstore_test
 
 import (
-	"context"
-	"net"
-	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -13,31 +10,9 @@ import (
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
 	"github.com/eventfeed/subscriptions/internal/feedtest"
+	"github.com/eventfeed/subscriptions/internal/wirecount"
 	"github.com/eventfeed/subscriptions/pgxstore"
 )
-
-// turnConn counts the round trips of a connection as seen on the wire: a
-// write after a read (or the first write) starts one.
-type turnConn struct {
-	net.Conn
-	turns *atomic.Int64
-	read  atomic.Bool
-}
-
-func (c *turnConn) Write(p []byte) (int, error) {
-	if c.read.Swap(false) {
-		c.turns.Add(1)
-	}
-	return c.Conn.Write(p)
-}
-
-func (c *turnConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	if n > 0 {
-		c.read.Store(true)
-	}
-	return n, err
-}
 
 // TestAcquireRoundTrips checks on the wire that a batch is acquired in
 // one round trip (its BEGIN goes out with the row lock), and a wake-up's
@@ -49,17 +24,8 @@ func TestAcquireRoundTrips(t *testing.T) {
 	cfg, err := pgxpool.ParseConfig(pg.DSN)
 	require.NoError(t, err)
 	cfg.MaxConns = 1
-	var turns atomic.Int64
-	dial := cfg.ConnConfig.DialFunc
-	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := dial(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		tc := &turnConn{Conn: c, turns: &turns}
-		tc.read.Store(true)
-		return tc, nil
-	}
+	var wire wirecount.Counter
+	cfg.ConnConfig.DialFunc = wire.Dial(cfg.ConnConfig.DialFunc)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
@@ -71,9 +37,9 @@ func TestAcquireRoundTrips(t *testing.T) {
 
 	// count runs f and returns the round trips it took.
 	count := func(f func()) int64 {
-		before := turns.Load()
+		before := wire.Turns()
 		f()
-		return turns.Load() - before
+		return wire.Turns() - before
 	}
 	var b subscriptions.Batch
 	defer func() {

@@ -59,7 +59,7 @@ func runAppends(ctx context.Context, b *bench) ([]Row, error) {
 	if err != nil {
 		return nil, err
 	}
-	variants := appendVariants(lockKey, previousKey)
+	variants := tenEventVariants(lockKey, previousKey)
 	var rows []Row
 	for _, writers := range sz.appendWriters {
 		r, err := appendWriters(ctx, b, dsn, writers, variants)
@@ -69,7 +69,12 @@ func runAppends(ctx context.Context, b *bench) ([]Row, error) {
 		}
 	}
 	mp, err := runAppendProcesses(ctx, b, dsn, lockKey, previousKey)
-	return append(rows, mp...), err
+	rows = append(rows, mp...)
+	if err != nil {
+		return rows, err
+	}
+	single, err := runSingleAppends(ctx, b, dsn, lockKey, previousKey)
+	return append(rows, single...), err
 }
 
 // appendWriters measures every variant with writers goroutines of one
@@ -102,7 +107,7 @@ func appendWriters(ctx context.Context, b *bench, dsn string, writers int, varia
 				v = variants[len(variants)-1-i]
 			}
 			coalesce.Disabled.Store(v.key == "uncoalesced")
-			res, err := timedWriters(ctx, writers, sz.appendDuration, v.appendOne(t, fmt.Sprintf("%s-w%d-r%d", v.key, writers, round)), nil)
+			res, err := timedWriters(ctx, writers, sz.appendDuration, v.events(), v.appendOne(t, fmt.Sprintf("%s-w%d-r%d", v.key, writers, round)), nil)
 			coalesce.Disabled.Store(false)
 			if err != nil {
 				return rows, fmt.Errorf("%d writers, %s: %w", writers, v.label, err)
@@ -157,21 +162,40 @@ const plainAppendName = "the same rows in one multi-row INSERT statement per app
 type appendTarget struct {
 	db   *gorm.DB          // the GORM pool: GormEventStore, hand-written appends
 	gorm domain.EventStore // GormEventStore on db
-	pgx  domain.EventStore // pgxstore.EventStore on a pgx pool; nil in a child process
+	pgx  domain.EventStore // pgxstore.EventStore on a pgx pool; nil in a child process but single-pgx's
+	// async is pgxstore.EventStore on a pool whose sessions commit
+	// without waiting for the WAL flush (single-async); nil elsewhere.
+	async domain.EventStore
 }
 
 // appendVariant is one way of appending measured by scenario 7.
 type appendVariant struct {
 	key, label string
 	appendOne  func(t appendTarget, tag string) func(ctx context.Context, w, k int) error
+	// perCall is the number of events one call appends; 0 means
+	// eventsPerAppend.
+	perCall int
+}
+
+// events is the number of events one call of the variant appends.
+func (v appendVariant) events() int {
+	if v.perCall == 0 {
+		return eventsPerAppend
+	}
+	return v.perCall
 }
 
 // appendVariants: the library, the library with coalescing off (the
 // caller sets coalesce.Disabled), the pgx backend's store, the previous
 // design (previousAppend, under the store's lock previousKey), the plain
 // baseline and the baseline plus each of the library's costs (lockKey: a
-// lock of its own).
+// lock of its own); then the single-event variants (singleVariants).
 func appendVariants(lockKey, previousKey int64) []appendVariant {
+	return append(tenEventVariants(lockKey, previousKey), singleVariants(lockKey, previousKey)...)
+}
+
+// tenEventVariants are the variants of eventsPerAppend events per call.
+func tenEventVariants(lockKey, previousKey int64) []appendVariant {
 	storeAppend := func(pick func(appendTarget) domain.EventStore) func(t appendTarget, tag string) func(ctx context.Context, w, k int) error {
 		return func(t appendTarget, tag string) func(ctx context.Context, w, k int) error {
 			store := pick(t)
@@ -187,25 +211,25 @@ func appendVariants(lockKey, previousKey int64) []appendVariant {
 	// pgx next to library: the rounds alternate their order (A B ... then
 	// ... B A), so the two backends' stores run back to back.
 	return []appendVariant{
-		{"library", "GormEventStore.Append", library},
-		{"pgx", "pgxstore.EventStore.Append", storeAppend(func(t appendTarget) domain.EventStore { return t.pgx })},
-		{"uncoalesced", "GormEventStore.Append, coalescing off", library},
-		{"previous", "previous design", func(t appendTarget, tag string) func(ctx context.Context, w, k int) error {
+		{key: "library", label: "GormEventStore.Append", appendOne: library},
+		{key: "pgx", label: "pgxstore.EventStore.Append", appendOne: storeAppend(func(t appendTarget) domain.EventStore { return t.pgx })},
+		{key: "uncoalesced", label: "GormEventStore.Append, coalescing off", appendOne: library},
+		{key: "previous", label: "previous design", appendOne: func(t appendTarget, tag string) func(ctx context.Context, w, k int) error {
 			return func(ctx context.Context, w, k int) error {
 				return previousAppend(ctx, t.db, previousKey, fmt.Sprintf("%s-%d-a%d", tag, w, k), makeEvents(eventsPerAppend, k))
 			}
 		}},
-		{"plain", "plain multi-row INSERT", func(t appendTarget, tag string) func(ctx context.Context, w, k int) error {
+		{key: "plain", label: "plain multi-row INSERT", appendOne: func(t appendTarget, tag string) func(ctx context.Context, w, k int) error {
 			return func(ctx context.Context, w, k int) error {
 				return plainAppend(ctx, t.db, fmt.Sprintf("%s-%d-a%d", tag, w, k), makeEvents(eventsPerAppend, k), 0, false)
 			}
 		}},
-		{"lock", "plain INSERT + pg_advisory_xact_lock", func(t appendTarget, tag string) func(ctx context.Context, w, k int) error {
+		{key: "lock", label: "plain INSERT + pg_advisory_xact_lock", appendOne: func(t appendTarget, tag string) func(ctx context.Context, w, k int) error {
 			return func(ctx context.Context, w, k int) error {
 				return plainAppend(ctx, t.db, fmt.Sprintf("%s-%d-a%d", tag, w, k), makeEvents(eventsPerAppend, k), lockKey, false)
 			}
 		}},
-		{"notify", "plain INSERT + pg_notify", func(t appendTarget, tag string) func(ctx context.Context, w, k int) error {
+		{key: "notify", label: "plain INSERT + pg_notify", appendOne: func(t appendTarget, tag string) func(ctx context.Context, w, k int) error {
 			return func(ctx context.Context, w, k int) error {
 				return plainAppend(ctx, t.db, fmt.Sprintf("%s-%d-a%d", tag, w, k), makeEvents(eventsPerAppend, k), 0, true)
 			}
@@ -214,13 +238,13 @@ func appendVariants(lockKey, previousKey int64) []appendVariant {
 }
 
 // timedWriters runs writers goroutines calling appendOne back to back for
-// d and counts the events appended. Each writer first appends twice
+// d and counts the events appended, perCall a call. Each writer first appends twice
 // untimed, so that the pool's connections are open and their statements
 // prepared before the clock starts.
 //
 // beforeStart, when set, runs once every writer is warm, just before the
 // clock starts (a child process reports ready and waits for the go).
-func timedWriters(ctx context.Context, writers int, d time.Duration, appendOne func(ctx context.Context, w, k int) error, beforeStart func() error) (appendResult, error) {
+func timedWriters(ctx context.Context, writers int, d time.Duration, perCall int, appendOne func(ctx context.Context, w, k int) error, beforeStart func() error) (appendResult, error) {
 	var (
 		mu     sync.Mutex
 		res    appendResult
@@ -255,7 +279,7 @@ func timedWriters(ctx context.Context, writers int, d time.Duration, appendOne f
 				lats = append(lats, time.Since(t0))
 			}
 			mu.Lock()
-			res.events += int64(len(lats) * eventsPerAppend)
+			res.events += int64(len(lats) * perCall)
 			res.latencies = append(res.latencies, lats...)
 			mu.Unlock()
 		})

@@ -166,14 +166,6 @@ func runAppendChild(conf string) error {
 	defer cancel()
 	b := &bench{}
 	defer b.closePools()
-	db, err := b.openPG(cfg.DSN, cfg.Writers+1, nil)
-	if err != nil {
-		return err
-	}
-	store, err := infrastructure.NewGormEventStore(db)
-	if err != nil {
-		return err
-	}
 	key := cfg.Variant
 	if key == "fixed" {
 		key = "library" // with coalesce.FixedInFlight
@@ -187,10 +179,30 @@ func runAppendChild(conf string) error {
 	if variant == nil {
 		return errors.New("child: unknown variant " + strconv.Quote(cfg.Variant))
 	}
+	// One pool of the variant's backend: a pgx one for pgxstore's store,
+	// the GORM one (whose pgx connections the hand-written appends use)
+	// otherwise.
+	var target appendTarget
+	if key == "single-pgx" {
+		pdb, err := pgxBackend.open(ctx, b, cfg.DSN, "", cfg.Writers+1, nil)
+		if err != nil {
+			return err
+		}
+		target.pgx = pdb.store
+	} else {
+		db, err := b.openPG(cfg.DSN, cfg.Writers+1, nil)
+		if err != nil {
+			return err
+		}
+		if target.gorm, err = infrastructure.NewGormEventStore(db); err != nil {
+			return err
+		}
+		target.db = db
+	}
 	coalesce.Disabled.Store(cfg.Variant == "uncoalesced")
 	coalesce.FixedInFlight.Store(cfg.Variant == "fixed")
 	stdin := bufio.NewReader(os.Stdin)
-	res, err := timedWriters(ctx, cfg.Writers, cfg.Duration, variant.appendOne(appendTarget{db: db, gorm: store}, cfg.Tag), func() error {
+	res, err := timedWriters(ctx, cfg.Writers, cfg.Duration, variant.events(), variant.appendOne(target, cfg.Tag), func() error {
 		fmt.Println("ready")
 		line, err := stdin.ReadString('\n')
 		if err != nil || strings.TrimSpace(line) != "go" {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -37,11 +38,11 @@ type ConnFunc func(ctx context.Context, f func(pc *pgx.Conn)) error
 
 // Appender is the engine of the Postgres append: it runs appends to the
 // events table as the pipelined transaction both of the module's Postgres
-// stores run (BEGIN READ COMMITTED, the append lock, every append's
-// checked INSERT, the NOTIFY and the COMMIT, in one round trip), and
-// coalesces the appends of one store that wait for the lock at the same
-// time into one transaction, each keeping its own version check and
-// outcome. It exists so that infrastructure.GormEventStore and
+// stores run (the append lock, one checked INSERT for all the appends it
+// carries and the NOTIFY, in one round trip, committed by the pipeline's
+// Sync: see runPlans), and coalesces the appends of one store that wait
+// for the lock at the same time into one transaction, each keeping its
+// own version check and outcome. It exists so that infrastructure.GormEventStore and
 // pgxstore.EventStore number rows, notify, refuse and answer retries
 // alike on one table, under one lock; a backend of one's own may use it
 // too.
@@ -53,6 +54,10 @@ type Appender struct {
 	channel   string
 	conn      ConnFunc
 	coalescer appendCoalescer
+	// explicit is set once a session ran an append transaction sent
+	// without BEGIN at another level than READ COMMITTED (its default):
+	// from then on every transaction sets its level (see runPlans).
+	explicit atomic.Bool
 }
 
 // NewAppender returns an Appender that takes the append lock lockKey
@@ -144,11 +149,12 @@ func (a *Appender) runBatch(b *appendBatch) {
 // the connection outside any transaction, or closed (endSession).
 //
 // The transaction is one network round trip, pipelined with pgx, however
-// many appends share it (appendOnConn). Each INSERT checks its append's
-// version and numbers its rows in the database (checkedInsert), in a
-// statement that starts after the lock was granted, under READ COMMITTED,
-// so it sees every earlier append. An append whose check fails inserts
-// nothing and is told why after the commit (explainRefusals).
+// many appends share it (appendOnConn). The INSERT checks each append's
+// version and numbers its rows in the database (checkedInsert,
+// mergedInsert), in a statement that starts after the lock was granted,
+// under READ COMMITTED, so it sees every earlier append. An append whose
+// check fails inserts nothing and is told why after the commit
+// (explainRefusals).
 //
 // Commit latency is what a subscriber's wake-up waits for, and the lock is
 // held through it, which is why the append is worth the pipelining.
@@ -202,6 +208,19 @@ const (
 	// (an append whose version check failed inserts none), and returns
 	// the feed head after the transaction's rows (appendCoalescer.observe).
 	notifyIfWritten = `SELECT (SELECT MAX(position) FROM events), pg_notify($1, '') WHERE txid_current_if_assigned() IS NOT NULL`
+	// takeLock takes the append lock, in a statement of its own: the
+	// INSERT after it starts after the lock was granted, so that under
+	// READ COMMITTED its snapshot holds every append committed before.
+	// It returns the transaction's isolation level, which the INSERT
+	// checks too (readCommitted): a transaction sent without BEGIN runs
+	// at the session's default level.
+	takeLock = `SELECT current_setting('transaction_isolation'), pg_advisory_xact_lock($1)`
+	// readCommitted is the guard every checked INSERT ends with: under
+	// another isolation level (a session whose default is stricter, in a
+	// transaction sent without BEGIN) it inserts nothing, and the
+	// Appender begins its transactions explicitly from then on (see
+	// runPlans).
+	readCommitted = `current_setting('transaction_isolation') = 'read committed'`
 )
 
 // checkedInsert is one append's INSERT that checks its version and
@@ -211,10 +230,17 @@ const (
 // appends before it in the transaction), so that no round trip is needed
 // between the lock and the rows. It inserts nothing unless the version is
 // the required one (required >= 0: the append's expected version, or the
-// one its explicit sequence numbers imply; -1: any). The rows travel as
-// arrays, so one statement (one text, prepared once per connection)
-// carries an append of any size, all or nothing.
+// one its explicit sequence numbers imply; -1: any). An append of one
+// event, what a request handler appends, is one row of plain parameters
+// (checkedInsertOneSQL, the cheapest for the server to run); a larger one
+// travels as arrays, so that one statement (one text, prepared once per
+// connection) carries an append of any size, all or nothing.
 func checkedInsert(aggregateID string, required int, prepared []Prepared) insertStatement {
+	if len(prepared) == 1 {
+		p := prepared[0]
+		return insertStatement{sql: checkedInsertOneSQL, args: []any{aggregateID, required, p.Envelope.ID, p.Envelope.EventType,
+			p.Envelope.TransactionID, string(p.Payload), string(p.Metadata), p.Envelope.Created}}
+	}
 	n := len(prepared)
 	ids, types, txs, payloads, metas := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	created := make([]time.Time, n)
@@ -225,10 +251,13 @@ func checkedInsert(aggregateID string, required int, prepared []Prepared) insert
 	return insertStatement{sql: checkedInsertSQL, args: []any{aggregateID, required, ids, types, txs, payloads, metas, created}}
 }
 
-// insertStatement is one statement and its arguments.
+// insertStatement is one statement and its arguments; merged marks the
+// INSERT of several appends (mergedInsert), which returns the aggregate
+// of every row it inserted.
 type insertStatement struct {
-	sql  string
-	args []any
+	sql    string
+	args   []any
+	merged bool
 }
 
 const checkedInsertSQL = `INSERT INTO events (id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at)
@@ -237,7 +266,51 @@ const checkedInsertSQL = `INSERT INTO events (id, aggregate_id, event_type, sequ
 	(SELECT COALESCE(MAX(position), 0) AS position FROM events) AS head,
 	unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::timestamptz[])
 		WITH ORDINALITY AS v(id, event_type, transaction_id, payload, metadata, created_at, ord)
-	WHERE $2::bigint < 0 OR cur.version = $2::bigint`
+	WHERE ($2::bigint < 0 OR cur.version = $2::bigint) AND ` + readCommitted
+
+// checkedInsertOneSQL is checkedInsertSQL for one event, its values
+// plain parameters.
+const checkedInsertOneSQL = `INSERT INTO events (id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at)
+	SELECT $3, $1, $4, cur.version + 1, $5, head.position + 1, $6::text::jsonb, $7::text::jsonb, $8
+	FROM (SELECT COALESCE(MAX(sequence_no), 0) AS version FROM events WHERE aggregate_id = $1) AS cur,
+	(SELECT COALESCE(MAX(position), 0) AS position FROM events) AS head
+	WHERE ($2::bigint < 0 OR cur.version = $2::bigint) AND ` + readCommitted
+
+// mergedInsert is the one INSERT of a transaction's several appends:
+// each row carries its append's aggregate, required version and place
+// among the append's events, each append's version is checked against
+// its aggregate's, and the rows of the appends that pass take the
+// positions after the feed head in arrival order, each append's
+// contiguous. An append's rows are inserted all or none (the check is
+// per aggregate, and a batch takes no two appends to one aggregate). It
+// returns the aggregate of every row it inserted.
+func mergedInsert(plans []appendPlan) insertStatement {
+	n := 0
+	for _, p := range plans {
+		n += len(p.m.prepared)
+	}
+	aggs, ids, types, txs, payloads, metas := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+	required, ks := make([]int64, 0, n), make([]int64, 0, n)
+	created := make([]time.Time, 0, n)
+	for _, p := range plans {
+		for i, e := range p.m.prepared {
+			aggs, required, ks = append(aggs, p.m.aggregateID), append(required, int64(p.required)), append(ks, int64(i+1))
+			ids, types, txs = append(ids, e.Envelope.ID), append(types, e.Envelope.EventType), append(txs, e.Envelope.TransactionID)
+			payloads, metas, created = append(payloads, string(e.Payload)), append(metas, string(e.Metadata)), append(created, e.Envelope.Created)
+		}
+	}
+	return insertStatement{sql: mergedInsertSQL, args: []any{aggs, required, ks, ids, types, txs, payloads, metas, created}, merged: true}
+}
+
+const mergedInsertSQL = `INSERT INTO events (id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at)
+	SELECT v.id, v.agg, v.event_type, cur.version + v.k, v.transaction_id, head.position + row_number() OVER (ORDER BY v.ord),
+		v.payload::jsonb, v.metadata::jsonb, v.created_at
+	FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::timestamptz[])
+		WITH ORDINALITY AS v(agg, required, k, id, event_type, transaction_id, payload, metadata, created_at, ord)
+	CROSS JOIN LATERAL (SELECT COALESCE(MAX(sequence_no), 0) AS version FROM events WHERE aggregate_id = v.agg) AS cur
+	CROSS JOIN (SELECT COALESCE(MAX(position), 0) AS position FROM events) AS head
+	WHERE (v.required < 0 OR cur.version = v.required) AND ` + readCommitted + `
+	RETURNING aggregate_id`
 
 // requiredVersion is the version an append needs its aggregate at: its
 // expected version, or the one its explicit sequence numbers imply; -1
@@ -330,8 +403,8 @@ func explainRefusals(ctx context.Context, pc *pgx.Conn, refused []*appendRequest
 }
 
 // appendOnConn runs the append transaction of members on pc, in one
-// round trip: BEGIN, the append lock, every member's checked INSERTs, the
-// NOTIFY and the COMMIT. The lock is held for the statements and the
+// round trip: the append lock, the members' checked INSERT and the NOTIFY
+// (runPlans). The lock is held for the statements and the
 // commit's flush only, never for a round trip to the client. Every member
 // gets an outcome, however the transaction ends: an append refused before
 // the batch is sent (sequence numbers no version fits) stored nothing
@@ -348,7 +421,7 @@ func (a *Appender) appendOnConn(ctx context.Context, pc *pgx.Conn, members []*ap
 			refused = append(refused, m)
 			continue
 		}
-		plans = append(plans, appendPlan{m, checkedInsert(m.aggregateID, required, m.prepared)})
+		plans = append(plans, appendPlan{m: m, required: required})
 	}
 	if len(plans) > 0 {
 		refused = append(refused, a.runPlans(ctx, pc, plans, notify, results)...)
@@ -379,6 +452,16 @@ func outcomeUnknown(m *appendRequest, readErr error) error {
 // every plan's member in results, except the members whose version check
 // failed in a transaction that committed: those it returns, for
 // explainRefusals.
+//
+// The transaction is the append lock (takeLock), one INSERT for all the
+// plans (checkedInsert for one, mergedInsert for several), the NOTIFY,
+// pipelined in one round trip: three statements, in the implicit
+// transaction that the pipeline's Sync commits, whatever the number of
+// appends. The INSERT checks that the transaction runs at READ COMMITTED
+// (the session's default level applies without BEGIN), as the lock's
+// statement reports: when it does not, nothing was inserted, and the
+// transaction runs again, as every later one of the Appender does,
+// between BEGIN ISOLATION LEVEL READ COMMITTED and COMMIT (explicit).
 func (a *Appender) runPlans(ctx context.Context, pc *pgx.Conn, plans []appendPlan, notify bool, results map[*appendRequest]error) (refused []*appendRequest) {
 	fail := func(err error) []*appendRequest {
 		for _, p := range plans {
@@ -386,57 +469,77 @@ func (a *Appender) runPlans(ctx context.Context, pc *pgx.Conn, plans []appendPla
 		}
 		return nil
 	}
-	write := &pgx.Batch{}
-	// READ COMMITTED whatever the server's default: the INSERT after the
-	// lock must see every append committed before the lock was granted.
-	write.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
-	write.Queue("SELECT pg_advisory_xact_lock($1)", a.lockKey)
-	for _, p := range plans {
-		write.Queue(p.insert.sql, p.insert.args...)
+	var insert insertStatement
+	if len(plans) == 1 {
+		insert = checkedInsert(plans[0].m.aggregateID, plans[0].required, plans[0].m.prepared)
+	} else {
+		insert = mergedInsert(plans)
 	}
+	explicit := a.explicit.Load()
+	write := &pgx.Batch{}
+	if explicit {
+		write.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	}
+	write.Queue(takeLock, a.lockKey)
+	write.Queue(insert.sql, insert.args...)
 	if notify {
 		write.Queue(notifyIfWritten, a.channel)
 	}
-	write.Queue("COMMIT")
+	if explicit {
+		write.Queue("COMMIT")
+	}
 	br := pc.SendBatch(ctx, write)
 	defer br.Close()
-	_, err := br.Exec()
+	var err error
+	if explicit {
+		_, err = br.Exec()
+	}
+	var level string
 	if err == nil {
-		if _, err = br.Exec(); err != nil {
+		if err = br.QueryRow().Scan(&level, nil); err != nil {
 			err = fmt.Errorf("take append lock: %w", err)
 		}
 	}
 	if err != nil {
 		return fail(err)
 	}
+	inserted, err := readInserted(br, insert, plans)
+	if err != nil {
+		// Not committed: the rest of the batch is skipped.
+		_ = br.Close()
+		a.afterRefusedInsert(ctx, pc, plans, err, notify, results)
+		return nil
+	}
+	if level != "read committed" {
+		// The INSERT's guard stored nothing: run it again in a
+		// transaction that sets its level.
+		if err := br.Close(); err != nil {
+			return fail(err)
+		}
+		a.explicit.Store(true)
+		return a.runPlans(ctx, pc, plans, notify, results)
+	}
 	var (
 		accepted []*appendRequest
-		inserted int64
+		rows     int64
 		end      *int64 // the head after the rows, when the NOTIFY said
 	)
 	for _, p := range plans {
-		tag, err := br.Exec()
-		if err != nil {
-			// Not committed: the rest of the batch is skipped.
-			_ = br.Close()
-			a.afterRefusedInsert(ctx, pc, plans, err, notify, results)
-			return nil
-		}
-		if tag.RowsAffected() == int64(len(p.m.events)) {
+		if n := inserted[p.m.aggregateID]; n == int64(len(p.m.events)) {
 			accepted = append(accepted, p.m)
-			inserted += tag.RowsAffected()
+			rows += n
 		} else {
 			refused = append(refused, p.m)
 		}
 	}
 	if notify {
-		rows, err := br.Query()
+		r, err := br.Query()
 		if err == nil {
-			for rows.Next() {
-				err = rows.Scan(&end, nil)
+			for r.Next() {
+				err = r.Scan(&end, nil)
 			}
-			rows.Close()
-			err = errors.Join(err, rows.Err())
+			r.Close()
+			err = errors.Join(err, r.Err())
 		}
 		if err != nil {
 			if !IsNotifyFailure(err) {
@@ -449,9 +552,15 @@ func (a *Appender) runPlans(ctx context.Context, pc *pgx.Conn, plans []appendPla
 			return nil
 		}
 	}
-	tag, err := br.Exec()
-	if err == nil && tag.String() != "COMMIT" {
-		err = fmt.Errorf("the transaction was rolled back (%s)", tag.String())
+	// The commit: COMMIT's tag, or without BEGIN the pipeline's Sync,
+	// which answers the implicit transaction's commit.
+	if explicit {
+		var tag pgconn.CommandTag
+		if tag, err = br.Exec(); err == nil && tag.String() != "COMMIT" {
+			err = fmt.Errorf("the transaction was rolled back (%s)", tag.String())
+		}
+	} else {
+		err = br.Close()
 	}
 	if err != nil {
 		if IsNotifyFailure(err) {
@@ -462,21 +571,49 @@ func (a *Appender) runPlans(ctx context.Context, pc *pgx.Conn, plans []appendPla
 		}
 		return fail(fmt.Errorf("commit: %w", err))
 	}
-	// COMMIT acknowledged: the outcome is decided, whatever closing the
+	// Commit acknowledged: the outcome is decided, whatever closing the
 	// batch reports (the deferred Close; the connection is then dropped).
 	for _, m := range accepted {
 		results[m] = nil
 	}
-	if end != nil && inserted > 0 {
-		a.coalescer.observe(*end-inserted, *end)
+	if end != nil && rows > 0 {
+		a.coalescer.observe(*end-rows, *end)
 	}
 	return refused
 }
 
-// appendPlan is one member's statement in the append transaction.
+// readInserted reads the result of the transaction's INSERT for plans:
+// the rows inserted per aggregate.
+func readInserted(br pgx.BatchResults, insert insertStatement, plans []appendPlan) (map[string]int64, error) {
+	if !insert.merged {
+		tag, err := br.Exec()
+		if err != nil {
+			return nil, err
+		}
+		return map[string]int64{plans[0].m.aggregateID: tag.RowsAffected()}, nil
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	inserted := map[string]int64{}
+	for rows.Next() {
+		var agg string
+		if err := rows.Scan(&agg); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		inserted[agg]++
+	}
+	rows.Close()
+	return inserted, rows.Err()
+}
+
+// appendPlan is one member of the append transaction and the version
+// its INSERT requires (requiredVersion).
 type appendPlan struct {
-	m      *appendRequest
-	insert insertStatement
+	m        *appendRequest
+	required int
 }
 
 // afterRefusedInsert answers for a transaction whose INSERT the database

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 
@@ -24,11 +25,12 @@ const (
 // appendBatchOnce), so its membership is fixed when it is sent. At most
 // two batches of a store are in flight at once (one holding the append
 // lock, one queued on it in the database), one while other stores append
-// to the table too (limit); an append that finds
-// them all busy joins the batch that forms behind them, which is sent as
-// soon as one of them ends. An uncontended append is sent at once, alone.
-// So the coalescing window is the time an append would have queued for
-// the lock anyway.
+// to the table too or the store's appends crowd into shared batches
+// (limit); an append that finds them all busy joins the batch that forms
+// behind them, which is sent as soon as one of them ends and the writers
+// that batch woke had their turn to join (regather). An uncontended
+// append is sent at once, alone. So the coalescing window is the time an
+// append would have queued for the lock anyway.
 //
 // Each append keeps its own outcome: its version check, its event-ID
 // checks and its validation are its own, and a conflict fails only that
@@ -50,6 +52,10 @@ type appendCoalescer struct {
 	// found rows appended after lastEnd by others (see observe).
 	lastEnd int64
 	shared  bool
+	// crowded is set when an append found the store's slots busy and
+	// formed or joined a batch behind them, cleared when one is sent at
+	// once or every append of the store was answered (see limit).
+	crowded bool
 	// solo sends every append alone, in its own transaction (set before
 	// the first append: Appender.SetCoalescing), as coalesce.Disabled
 	// does for every store of the process.
@@ -62,14 +68,24 @@ type appendCoalescer struct {
 const maxInFlight = 2
 
 // limit is the number of batches the store keeps in flight. With the
-// append lock to itself, two: the lock is never idle for a round trip to
-// the client. When others append between its batches (shared), one: the
-// lock is kept busy by the others' transactions meanwhile, and the store's
-// appends gather into one larger batch (one flush) instead of two queued
-// in the database, each waiting for the lock and paying its own flush.
-// The caller holds c.mu.
+// append lock to itself and its appends coming one at a time, two: the
+// lock is never idle for a round trip to the client. When others append
+// between its batches (shared), one: the lock is kept busy by the
+// others' transactions meanwhile, and the store's appends gather into one
+// larger batch (one flush) instead of two queued in the database, each
+// waiting for the lock and paying its own flush. When its own appends
+// crowd (the latest found the slots busy), one too: every transaction
+// holds the lock through its commit's WAL flush, so two in flight split
+// the writers into three groups (one holding the lock, one queued, one
+// forming), each paying a flush, where one in flight lets nearly all of
+// them share each flush (regather), for the price of the lock idling for
+// a round trip between transactions, which on a disk that honours a
+// flush takes less than the flush. The caller holds c.mu.
 func (c *appendCoalescer) limit() int {
-	if c.shared && !coalesce.FixedInFlight.Load() {
+	if coalesce.FixedInFlight.Load() {
+		return maxInFlight
+	}
+	if c.shared || c.crowded {
 		return 1
 	}
 	return maxInFlight
@@ -137,20 +153,25 @@ func (c *appendCoalescer) run(req *appendRequest, runBatch func(*appendBatch)) e
 	if n := len(c.forming); n > 0 && !solo && c.forming[n-1].canJoin(req) {
 		b = c.forming[n-1]
 		b.add(req)
+		c.crowded = true
 		c.mu.Unlock()
 	} else if solo || (len(c.forming) == 0 && c.inFlight < c.limit()) {
 		// Sent at once, alone: on the caller's goroutine, under the
 		// caller's context (see runAlone).
-		b = &appendBatch{ctx: req.ctx, cancel: func() {}, aggs: map[string]bool{}, ids: map[string]bool{}, closed: true}
+		// Closed from the start: nobody joins it, so it needs no index
+		// of its aggregates and event IDs (add).
+		b = &appendBatch{ctx: req.ctx, cancel: func() {}, closed: true}
 		b.add(req)
 		if !solo {
 			c.inFlight++
+			c.crowded = false
 		}
 		c.mu.Unlock()
 		return c.runAlone(req, b, runBatch, !solo)
 	} else {
 		b = newAppendBatch(req)
 		c.forming = append(c.forming, b)
+		c.crowded = true
 		c.mu.Unlock()
 	}
 	select {
@@ -219,7 +240,35 @@ func definite(err error) bool {
 func (c *appendCoalescer) send(b *appendBatch, runBatch func(*appendBatch)) {
 	for b != nil {
 		runBatch(b)
+		if len(b.members) > 1 {
+			c.regather()
+		}
 		b = c.next(runBatch)
+	}
+}
+
+// regather runs after a shared batch delivered its members' outcomes and
+// before its in-flight slot sends the next batch: it yields the processor
+// (runtime.Gosched) until appends joined the batches forming and stopped
+// coming, a few times at most, so that the writers the commit woke
+// together append again in the next transaction rather than in one
+// behind it. The slot is still held meanwhile, so they join a forming
+// batch. A lone append never waits for it (runAlone).
+func (c *appendCoalescer) regather() {
+	const maxYields = 4
+	waiting := 0
+	for range maxYields {
+		runtime.Gosched()
+		c.mu.Lock()
+		n := 0
+		for _, f := range c.forming {
+			n += len(f.members)
+		}
+		c.mu.Unlock()
+		if n > 0 && n == waiting {
+			return // they came, and no more are coming
+		}
+		waiting = n
 	}
 }
 
@@ -230,6 +279,9 @@ func (c *appendCoalescer) send(b *appendBatch, runBatch func(*appendBatch)) {
 func (c *appendCoalescer) next(runBatch func(*appendBatch)) *appendBatch {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if len(c.forming) == 0 && c.inFlight == 1 {
+		c.crowded = false // the store's appends are all answered
+	}
 	limit := c.limit()
 	if len(c.forming) == 0 || c.inFlight > limit {
 		c.inFlight--
@@ -275,6 +327,9 @@ func (b *appendBatch) canJoin(req *appendRequest) bool {
 func (b *appendBatch) add(req *appendRequest) {
 	b.members = append(b.members, req)
 	b.events += len(req.events)
+	if b.aggs == nil {
+		return // a batch sent at once, closed from the start
+	}
 	b.aggs[req.aggregateID] = true
 	for _, ev := range req.events {
 		b.ids[ev.ID] = true

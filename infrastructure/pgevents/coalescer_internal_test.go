@@ -2,6 +2,8 @@ package pgevents
 
 import (
 	"context"
+	"fmt"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -119,4 +121,86 @@ func TestCoalescerLimitFollowsOtherAppenders(t *testing.T) {
 			require.Equal(t, int32(2), sent.Load())
 		})
 	}
+}
+
+// TestCoalescerWritersWokenTogetherShareTheNextBatch: writers whose
+// appends shared a batch, and who append again as soon as it answers,
+// share the next batch too (regather), rather than the first two going
+// alone and the others forming behind them, each paying a commit's WAL
+// flush under the append lock; and once appends crowd, the store keeps
+// one batch in flight, not two, and two again once every append was
+// answered. One processor, so that the woken writers run when the
+// batch's goroutine yields.
+func TestCoalescerWritersWokenTogetherShareTheNextBatch(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	type sent struct {
+		size    int
+		release chan struct{}
+	}
+	batches := make(chan sent, 16)
+	runBatch := func(b *appendBatch) {
+		release := make(chan struct{})
+		batches <- sent{len(b.members), release}
+		<-release
+		for _, m := range b.members {
+			m.done <- nil
+		}
+	}
+	var co appendCoalescer
+	ctx := context.Background()
+	run := func(agg string) error {
+		events := []domain.EventEnvelope[any]{{ID: agg + "-event"}}
+		return co.run(&appendRequest{ctx: ctx, aggregateID: agg, events: events}, runBatch)
+	}
+	// Two appends sent at once, held in flight.
+	doneA, doneB := make(chan error, 1), make(chan error, 1)
+	go func() { doneA <- run("a") }()
+	a := <-batches
+	go func() { doneB <- run("b") }()
+	b := <-batches
+	require.Equal(t, 1, a.size)
+	require.Equal(t, 1, b.size)
+
+	// Writers that find both slots busy form one batch behind them, and
+	// append again once answered.
+	const writers = 6
+	errs := make(chan error, 2*writers)
+	for w := range writers {
+		go func() {
+			for round := range 2 {
+				errs <- run(fmt.Sprintf("w%d-%d", w, round))
+			}
+		}()
+	}
+	require.Eventually(t, func() bool {
+		co.mu.Lock()
+		defer co.mu.Unlock()
+		return len(co.forming) == 1 && len(co.forming[0].members) == writers
+	}, 10*time.Second, time.Millisecond, "the writers form one batch")
+	co.mu.Lock()
+	require.Equal(t, 1, co.limit(), "appends crowd: one batch in flight")
+	co.mu.Unlock()
+	// So the batch waits for both slots to end, not for the first.
+	close(a.release)
+	require.NoError(t, <-doneA)
+	close(b.release)
+	require.NoError(t, <-doneB)
+	formed := <-batches
+	require.Equal(t, writers, formed.size)
+
+	close(formed.release)
+	next := <-batches
+	require.Equal(t, writers, next.size, "the writers woken together share the next batch")
+	close(next.release)
+	for range 2 * writers {
+		require.NoError(t, <-errs)
+	}
+	require.Eventually(t, func() bool {
+		co.mu.Lock()
+		defer co.mu.Unlock()
+		return co.inFlight == 0
+	}, 10*time.Second, time.Millisecond, "the last batch's slot is freed")
+	co.mu.Lock()
+	defer co.mu.Unlock()
+	require.Equal(t, 2, co.limit(), "every append answered: two in flight again")
 }

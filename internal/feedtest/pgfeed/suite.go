@@ -69,6 +69,7 @@ func RunSuite(t *testing.T, store Store, others ...Store) {
 		{"schemas do not block each other", runSchemasDoNotBlock},
 		{"transaction order ignores collation", runCollation},
 		{"construction while appending", runConstructionWhileAppending},
+		{"a failed commit stores nothing", runCommitFailure},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.run(t, store) })
 	}
@@ -292,6 +293,24 @@ func runQueuedAppendCancellation(t *testing.T, store Store) {
 	require.Equal(t, []string{held.ID, queued.ID}, feedtest.IDs(feed), "each append stored exactly once, in order")
 }
 
+// WithDefaultIsolation is dsn with its sessions' default transaction
+// isolation level set to level ("repeatable read", "serializable").
+func WithDefaultIsolation(t testing.TB, dsn, level string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	// A space as %20: libpq's URI syntax takes "+" literally.
+	param := "default_transaction_isolation=" + url.PathEscape(level)
+	if u.RawQuery != "" {
+		param = "&" + param
+	}
+	u.RawQuery += param
+	var got string
+	require.NoError(t, Connect(t, u.String()).QueryRow(feedtest.Context(t), "SHOW default_transaction_isolation").Scan(&got))
+	require.Equal(t, level, got)
+	return u.String()
+}
+
 // runStricterIsolation appends concurrently through a store whose
 // sessions default to a stricter isolation level: the append transaction
 // must still see every earlier append once it holds the lock, and never
@@ -301,18 +320,8 @@ func runStricterIsolation(t *testing.T, store Store) {
 		t.Run(level, func(t *testing.T) {
 			ctx := feedtest.Context(t)
 			pg := dbtest.NewPostgres(t)
-			u, err := url.Parse(pg.DSN)
-			require.NoError(t, err)
-			// A space as %20: libpq's URI syntax takes "+" literally.
-			param := "default_transaction_isolation=" + url.PathEscape(level)
-			if u.RawQuery != "" {
-				param = "&" + param
-			}
-			u.RawQuery += param
-			iso := &dbtest.Postgres{Schema: pg.Schema, DSN: u.String(), DB: dbtest.OpenPostgresDSN(t, u.String())}
-			var got string
-			require.NoError(t, Connect(t, iso.DSN).QueryRow(ctx, "SHOW default_transaction_isolation").Scan(&got))
-			require.Equal(t, level, got)
+			dsn := WithDefaultIsolation(t, pg.DSN, level)
+			iso := &dbtest.Postgres{Schema: pg.Schema, DSN: dsn, DB: dbtest.OpenPostgresDSN(t, dsn)}
 			s := store.New(t, iso)
 
 			var wg sync.WaitGroup
@@ -336,6 +345,48 @@ func runStricterIsolation(t *testing.T, store Store) {
 			feedtest.RequireStrictlyIncreasing(t, feed)
 		})
 	}
+}
+
+// runCommitFailure makes the database refuse appends at their commit (a
+// deferred constraint trigger): each such append fails with the
+// database's error, neither a version conflict nor already appended, and
+// stores nothing, whatever its size; the next append takes the next
+// position.
+func runCommitFailure(t *testing.T, store Store) {
+	ctx := feedtest.Context(t)
+	pg := dbtest.NewPostgres(t)
+	s := store.New(t, pg)
+	before := feedtest.NewEvent("before", "x", nil)
+	require.NoError(t, s.Append(ctx, "before", 0, before))
+	conn := Connect(t, pg.DSN)
+	_, err := conn.Exec(ctx, `CREATE FUNCTION refuse_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'refused at commit by test trigger'; END $$`)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `CREATE CONSTRAINT TRIGGER refuse_commit AFTER INSERT ON events
+		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+		WHEN (NEW.aggregate_id LIKE 'refused%') EXECUTE FUNCTION refuse_commit()`)
+	require.NoError(t, err)
+	for _, n := range []int{1, 3} {
+		agg := fmt.Sprintf("refused-%d", n)
+		events := make([]domain.EventEnvelope[any], n)
+		for i := range events {
+			events[i] = feedtest.NewEvent(agg, "x", i)
+		}
+		err := s.Append(ctx, agg, 0, events...)
+		require.ErrorContains(t, err, "refused at commit by test trigger", "%d event(s)", n)
+		require.ErrorContains(t, err, agg)
+		require.NotErrorIs(t, err, domain.ErrConcurrencyConflict)
+		require.NotErrorIs(t, err, domain.ErrAlreadyAppended)
+		version, err := s.GetCurrentVersion(ctx, agg)
+		require.NoError(t, err)
+		require.Zero(t, version, "%d event(s): nothing stored", n)
+	}
+	after := feedtest.NewEvent("after", "x", nil)
+	require.NoError(t, s.Append(ctx, "after", 0, after))
+	feed, err := s.ReadAfter(ctx, 0, 0)
+	require.NoError(t, err)
+	require.Equal(t, []string{before.ID, after.ID}, feedtest.IDs(feed))
+	require.Equal(t, []int64{1, 2}, feedtest.Positions(feed))
 }
 
 // runSchemasDoNotBlock holds an append open in one schema: appends and

@@ -1,0 +1,522 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	"github.com/eventfeed/subscriptions/domain"
+	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/pgxstore"
+)
+
+// Scenario 7's single-event rows (issue 31): one event per Append, as a
+// request handler appends, beside a plain single-row INSERT in the same
+// run, with the parts of the price measured one by one at 1 writer and
+// the round trips and statements of a lone Append counted on the wire.
+
+// singleSize is the single-event rows' share of the mode's sizes.
+type singleSize struct {
+	writers            []int
+	rounds, procRounds int
+	duration           time.Duration
+}
+
+func singleSizes(b *bench) singleSize {
+	sz := b.sizes()
+	if b.cfg.Quick {
+		return singleSize{writers: []int{1, 16}, rounds: 2, procRounds: 1, duration: sz.appendDuration}
+	}
+	return singleSize{writers: []int{1, 16}, rounds: 5, procRounds: 3, duration: sz.appendDuration}
+}
+
+// The keys of the single-event variants (singleVariants).
+const (
+	singleGorm    = "single-gorm"
+	singlePgx     = "single-pgx"
+	singleAsync   = "single-async"
+	singlePlain   = "single-plain"
+	singleLock    = "single-lock"
+	singleChecked = "single-checked"
+	singleHand    = "single-hand"
+)
+
+const plainSingleName = "a plain single-row INSERT per call (its own implicit transaction, one statement, one round trip, pgx on the GORM pool), position from a sequence: no lock, no version check, no NOTIFY, no ordering guarantee"
+
+// singleVariants are the variants of one event per call: the stores'
+// Append (expected version 0, a new aggregate each call: the version
+// check runs), the plain single-row INSERT, and the parts of the
+// library's price (singlePart). lockKey is a lock of the plain table's
+// own, storeKey the stores' append lock.
+func singleVariants(lockKey, storeKey int64) []appendVariant {
+	store := func(pick func(appendTarget) domain.EventStore) func(t appendTarget, tag string) func(ctx context.Context, w, k int) error {
+		return func(t appendTarget, tag string) func(ctx context.Context, w, k int) error {
+			s := pick(t)
+			return func(ctx context.Context, w, k int) error {
+				if s == nil {
+					return errors.New("no event store of this variant here")
+				}
+				return s.Append(ctx, fmt.Sprintf("%s-%d-a%d", tag, w, k), 0, makeEvents(1, k)...)
+			}
+		}
+	}
+	part := func(p singlePart) func(t appendTarget, tag string) func(ctx context.Context, w, k int) error {
+		return func(t appendTarget, tag string) func(ctx context.Context, w, k int) error {
+			return func(ctx context.Context, w, k int) error {
+				return singleByHand(ctx, t.db, p, lockKey, storeKey, fmt.Sprintf("%s-%d-a%d", tag, w, k), makeEvents(1, k)[0])
+			}
+		}
+	}
+	return []appendVariant{
+		{key: singleGorm, label: "GormEventStore.Append", perCall: 1, appendOne: store(func(t appendTarget) domain.EventStore { return t.gorm })},
+		{key: singlePgx, label: "pgxstore.EventStore.Append", perCall: 1, appendOne: store(func(t appendTarget) domain.EventStore { return t.pgx })},
+		{key: singleAsync, label: "pgxstore.EventStore.Append, synchronous_commit off", perCall: 1, appendOne: store(func(t appendTarget) domain.EventStore { return t.async })},
+		{key: singlePlain, label: "plain single-row INSERT", perCall: 1, appendOne: func(t appendTarget, tag string) func(ctx context.Context, w, k int) error {
+			return func(ctx context.Context, w, k int) error {
+				return plainAppend(ctx, t.db, fmt.Sprintf("%s-%d-a%d", tag, w, k), makeEvents(1, k), 0, false)
+			}
+		}},
+		{key: singleLock, label: "[advisory lock, plain INSERT]", perCall: 1, appendOne: part(partLock)},
+		{key: singleChecked, label: "[append lock, checked INSERT]", perCall: 1, appendOne: part(partChecked)},
+		{key: singleHand, label: "[append lock, checked INSERT, NOTIFY]", perCall: 1, appendOne: part(partNotify)},
+	}
+}
+
+// singlePart is one step from the plain INSERT to the library's lone
+// append, each pipelined in one round trip in the implicit transaction
+// the pipeline's Sync ends, as the library sends it.
+type singlePart int
+
+const (
+	// partLock: pg_advisory_xact_lock (a lock of the plain table's own),
+	// then the plain INSERT.
+	partLock singlePart = iota
+	// partChecked: the stores' append lock (with the isolation level the
+	// library reads beside it), then the library's checked single-row
+	// INSERT into events: the version check and the position read under
+	// the lock.
+	partChecked
+	// partNotify: partChecked and the library's NOTIFY: the library's
+	// statements, without its client side.
+	partNotify
+)
+
+// The library's statements for one event (infrastructure/pgevents),
+// reproduced for the parts, as previousAppend reproduces the design
+// before issue 19.
+const (
+	handLock   = `SELECT current_setting('transaction_isolation'), pg_advisory_xact_lock($1)`
+	handInsert = `INSERT INTO events (id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at)
+	SELECT $3, $1, $4, cur.version + 1, $5, head.position + 1, $6::jsonb, $7::jsonb, $8
+	FROM (SELECT COALESCE(MAX(sequence_no), 0) AS version FROM events WHERE aggregate_id = $1) AS cur,
+	(SELECT COALESCE(MAX(position), 0) AS position FROM events) AS head
+	WHERE ($2::bigint < 0 OR cur.version = $2::bigint) AND current_setting('transaction_isolation') = 'read committed'`
+	handNotify = `SELECT (SELECT MAX(position) FROM events), pg_notify($1, '') WHERE txid_current_if_assigned() IS NOT NULL`
+)
+
+// singleByHand appends the event e to aggregate as part p says, on one
+// connection of db's pool, in one round trip.
+func singleByHand(ctx context.Context, db *gorm.DB, p singlePart, lockKey, storeKey int64, aggregate string, e domain.EventEnvelope[any]) error {
+	payload, metadata, err := eventJSON(e)
+	if err != nil {
+		return err
+	}
+	created := e.Created.UTC().Truncate(time.Microsecond)
+	return onPgxConn(ctx, db, func(c *pgx.Conn) error {
+		b := &pgx.Batch{}
+		if p == partLock {
+			b.Queue("SELECT pg_advisory_xact_lock($1)", lockKey)
+			b.Queue(`INSERT INTO plain_events (id, aggregate_id, event_type, sequence_no, transaction_id, payload, metadata, created_at) VALUES ($1, $2, $3, 1, $4, $5::jsonb, $6::jsonb, $7)`,
+				e.ID, aggregate, e.EventType, e.TransactionID, string(payload), string(metadata), created)
+			return c.SendBatch(ctx, b).Close()
+		}
+		b.Queue(handLock, storeKey)
+		var inserted int64
+		b.Queue(handInsert, aggregate, 0, e.ID, e.EventType, e.TransactionID, string(payload), string(metadata), created).Exec(func(tag pgconn.CommandTag) error {
+			inserted = tag.RowsAffected()
+			return nil
+		})
+		if p == partNotify {
+			b.Queue(handNotify, infrastructure.PostgresNotifyChannel)
+		}
+		if err := c.SendBatch(ctx, b).Close(); err != nil {
+			return err
+		}
+		if inserted != 1 {
+			return fmt.Errorf("by hand: aggregate %q: the checked INSERT inserted %d rows", aggregate, inserted)
+		}
+		return nil
+	})
+}
+
+// singleResult is one variant's rounds: each round's rate and p50.
+type singleResult struct {
+	rates, p50s []float64
+	all         []time.Duration
+}
+
+func (r *singleResult) add(res appendResult) {
+	lat := sortedCopy(res.latencies)
+	r.rates = append(r.rates, res.rate())
+	r.p50s = append(r.p50s, percentile(lat, 50))
+	r.all = append(r.all, res.latencies...)
+}
+
+// ratios are the rounds' figure/baseline ratios, of rates or of p50s.
+func ratios(fig, base []float64) []float64 {
+	out := make([]float64, 0, len(fig))
+	for i := range min(len(fig), len(base)) {
+		out = append(out, fig[i]/base[i])
+	}
+	return out
+}
+
+// medianRow is a row of medians over rounds: figure and baseline the
+// medians of the rounds' figures, ratio the median of the rounds' own
+// ratios (variants alternate within a round, so a round's ratio is
+// measured under one load).
+func medianRow(name string, fig, base []float64, unit, baseName string) Row {
+	r := newRow(name, median(fig), median(base), unit, baseName)
+	if rs := ratios(fig, base); len(rs) > 0 {
+		v := median(rs)
+		r.Ratio = &v
+	}
+	return r
+}
+
+// roundList formats the rounds' ratios.
+func roundList(fig, base []float64) string {
+	var s []string
+	for _, r := range ratios(fig, base) {
+		s = append(s, fmt.Sprintf("%.2f", r))
+	}
+	return strings.Join(s, "/")
+}
+
+// runSingleAppends: the single-event rows of scenario 7.
+func runSingleAppends(ctx context.Context, b *bench, dsn string, lockKey, storeKey int64) ([]Row, error) {
+	rows, err := loneAppendTrips(ctx, b, dsn)
+	if err != nil {
+		return rows, err
+	}
+	for _, writers := range singleSizes(b).writers {
+		r, err := singleWriters(ctx, b, dsn, writers, lockKey, storeKey)
+		rows = append(rows, r...)
+		if err != nil {
+			return rows, err
+		}
+	}
+	mp, err := singleProcesses(ctx, b, dsn, lockKey, storeKey)
+	return append(rows, mp...), err
+}
+
+// singleWriters measures the single-event variants with writers
+// goroutines of one process: the stores and the plain INSERT, and at 1
+// writer the parts, in rotating order, each round alternating its order.
+func singleWriters(ctx context.Context, b *bench, dsn string, writers int, lockKey, storeKey int64) ([]Row, error) {
+	ss := singleSizes(b)
+	defer b.casePools()()
+	var t appendTarget
+	var err error
+	if t.db, err = b.openPG(dsn, writers+1, nil); err != nil {
+		return nil, err
+	}
+	if t.gorm, err = infrastructure.NewGormEventStore(t.db); err != nil {
+		return nil, err
+	}
+	pgxDB, err := pgxBackend.open(ctx, b, dsn, "", writers+1, nil)
+	if err != nil {
+		return nil, err
+	}
+	t.pgx = pgxDB.store
+	keys := []string{singleGorm, singlePgx, singlePlain}
+	if writers == 1 {
+		if t.async, err = asyncPgxStore(ctx, b, dsn, writers+1); err != nil {
+			return nil, err
+		}
+		keys = append(keys, singleLock, singleChecked, singleHand, singleAsync)
+	}
+	variants := map[string]appendVariant{}
+	for _, v := range singleVariants(lockKey, storeKey) {
+		variants[v.key] = v
+	}
+	res := map[string]*singleResult{}
+	for round := range ss.rounds {
+		order := slices.Clone(keys)
+		if round%2 == 1 {
+			slices.Reverse(order)
+		}
+		for i := range order {
+			key := order[(i+round/2)%len(order)]
+			v := variants[key]
+			r, err := timedWriters(ctx, writers, ss.duration, v.events(), v.appendOne(t, fmt.Sprintf("%s-w%d-r%d", key, writers, round)), nil)
+			if err != nil {
+				return nil, fmt.Errorf("%d writers, one event per call, %s: %w", writers, v.label, err)
+			}
+			if res[key] == nil {
+				res[key] = &singleResult{}
+			}
+			res[key].add(r)
+		}
+	}
+	name := fmt.Sprintf("%d writer(s), one event per call", writers)
+	gorm, px, plain := res[singleGorm], res[singlePgx], res[singlePlain]
+	note := fmt.Sprintf("%s: %d rounds of %s per variant, order rotating and reversed every other round; figures are the rounds' medians, ratios the medians of the rounds' ratios (rate ratios per round, GORM %s, pgx %s; p50 ratios per round, GORM %s, pgx %s); p50/p99 over all rounds: GORM %.3f/%.3f ms, pgx %.3f/%.3f ms, plain %.3f/%.3f ms",
+		name, ss.rounds, ss.duration, roundList(gorm.rates, plain.rates), roundList(px.rates, plain.rates), roundList(gorm.p50s, plain.p50s), roundList(px.p50s, plain.p50s),
+		pct(gorm.all, 50), pct(gorm.all, 99), pct(px.all, 50), pct(px.all, 99), pct(plain.all, 50), pct(plain.all, 99))
+	gr := medianRow(name+": GormEventStore.Append", gorm.rates, plain.rates, "ev/s", plainSingleName).note(note)
+	pr := medianRow(pgxBackend.label(name+": pgxstore.EventStore.Append"), px.rates, plain.rates, "ev/s", plainSingleName)
+	gl := medianRow(name+": GormEventStore.Append p50", gorm.p50s, plain.p50s, "ms", "p50 of the plain single-row INSERT, same rounds")
+	pl := medianRow(pgxBackend.label(name+": pgxstore.EventStore.Append p50"), px.p50s, plain.p50s, "ms", "p50 of the plain single-row INSERT, same rounds")
+	gr, pr = rateGoal(gr, 0.9), rateGoal(pr, 0.9)
+	if writers == 1 {
+		gl, pl = p50Goal(gl, 1.2), p50Goal(pl, 1.2)
+	}
+	rows := []Row{gr, pr, gl, pl}
+	if writers == 1 {
+		rows = append(rows, singleParts(name, res)...)
+	}
+	return rows, nil
+}
+
+// rateGoal attaches the goal ratio >= least.
+func rateGoal(r Row, least float64) Row {
+	return r.goal(fmt.Sprintf(">= %.1f", least), r.Ratio != nil && *r.Ratio >= least)
+}
+
+// p50Goal attaches the goal ratio <= most.
+func p50Goal(r Row, most float64) Row {
+	return r.goal(fmt.Sprintf("<= %.1f", most), r.Ratio != nil && *r.Ratio <= most)
+}
+
+// pct is the p-th percentile of d in ms.
+func pct(d []time.Duration, p float64) float64 { return percentile(sortedCopy(d), p) }
+
+// singleParts are the 1-writer rows of the parts: each step's p50 beside
+// the plain INSERT's, and a note of where the time goes.
+func singleParts(name string, res map[string]*singleResult) []Row {
+	plain := res[singlePlain]
+	p50 := func(key string) float64 { return median(res[key].p50s) }
+	us := func(a, b string) float64 { return (p50(a) - p50(b)) * 1000 }
+	where := fmt.Sprintf("where a lone single-event append's time goes (medians of the rounds' p50s, in µs over the step before): plain INSERT %.0f µs; + advisory lock (a second statement in the pipeline) %+.0f; + version check and position read under the append lock (the checked INSERT instead of the plain one, into events) %+.0f; + NOTIFY %+.0f (the library's statements by hand); + the client side: GORM %+.0f, pgx %+.0f (GormEventStore/pgxstore Append beside its own statements); the WAL flush the append lock is held through: pgx %.0f µs (its Append minus the same Append on sessions with synchronous_commit off)",
+		p50(singlePlain)*1000, us(singleLock, singlePlain), us(singleChecked, singleLock), us(singleHand, singleChecked),
+		us(singleGorm, singleHand), us(singlePgx, singleHand), us(singlePgx, singleAsync))
+	var rows []Row
+	for _, p := range []struct{ key, label string }{
+		{singleLock, "[advisory lock, plain INSERT]"},
+		{singleChecked, "[append lock, checked INSERT]"},
+		{singleHand, "[append lock, checked INSERT, NOTIFY] (the library's statements by hand)"},
+		{singleAsync, "pgxstore Append, synchronous_commit off"},
+	} {
+		r := medianRow(fmt.Sprintf("%s, parts: %s p50", name, p.label), res[p.key].p50s, plain.p50s, "ms", "p50 of the plain single-row INSERT, same rounds")
+		rows = append(rows, r.note(where))
+	}
+	return rows
+}
+
+// asyncPgxStore is pgxstore's store on a pool of its own whose sessions
+// commit without waiting for the WAL flush (synchronous_commit off), to
+// tell the flush's share of an append's latency.
+func asyncPgxStore(ctx context.Context, b *bench, dsn string, maxConns int) (domain.EventStore, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("parse DSN: %w", err)
+	}
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	cfg.MaxConns = int32(maxConns)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open pgx pool: %w", err)
+	}
+	b.pools = append(b.pools, func() error { pool.Close(); return nil })
+	return pgxstore.NewEventStore(ctx, pool)
+}
+
+// singleProcesses measures the stores and the plain INSERT, one event per
+// call, from sz.appendProcs processes of sz.appendProcWriters writers.
+func singleProcesses(ctx context.Context, b *bench, dsn string, lockKey, storeKey int64) ([]Row, error) {
+	sz, ss := b.sizes(), singleSizes(b)
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("find own executable for child processes: %w", err)
+	}
+	keys := []string{singleGorm, singlePgx, singlePlain}
+	res := map[string]*singleResult{}
+	for round := range ss.procRounds {
+		for i := range keys {
+			key := keys[(i+round)%len(keys)]
+			r, err := appendProcessRound(ctx, exe, sz.appendProcs, appendChildConfig{
+				DSN: dsn, Variant: key, Writers: sz.appendProcWriters, Duration: ss.duration,
+				Tag: fmt.Sprintf("mp-%s-r%d", key, round), LockKey: lockKey, PreviousKey: storeKey,
+			})
+			if err != nil {
+				return nil, fmt.Errorf("%d processes x %d writers, %s: %w", sz.appendProcs, sz.appendProcWriters, key, err)
+			}
+			if res[key] == nil {
+				res[key] = &singleResult{}
+			}
+			res[key].add(r)
+		}
+	}
+	name := fmt.Sprintf("%d processes x %d writers, one event per call", sz.appendProcs, sz.appendProcWriters)
+	gorm, px, plain := res[singleGorm], res[singlePgx], res[singlePlain]
+	note := fmt.Sprintf("%s: separate processes, each with one pool of %d connections of the variant's backend, started together after warming up; %d rounds in rotating order, medians (rate ratios per round, GORM %s, pgx %s); p50 medians: GORM %.3f ms, pgx %.3f ms, plain %.3f ms",
+		name, sz.appendProcWriters+1, ss.procRounds, roundList(gorm.rates, plain.rates), roundList(px.rates, plain.rates), median(gorm.p50s), median(px.p50s), median(plain.p50s))
+	return []Row{
+		rateGoal(medianRow(name+": GormEventStore.Append", gorm.rates, plain.rates, "ev/s", plainSingleName+", from the same processes"), 0.8).note(note),
+		rateGoal(medianRow(pgxBackend.label(name+": pgxstore.EventStore.Append"), px.rates, plain.rates, "ev/s", plainSingleName+", from the same processes"), 0.8),
+	}, nil
+}
+
+// turnConn counts the round trips of a connection as seen on the wire: a
+// write after a read (or the first write) starts one.
+type turnConn struct {
+	net.Conn
+	turns *atomic.Int64
+	read  atomic.Bool
+}
+
+func (c *turnConn) Write(p []byte) (int, error) {
+	if c.read.Swap(false) {
+		c.turns.Add(1)
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *turnConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.read.Store(true)
+	}
+	return n, err
+}
+
+// wire counts what a pool's connections send: round trips (turnConn) and
+// statements (a pgx tracer: each query, each query of a batch).
+type wire struct{ turns, stmts atomic.Int64 }
+
+func (w *wire) dial(dial pgconn.DialFunc) pgconn.DialFunc {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		tc := &turnConn{Conn: c, turns: &w.turns}
+		tc.read.Store(true)
+		return tc, nil
+	}
+}
+
+func (w *wire) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	w.stmts.Add(1)
+	return ctx
+}
+func (w *wire) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (w *wire) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	w.stmts.Add(int64(d.Batch.Len()))
+	return ctx
+}
+func (w *wire) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (w *wire) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// count runs f and returns the round trips and statements it took.
+func (w *wire) count(f func() error) (turns, stmts int64, err error) {
+	t0, s0 := w.turns.Load(), w.stmts.Load()
+	err = f()
+	return w.turns.Load() - t0, w.stmts.Load() - s0, err
+}
+
+// loneAppendTrips counts, on the wire, the round trips and statements of
+// a lone single-event Append of each store (its connection warm, its
+// statements prepared) and of the plain INSERT, on pools of one
+// connection of their own.
+func loneAppendTrips(ctx context.Context, b *bench, dsn string) ([]Row, error) {
+	defer b.casePools()()
+	w := &wire{}
+	ccfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	ccfg.DialFunc, ccfg.Tracer = w.dial(ccfg.DialFunc), w
+	sqlDB := stdlib.OpenDB(*ccfg)
+	sqlDB.SetMaxOpenConns(1)
+	b.pools = append(b.pools, sqlDB.Close)
+	db, err := gorm.Open(postgres.New(postgres.Config{Conn: sqlDB}), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		return nil, err
+	}
+	gs, err := infrastructure.NewGormEventStore(db)
+	if err != nil {
+		return nil, err
+	}
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	pcfg.MaxConns = 1
+	pcfg.ConnConfig.DialFunc, pcfg.ConnConfig.Tracer = w.dial(pcfg.ConnConfig.DialFunc), w
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, err
+	}
+	b.pools = append(b.pools, func() error { pool.Close(); return nil })
+	ps, err := pgxstore.NewEventStore(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	type counted struct{ turns, stmts int64 }
+	measure := func(name string, appendOne func(k int) error) (counted, error) {
+		for k := range 3 { // open the connection, prepare the statements
+			if err := appendOne(k); err != nil {
+				return counted{}, fmt.Errorf("%s: %w", name, err)
+			}
+		}
+		t, s, err := w.count(func() error { return appendOne(3) })
+		if err != nil {
+			return counted{}, fmt.Errorf("%s: %w", name, err)
+		}
+		return counted{t, s}, nil
+	}
+	storeAppend := func(s domain.EventStore, tag string) func(k int) error {
+		return func(k int) error {
+			return s.Append(ctx, fmt.Sprintf("%s-%d", tag, k), 0, makeEvents(1, k)...)
+		}
+	}
+	plain, err := measure("plain", func(k int) error {
+		return plainAppend(ctx, db, fmt.Sprintf("rt-plain-%d", k), makeEvents(1, k), 0, false)
+	})
+	if err != nil {
+		return nil, err
+	}
+	g, err := measure("GORM", storeAppend(gs, "rt-gorm"))
+	if err != nil {
+		return nil, err
+	}
+	p, err := measure("pgx", storeAppend(ps, "rt-pgx"))
+	if err != nil {
+		return nil, err
+	}
+	note := fmt.Sprintf("lone single-event Append, counted on the wire (a write after a read starts a round trip; statements: each query and each query of a pipeline, pgx's tracer) on a pool of one warm connection: GORM %d round trip(s), %d statements; pgx %d round trip(s), %d statements; plain INSERT %d, %d (before issue 31 both stores sent 1 round trip of 5 statements: BEGIN, the lock, the checked INSERT, the NOTIFY, COMMIT)",
+		g.turns, g.stmts, p.turns, p.stmts, plain.turns, plain.stmts)
+	bname := "the plain single-row INSERT's, counted the same way"
+	return []Row{
+		newRow("lone single-event Append: round trips", float64(g.turns), float64(plain.turns), "count", bname).goal("1", g.turns == 1).note(note),
+		newRow(pgxBackend.label("lone single-event Append: round trips"), float64(p.turns), float64(plain.turns), "count", bname).goal("1", p.turns == 1),
+		newRow("lone single-event Append: statements", float64(g.stmts), float64(plain.stmts), "count", bname),
+		newRow(pgxBackend.label("lone single-event Append: statements"), float64(p.stmts), float64(plain.stmts), "count", bname),
+	}, nil
+}
