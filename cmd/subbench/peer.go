@@ -434,7 +434,7 @@ func (p *libPeer) appendRate(ctx context.Context, writers int) (float64, error) 
 	if err != nil {
 		return 0, err
 	}
-	res, err := timedWriters(ctx, writers, p.sz.appendDuration, func(ctx context.Context, w, k int) error {
+	res, err := timedWriters(ctx, writers, p.sz.appendDuration, 1, func(ctx context.Context, w, k int) error {
 		return store.Append(ctx, fmt.Sprintf("peer-append-%d", w), -1, makeEvents(1, k)...)
 	}, nil)
 	return float64(len(res.latencies)) / res.elapsed.Seconds(), err

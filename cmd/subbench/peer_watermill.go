@@ -188,7 +188,7 @@ func (p *wmPeer) appendRate(ctx context.Context, writers int) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	res, err := timedWriters(ctx, writers, p.sz.appendDuration, func(ctx context.Context, w, k int) error {
+	res, err := timedWriters(ctx, writers, p.sz.appendDuration, 1, func(ctx context.Context, w, k int) error {
 		msg, err := wmMessage(ctx, fmt.Sprintf("peer-append-%d", w), k)
 		if err != nil {
 			return err
