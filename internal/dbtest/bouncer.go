@@ -21,11 +21,14 @@ import (
 const BouncerEnv = "SUBSCRIPTIONS_REQUIRE_PGBOUNCER"
 
 // BouncerDSN starts a PgBouncer of the test's own in transaction pooling
-// mode in front of the test server, serving the test's schema as database
+// mode in front of the schema's server (the test server, or a Cluster's),
+// serving the test's schema as database
 // "bouncer" (PgBouncer 1.18 does not pass a client's search_path on, so
 // the schema is set on each server connection it opens: connect_query),
 // with at most serverConns server connections, and returns a DSN through
-// it; it is stopped at cleanup. The DSN selects pgx's exec query mode:
+// it; it is stopped at cleanup. It retries a server that refused it after
+// a second (server_login_retry; 15 by default), for the tests that stop
+// and start a Cluster. The DSN selects pgx's exec query mode:
 // PgBouncer before 1.21 cannot keep named prepared statements in
 // transaction mode (docs/operations.md, "PgBouncer"). Without a
 // pgbouncer binary the test is skipped, or fails when CI requires it.
@@ -42,9 +45,9 @@ func (p *Postgres) BouncerDSN(t testing.TB, serverConns int) string {
 			t.Skip(msg)
 		}
 	}
-	server, err := url.Parse(PostgresDSN())
+	server, err := url.Parse(p.serverDSN())
 	if err != nil {
-		t.Fatalf("dbtest: parse %s: %v", DSNEnv, err)
+		t.Fatalf("dbtest: parse the server's DSN: %v", err)
 	}
 	host, port := server.Hostname(), server.Port()
 	if port == "" {
@@ -65,6 +68,7 @@ pool_mode = transaction
 default_pool_size = %d
 max_client_conn = 500
 ignore_startup_parameters = extra_float_digits,search_path
+server_login_retry = 1
 `, host, port, dbname, serverUser, p.Schema, listen, serverConns)
 	path := filepath.Join(dir, "pgbouncer.ini")
 	if err := os.WriteFile(path, []byte(ini), 0o644); err != nil {
