@@ -55,6 +55,9 @@ type groupDB struct {
 	// probe overran.
 	downErr error
 	held    []*groupUnit
+	// pick counts its probes: the tenant a probe of it reads while it is
+	// down, in turn (readHeads).
+	pick int
 }
 
 // groupTenant is one Feed of a Group. Its run fields are guarded by the
@@ -661,11 +664,15 @@ func (g *Group) probe(run *groupRun, only map[string]bool) (moved bool) {
 // down if nothing could be read, or up again (its held units queued) if
 // something was; moved reports a head moved.
 func (g *Group) probeDB(run *groupRun, set *probeSet) (moved bool) {
-	tenants, heads, err := g.readHeads(run.ctx, set)
+	g.mu.Lock()
+	db := run.db(set.key)
+	down, pick := db.down, db.pick
+	db.pick++
+	g.mu.Unlock()
+	tenants, heads, err := g.readHeads(run.ctx, set, down, pick)
 	now := time.Now()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	db := run.db(set.key)
 	db.probing = false
 	if run.ctx.Err() != nil || g.run != run {
 		return false
@@ -721,7 +728,13 @@ func (g *Group) overran(run *groupRun, set *probeSet) {
 // run anyway). It returns the tenants it read, with their heads; a
 // failure is logged and leaves its tenants out. err is set when statements
 // were tried and none succeeded: the database does not answer.
-func (g *Group) readHeads(ctx context.Context, set *probeSet) ([]*groupTenant, []int64, error) {
+//
+// On a database that is down, a probe that fails (or there is no prober)
+// reads one tenant's head only, the pick-th in turn: one statement or two
+// a probe to find whether it answers again, however many tenants it has;
+// in turn, so that one tenant whose table cannot be read does not keep
+// the others held once the server is back.
+func (g *Group) readHeads(ctx context.Context, set *probeSet, down bool, pick int) ([]*groupTenant, []int64, error) {
 	first := undecorated(set.tenants[0].feed.Events)
 	prober, ok := first.(HeadProber)
 	g.mu.Lock()
@@ -730,6 +743,9 @@ func (g *Group) readHeads(ctx context.Context, set *probeSet) ([]*groupTenant, [
 	}
 	g.mu.Unlock()
 	if !ok {
+		if down {
+			return readOne(ctx, set.tenants[pick%len(set.tenants)])
+		}
 		return g.readEach(ctx, set.tenants, true, nil)
 	}
 	var tenants []*groupTenant
@@ -754,6 +770,9 @@ func (g *Group) readHeads(ctx context.Context, set *probeSet) ([]*groupTenant, [
 			if ctx.Err() != nil {
 				return tenants, heads, nil
 			}
+			if down {
+				return readOne(ctx, set.tenants[pick%len(set.tenants)])
+			}
 			// Each head on its own then, so that a prober that cannot read
 			// another tenant's table (a Database shared by mistake) leaves
 			// no tenant unwatched; a database that is down fails those
@@ -772,6 +791,18 @@ func (g *Group) readHeads(ctx context.Context, set *probeSet) ([]*groupTenant, [
 		failed = nil // the database answers
 	}
 	return tenants, heads, failed
+}
+
+// readOne reads t's head, for readHeads.
+func readOne(ctx context.Context, t *groupTenant) ([]*groupTenant, []int64, error) {
+	head, err := t.feed.Events.HeadPosition(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, nil, nil
+		}
+		return nil, nil, err
+	}
+	return []*groupTenant{t}, []int64{head}, nil
 }
 
 // readEach is readHeads without a prober: one HeadPosition per tenant of
@@ -796,11 +827,11 @@ func (g *Group) readEach(ctx context.Context, list []*groupTenant, logFailures b
 			continue
 		}
 		tried = true
-		head, err := t.feed.Events.HeadPosition(ctx)
+		got, read, err := readOne(ctx, t)
+		if ctx.Err() != nil {
+			return tenants, heads, nil
+		}
 		if err != nil {
-			if ctx.Err() != nil {
-				return tenants, heads, nil
-			}
 			if logFailures {
 				g.cfg.logger.Warn("group: reading the tenant's feed head failed; will retry", "tenant", t.feed.Tenant, "error", err)
 			}
@@ -809,7 +840,7 @@ func (g *Group) readEach(ctx context.Context, list []*groupTenant, logFailures b
 			}
 			continue
 		}
-		tenants, heads = append(tenants, t), append(heads, head)
+		tenants, heads = append(tenants, got...), append(heads, read...)
 	}
 	if !tried && probeErr != nil {
 		return nil, nil, probeErr

@@ -7,11 +7,11 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -56,7 +56,12 @@ func (p *Postgres) BouncerDSN(t testing.TB, serverConns int) string {
 	serverUser := server.User.Username()
 	dbname := strings.TrimPrefix(server.Path, "/")
 	listen := freeLoopbackPort(t)
-	dir := t.TempDir()
+	// Not t.TempDir: the server's account (below) must reach the file.
+	dir, err := os.MkdirTemp("", "dbtest-bouncer-")
+	if err != nil {
+		t.Fatalf("dbtest: %v", err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	ini := fmt.Sprintf(`[databases]
 bouncer = host=%s port=%s dbname=%s user=%s connect_query='SET search_path = %s'
 [pgbouncer]
@@ -74,19 +79,21 @@ server_login_retry = 1
 	if err := os.WriteFile(path, []byte(ini), 0o644); err != nil {
 		t.Fatalf("dbtest: %v", err)
 	}
-	args := []string{path}
-	if os.Geteuid() == 0 {
-		// PgBouncer refuses to run as root: it drops to the server's
-		// account, which must read the file.
-		args = []string{"-u", "postgres", path}
-		if u, err := user.Lookup("postgres"); err == nil {
-			uid, _ := strconv.Atoi(u.Uid)
-			gid, _ := strconv.Atoi(u.Gid)
-			_ = os.Chown(dir, uid, gid)
-			_ = os.Chown(path, uid, gid)
+	// PgBouncer refuses to run as root: as root, the test runs it as the
+	// server's account (as NewCluster runs Postgres), which reads the
+	// file. It gets SIGKILL if the test binary dies first (a test
+	// timeout), so that none is left behind; that setting would not
+	// survive PgBouncer's own -u, which changes its user itself.
+	cred := clusterCredential(t)
+	if cred != nil {
+		for _, f := range []string{dir, path} {
+			if err := os.Chown(f, int(cred.Uid), int(cred.Gid)); err != nil {
+				t.Fatalf("dbtest: %v", err)
+			}
 		}
 	}
-	cmd := exec.Command(bin, args...)
+	cmd := exec.Command(bin, path)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
 	var out lockedBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {

@@ -375,7 +375,7 @@ func clusterCredential(t testing.TB) *syscall.Credential {
 	}
 	u, err := user.Lookup("postgres")
 	if err != nil {
-		msg := "dbtest: the test runs as root and there is no postgres OS user to run a cluster as"
+		msg := "dbtest: the test runs as root and there is no postgres OS user to run Postgres and PgBouncer as"
 		if os.Getenv(RequireEnv) == "1" {
 			t.Fatalf("%s: %v", msg, err)
 		}

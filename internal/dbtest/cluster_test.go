@@ -11,8 +11,9 @@ import (
 func TestMain(m *testing.M) { VerifyTestMain(m) }
 
 // TestCluster starts a private cluster, stops it (its port refuses
-// connections, and a PgBouncer in front of it fails its clients rather
-// than holding them) and starts it again with its data.
+// connections, and a PgBouncer in front of it does not answer: it holds
+// its clients' statements, up to its query_wait_timeout, or fails them)
+// and starts it again with its data; the PgBouncer reaches it again.
 func TestCluster(t *testing.T) {
 	c := NewCluster(t)
 	pg := c.NewPostgres(t)
@@ -23,8 +24,8 @@ func TestCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	bouncer := pg.BouncerDSN(t, 2)
-	query := func(dsn string) error {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	query := func(dsn string, within time.Duration) error {
+		ctx, cancel := context.WithTimeout(context.Background(), within)
 		defer cancel()
 		conn, err := pgx.Connect(ctx, dsn)
 		if err != nil {
@@ -34,28 +35,29 @@ func TestCluster(t *testing.T) {
 		var n int
 		return conn.QueryRow(ctx, "SELECT count(*) FROM kept").Scan(&n)
 	}
-	if err := query(bouncer); err != nil {
+	if err := query(bouncer, 20*time.Second); err != nil {
 		t.Fatalf("through PgBouncer: %v", err)
 	}
 
 	c.Stop(t)
-	if err := query(pg.DSN); err == nil {
+	if err := query(pg.DSN, 20*time.Second); err == nil {
 		t.Fatal("a stopped cluster answered")
 	}
 	started := time.Now()
-	err := query(bouncer)
+	err := query(bouncer, 2*time.Second)
 	if err == nil {
 		t.Fatal("PgBouncer answered for a stopped cluster")
 	}
-	t.Logf("PgBouncer in front of the stopped cluster failed after %v: %v", time.Since(started).Round(time.Millisecond), err)
+	t.Logf("PgBouncer in front of the stopped cluster, after %v: %v", time.Since(started).Round(time.Millisecond), err)
 
 	c.Start(t)
-	if err := query(pg.DSN); err != nil {
+	restarted := time.Now()
+	if err := query(pg.DSN, 20*time.Second); err != nil {
 		t.Fatalf("after Start: %v", err)
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		err := query(bouncer)
+		err := query(bouncer, 20*time.Second)
 		if err == nil {
 			break
 		}
@@ -64,5 +66,5 @@ func TestCluster(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Logf("PgBouncer reached the started cluster %v after it started", time.Since(started).Round(time.Millisecond))
+	t.Logf("PgBouncer reached the started cluster %v after it started", time.Since(restarted).Round(time.Millisecond))
 }
