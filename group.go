@@ -211,7 +211,8 @@ func WithGroupWakeSignal(database string, wake <-chan struct{}) GroupOption {
 // repeated until it returns, so that each database has one probe
 // statement at a time. The probe waits for one database at most a poll
 // interval before it goes on to the next. With tenants on more than one
-// database, one database runs at most workers - 1 cycles at once: cycles
+// database (and more than one worker), one database runs at most
+// workers - 1 cycles at once: cycles
 // whose statements hang rather than fail (a server gone behind a
 // PgBouncer, which queues them up to its query_wait_timeout; a network
 // that drops packets: set connect_timeout) then hold at most that many
