@@ -183,14 +183,16 @@ func WithGroupWakeSignal(database string, wake <-chan struct{}) GroupOption {
 //
 // The connections a process running a Group uses at once are at most
 //
-//	workers + 1 (the probe: one statement at a time) + listeners
-//	(one LISTEN connection per database given a PostgresListener, outside
-//	the pools) + the application's appends and operator calls at once
-//	(Status, Lag, ResetCheckpoint...: one each, see Connections in the
-//	package documentation)
+//	workers + 1 (the probe: one statement at a time, but for a database
+//	whose probe hangs, below) + listeners (one LISTEN connection per
+//	database given a PostgresListener, outside the pools) + the
+//	application's appends and operator calls at once (Status, Lag,
+//	ResetCheckpoint...: one each, see Connections in the package
+//	documentation)
 //
-// whatever the number of tenants, since every batch cycle holds at most
-// one connection (the Connections rule); partitioned definitions, which
+// whatever the number of tenants, and on each server no more than that,
+// since every batch cycle holds at most one connection (the Connections
+// rule); partitioned definitions, which
 // need a connection per partition worker, are not run by a group yet. On
 // top come the idle connections the tenants' pools keep: stores select a
 // schema through their pool's search_path, so each schema has a pool of
@@ -198,6 +200,25 @@ func WithGroupWakeSignal(database string, wake <-chan struct{}) GroupOption {
 // default: 2) after use. Open tenant pools with SetMaxIdleConns(0) (or a
 // short SetConnMaxIdleTime) for idle tenants to hold no connection; each
 // batch cycle then opens the connection it uses.
+//
+// # Databases that go down
+//
+// Tenants may be on different servers (one Database each). A database
+// whose probe fails, or is still running after a poll interval, is down:
+// its tenants start no cycle (they wait, holding no worker) until a probe
+// reaches it again, then resume on their own; a down database costs one
+// probe statement per poll interval, and a probe that hangs is not
+// repeated until it returns, so that each database has one probe
+// statement at a time. The probe waits for one database at most a poll
+// interval before it goes on to the next. With tenants on more than one
+// database (and more than one worker), one database runs at most
+// workers - 1 cycles at once: cycles
+// whose statements hang rather than fail (a server gone behind a
+// PgBouncer, which queues them up to its query_wait_timeout; a network
+// that drops packets: set connect_timeout) then hold at most that many
+// workers until the driver gives up, and the other databases' tenants go
+// on with the rest. A second database that hangs while the first's
+// cycles still do can take the last worker.
 //
 // # What a group does not run yet
 //

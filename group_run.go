@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -31,7 +32,33 @@ const (
 	// unitDormant: caught up; only a probe that finds its head moved, or
 	// a reset, queues it.
 	unitDormant
+	// unitHeld: its database does not answer (groupDB.down); the probe
+	// that reaches it again queues it.
+	unitHeld
 )
+
+// groupDB is one database's state in a Run (the tenants of one
+// Feed.Database, or a tenant of its own), guarded by the group's mu.
+type groupDB struct {
+	// live counts its tenants started in this Run and not ended.
+	live int
+	// running counts its units' cycles running now (workerLimit bounds
+	// it).
+	running int
+	// probing: a probe of it is in flight; probes skip it meanwhile, so
+	// that it has one probe statement at a time however long one takes.
+	probing bool
+	// down: its last probe failed, or ran past a poll interval; no unit
+	// of it starts a cycle (they are held) until a probe reaches it.
+	down bool
+	// downErr is the failure that put it down, logged once; nil when the
+	// probe overran.
+	downErr error
+	held    []*groupUnit
+	// pick counts its probes: the tenant a probe of it reads while it is
+	// down, in turn (readHeads).
+	pick int
+}
 
 // groupTenant is one Feed of a Group. Its run fields are guarded by the
 // group's mu.
@@ -97,6 +124,23 @@ type groupRun struct {
 	// panicked is the first handler panic a worker recovered; Run panics
 	// with it once everything stopped.
 	panicked any
+	// dbs is every database's state, by groupTenant.key; liveDBs counts
+	// those with a live tenant.
+	dbs     map[string]*groupDB
+	liveDBs int
+	// probes counts the probe goroutines still running.
+	probes sync.WaitGroup
+}
+
+// db returns the state of the database key, created on first use.
+// Called with mu held.
+func (run *groupRun) db(key string) *groupDB {
+	d := run.dbs[key]
+	if d == nil {
+		d = &groupDB{}
+		run.dbs[key] = d
+	}
+	return d
 }
 
 // Run runs every tenant's definitions until ctx is cancelled, and returns
@@ -116,7 +160,8 @@ func (g *Group) Run(ctx context.Context) error {
 	defer g.running.Store(false)
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	run := &groupRun{ctx: runCtx, cancel: cancel, cond: sync.NewCond(&g.mu), wakeDBs: map[string]bool{}, wakeReq: make(chan struct{}, 1)}
+	run := &groupRun{ctx: runCtx, cancel: cancel, cond: sync.NewCond(&g.mu), wakeDBs: map[string]bool{}, wakeReq: make(chan struct{}, 1),
+		dbs: map[string]*groupDB{}}
 	g.mu.Lock()
 	g.run = run
 	for _, t := range g.order {
@@ -164,6 +209,7 @@ func (g *Group) Run(ctx context.Context) error {
 	g.run = nil
 	g.mu.Unlock()
 	run.timers.Wait()
+	run.probes.Wait() // on the cancelled context: each returns promptly
 	g.cfg.logger.Info("group stopped")
 	if run.panicked != nil {
 		panic(run.panicked)
@@ -176,6 +222,12 @@ func (g *Group) Run(ctx context.Context) error {
 func (g *Group) startTenant(run *groupRun, t *groupTenant) {
 	t.ctx, t.cancel = context.WithCancel(withTenant(run.ctx, t.feed.Tenant))
 	t.seen = -1
+	if db := run.db(t.key); db.live == 0 {
+		run.liveDBs++
+		db.live = 1
+	} else {
+		db.live++
+	}
 	for _, u := range t.units {
 		drain, stop := u.s.drainContext(t.ctx)
 		u.r = newRunner(u.s, nil, drain)
@@ -243,6 +295,12 @@ func (g *Group) end(u *groupUnit) {
 	t.live--
 	if t.live == 0 {
 		t.cancel()
+		if g.run != nil {
+			db := g.run.db(t.key)
+			if db.live--; db.live == 0 {
+				g.run.liveDBs--
+			}
+		}
 		if t.removing {
 			g.removed(t)
 		}
@@ -285,7 +343,7 @@ func (g *Group) wake(run *groupRun, u *groupUnit, check bool, at time.Time) {
 		} else if check {
 			u.check = true
 		}
-	case unitQueued:
+	case unitQueued, unitHeld:
 		if check {
 			u.check = true
 		}
@@ -324,32 +382,70 @@ func (g *Group) work(run *groupRun) {
 	}
 }
 
-// next takes the first unit of the ready queue whose tenant still runs,
-// and marks it running; nil once the Run ends.
+// next takes the first unit of the ready queue whose tenant still runs
+// and whose database may start a cycle (workerLimit), and marks it
+// running; nil once the Run ends. The units of a database that is down
+// are held on the way.
 func (g *Group) next(run *groupRun) (*groupUnit, bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for {
-		for len(run.ready) == 0 && run.ctx.Err() == nil {
-			run.cond.Wait()
+	for run.ctx.Err() == nil {
+		if u := g.take(run); u != nil {
+			u.state = unitRunning
+			u.r.wokenAt, u.woken = u.woken, time.Time{}
+			return u, u.check
 		}
-		if run.ctx.Err() != nil {
-			return nil, false
-		}
-		u := run.ready[0]
-		run.ready[0] = nil
-		run.ready = run.ready[1:]
+		run.cond.Wait()
+	}
+	return nil, false
+}
+
+// take removes from the ready queue, and returns, its first unit that may
+// run now; nil if none. Called with mu held.
+func (g *Group) take(run *groupRun) *groupUnit {
+	limit := g.workerLimit(run)
+	for i := 0; i < len(run.ready); i++ {
+		u := run.ready[i]
 		if u.state != unitQueued {
-			continue // ended while queued
+			run.ready = slices.Delete(run.ready, i, i+1) // ended while queued
+			i--
+			continue
 		}
 		if u.t.ctx.Err() != nil {
+			run.ready = slices.Delete(run.ready, i, i+1)
+			i--
 			g.end(u)
 			continue
 		}
-		u.state = unitRunning
-		u.r.wokenAt, u.woken = u.woken, time.Time{}
-		return u, u.check
+		db := run.db(u.t.key)
+		if db.down {
+			run.ready = slices.Delete(run.ready, i, i+1)
+			i--
+			u.state = unitHeld
+			db.held = append(db.held, u)
+			continue
+		}
+		if db.running >= limit {
+			continue // another database's unit may run
+		}
+		run.ready = slices.Delete(run.ready, i, i+1)
+		db.running++
+		return u
 	}
+	return nil
+}
+
+// workerLimit is how many cycles of one database may run at once: every
+// worker but one when the group's tenants are on several databases, so
+// that a database whose statements hang instead of failing (a server gone
+// behind a PgBouncer, a network that drops packets) cannot hold every
+// worker while the other databases' tenants wait; every worker when
+// there is one database. Called with mu held.
+func (g *Group) workerLimit(run *groupRun) int {
+	if run.liveDBs > 1 && g.cfg.workers > 1 {
+		return g.cfg.workers - 1
+	}
+	return g.cfg.workers
 }
 
 // cycle runs one batch cycle of u: the run loop's own (runner.cycle), on
@@ -376,6 +472,8 @@ func (g *Group) after(run *groupRun, u *groupUnit, out outcome) {
 	s := u.s
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	run.db(u.t.key).running--
+	run.cond.Signal() // a unit its database's limit kept queued may run
 	dirty, recheck := u.dirty, u.recheck
 	u.dirty, u.recheck = false, false
 	if u.t.ctx.Err() != nil && out != outcomeFatal {
@@ -499,6 +597,14 @@ type probeSet struct {
 // probe reads the feed heads of the databases in only (every database
 // when nil), one database after another, and wakes the units of every
 // tenant whose head moved since the last probe; moved reports one did.
+//
+// Each database's read runs on a goroutine of its own, which the probe
+// waits for at most a poll interval: a database whose statements hang
+// rather than fail (a server gone behind a PgBouncer, a network that
+// drops packets) delays the others by that much once, is put down (its
+// units are held: no worker waits on it) and is not probed again until
+// that read returns. A database whose read fails is put down too, and its
+// held units run again once a probe reaches it.
 func (g *Group) probe(run *groupRun, only map[string]bool) (moved bool) {
 	g.mu.Lock()
 	var sets []*probeSet
@@ -510,6 +616,9 @@ func (g *Group) probe(run *groupRun, only map[string]bool) (moved bool) {
 		if only != nil && !only[t.feed.Database] {
 			continue
 		}
+		if run.db(t.key).probing {
+			continue // its last read has not returned
+		}
 		set := byKey[t.key]
 		if set == nil {
 			set = &probeSet{key: t.key}
@@ -518,34 +627,114 @@ func (g *Group) probe(run *groupRun, only map[string]bool) (moved bool) {
 		}
 		set.tenants = append(set.tenants, t)
 	}
-	g.mu.Unlock()
 	for _, set := range sets {
+		run.db(set.key).probing = true
+	}
+	g.mu.Unlock()
+	for i, set := range sets {
 		if run.ctx.Err() != nil {
+			g.mu.Lock()
+			for _, rest := range sets[i:] {
+				run.db(rest.key).probing = false
+			}
+			g.mu.Unlock()
 			return moved
 		}
-		tenants, heads := g.readHeads(run.ctx, set)
-		now := time.Now()
-		g.mu.Lock()
-		for i, t := range tenants {
-			if heads[i] == t.seen || t.live == 0 {
-				continue
-			}
-			t.seen, moved = heads[i], true
-			for _, u := range t.units {
-				g.wake(run, u, false, now)
-			}
+		done := make(chan bool, 1)
+		run.probes.Add(1)
+		go func() {
+			defer run.probes.Done()
+			done <- g.probeDB(run, set)
+		}()
+		timer := time.NewTimer(g.cfg.pollInterval)
+		select {
+		case m := <-done:
+			moved = moved || m
+		case <-timer.C:
+			g.overran(run, set)
+		case <-run.ctx.Done():
 		}
-		g.mu.Unlock()
+		timer.Stop()
 	}
 	return moved
 }
 
+// probeDB reads the heads of set's tenants and applies what it read:
+// units of tenants whose head moved are woken, and the database is put
+// down if nothing could be read, or up again (its held units queued) if
+// something was; moved reports a head moved.
+func (g *Group) probeDB(run *groupRun, set *probeSet) (moved bool) {
+	g.mu.Lock()
+	db := run.db(set.key)
+	down, pick := db.down, db.pick
+	db.pick++
+	g.mu.Unlock()
+	tenants, heads, err := g.readHeads(run.ctx, set, down, pick)
+	now := time.Now()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	db.probing = false
+	if run.ctx.Err() != nil || g.run != run {
+		return false
+	}
+	if err != nil {
+		if !db.down || db.downErr == nil {
+			g.cfg.logger.Warn("group: the database does not answer; its tenants wait until a probe reaches it",
+				"database", set.tenants[0].feed.Database, "tenants", len(set.tenants), "held", len(db.held), "error", err)
+		}
+		db.down, db.downErr = true, err
+		return false
+	}
+	if db.down {
+		if db.downErr != nil {
+			g.cfg.logger.Info("group: the database answers again; its tenants resume", "database", set.tenants[0].feed.Database, "held", len(db.held))
+		}
+		db.down, db.downErr = false, nil
+		held := db.held
+		db.held = nil
+		for _, u := range held {
+			if u.state == unitHeld {
+				g.enqueue(run, u)
+			}
+		}
+	}
+	for i, t := range tenants {
+		if heads[i] == t.seen || t.live == 0 {
+			continue
+		}
+		t.seen, moved = heads[i], true
+		for _, u := range t.units {
+			g.wake(run, u, false, now)
+		}
+	}
+	return moved
+}
+
+// overran puts set's database down when its read is still running after
+// a poll interval: its units are held until the read returns.
+func (g *Group) overran(run *groupRun, set *probeSet) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if db := run.db(set.key); db.probing && !db.down {
+		db.down = true
+		g.cfg.logger.Debug("group: probing the database takes longer than the poll interval; its tenants wait for the probe",
+			"database", set.tenants[0].feed.Database, "poll_interval", g.cfg.pollInterval)
+	}
+}
+
 // readHeads reads the feed heads of set's tenants: in one statement per
 // probeChunk tenants through the first tenant's HeadProber, else one
-// HeadPosition per tenant that has a caught-up unit (the others run
-// anyway). It returns the tenants it read, with their heads; a failure is
-// logged and leaves its tenants out.
-func (g *Group) readHeads(ctx context.Context, set *probeSet) ([]*groupTenant, []int64) {
+// HeadPosition per tenant that has a caught-up or held unit (the others
+// run anyway). It returns the tenants it read, with their heads; a
+// failure is logged and leaves its tenants out. err is set when statements
+// were tried and none succeeded: the database does not answer.
+//
+// On a database that is down, a probe that fails (or there is no prober)
+// reads one tenant's head only, the pick-th in turn: one statement or two
+// a probe to find whether it answers again, however many tenants it has;
+// in turn, so that one tenant whose table cannot be read does not keep
+// the others held once the server is back.
+func (g *Group) readHeads(ctx context.Context, set *probeSet, down bool, pick int) ([]*groupTenant, []int64, error) {
 	first := undecorated(set.tenants[0].feed.Events)
 	prober, ok := first.(HeadProber)
 	g.mu.Lock()
@@ -553,71 +742,111 @@ func (g *Group) readHeads(ctx context.Context, set *probeSet) ([]*groupTenant, [
 		ok = false
 	}
 	g.mu.Unlock()
-	if ok {
-		var tenants []*groupTenant
-		var heads []int64
-		for from := 0; from < len(set.tenants); from += probeChunk {
-			chunk := set.tenants[from:min(from+probeChunk, len(set.tenants))]
-			stores := make([]domain.EventStore, len(chunk))
-			for i, t := range chunk {
-				stores[i] = undecorated(t.feed.Events)
-			}
-			got, err := prober.ProbeHeads(ctx, stores)
-			if errors.Is(err, errors.ErrUnsupported) {
-				g.mu.Lock()
-				g.unprobed[set.key] = true
-				g.mu.Unlock()
-				g.cfg.logger.Warn("group: the database's tenants cannot be probed in one statement; each idle tenant's head is read at every probe",
-					"database", set.tenants[0].feed.Database, "tenants", len(set.tenants), "error", err)
-				return g.readEach(ctx, set.tenants, true)
-			}
-			if err != nil {
-				if ctx.Err() != nil {
-					return tenants, heads
-				}
-				// Each head on its own then, so that a prober that cannot read
-				// another tenant's table (a Database shared by mistake) leaves
-				// no tenant unwatched; a database that is down fails those
-				// too, quietly: the probe's failure is logged.
-				g.cfg.logger.Warn("group: probing the database's feed heads in one statement failed; reading each idle tenant's head", "database", set.tenants[0].feed.Database, "tenants", len(chunk), "error", err)
-				got, read := g.readEach(ctx, chunk, false)
-				tenants, heads = append(tenants, got...), append(heads, read...)
-				continue
-			}
-			tenants, heads = append(tenants, chunk...), append(heads, got...)
+	if !ok {
+		if down {
+			return readOne(ctx, set.tenants[pick%len(set.tenants)])
 		}
-		return tenants, heads
+		return g.readEach(ctx, set.tenants, true, nil)
 	}
-	return g.readEach(ctx, set.tenants, true)
+	var tenants []*groupTenant
+	var heads []int64
+	var failed error
+	for from := 0; from < len(set.tenants); from += probeChunk {
+		chunk := set.tenants[from:min(from+probeChunk, len(set.tenants))]
+		stores := make([]domain.EventStore, len(chunk))
+		for i, t := range chunk {
+			stores[i] = undecorated(t.feed.Events)
+		}
+		got, err := prober.ProbeHeads(ctx, stores)
+		if errors.Is(err, errors.ErrUnsupported) {
+			g.mu.Lock()
+			g.unprobed[set.key] = true
+			g.mu.Unlock()
+			g.cfg.logger.Warn("group: the database's tenants cannot be probed in one statement; each idle tenant's head is read at every probe",
+				"database", set.tenants[0].feed.Database, "tenants", len(set.tenants), "error", err)
+			return g.readEach(ctx, set.tenants, true, nil)
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return tenants, heads, nil
+			}
+			if down {
+				return readOne(ctx, set.tenants[pick%len(set.tenants)])
+			}
+			// Each head on its own then, so that a prober that cannot read
+			// another tenant's table (a Database shared by mistake) leaves
+			// no tenant unwatched; a database that is down fails those
+			// too, quietly: its failure is logged once, by probeDB.
+			g.cfg.logger.Debug("group: probing the database's feed heads in one statement failed; reading each idle tenant's head", "database", set.tenants[0].feed.Database, "tenants", len(chunk), "error", err)
+			got, read, rerr := g.readEach(ctx, chunk, false, err)
+			tenants, heads = append(tenants, got...), append(heads, read...)
+			if rerr != nil && failed == nil {
+				failed = rerr
+			}
+			continue
+		}
+		tenants, heads = append(tenants, chunk...), append(heads, got...)
+	}
+	if len(tenants) > 0 {
+		failed = nil // the database answers
+	}
+	return tenants, heads, failed
+}
+
+// readOne reads t's head, for readHeads.
+func readOne(ctx context.Context, t *groupTenant) ([]*groupTenant, []int64, error) {
+	head, err := t.feed.Events.HeadPosition(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, nil, nil
+		}
+		return nil, nil, err
+	}
+	return []*groupTenant{t}, []int64{head}, nil
 }
 
 // readEach is readHeads without a prober: one HeadPosition per tenant of
-// list that has a caught-up unit; a failure is logged when logFailures
-// says so.
-func (g *Group) readEach(ctx context.Context, list []*groupTenant, logFailures bool) ([]*groupTenant, []int64) {
+// list that has a caught-up or held unit; a failure is logged when
+// logFailures says so. probeErr, when set, is the failure of the prober's
+// statement: the first tenant's head is then read even if it is not idle,
+// so that a database that answers is told from one that does not. err is
+// set when every read failed (or the only one tried was the prober's).
+func (g *Group) readEach(ctx context.Context, list []*groupTenant, logFailures bool, probeErr error) ([]*groupTenant, []int64, error) {
 	var tenants []*groupTenant
 	var heads []int64
-	for _, t := range list {
+	var failed error
+	tried := false
+	for i, t := range list {
 		g.mu.Lock()
-		idle := false
+		idle := i == 0 && probeErr != nil
 		for _, u := range t.units {
-			idle = idle || u.state == unitDormant
+			idle = idle || u.state == unitDormant || u.state == unitHeld
 		}
 		g.mu.Unlock()
 		if !idle {
 			continue
 		}
-		head, err := t.feed.Events.HeadPosition(ctx)
+		tried = true
+		got, read, err := readOne(ctx, t)
+		if ctx.Err() != nil {
+			return tenants, heads, nil
+		}
 		if err != nil {
-			if ctx.Err() != nil {
-				break
-			}
 			if logFailures {
 				g.cfg.logger.Warn("group: reading the tenant's feed head failed; will retry", "tenant", t.feed.Tenant, "error", err)
 			}
+			if failed == nil {
+				failed = err
+			}
 			continue
 		}
-		tenants, heads = append(tenants, t), append(heads, head)
+		tenants, heads = append(tenants, got...), append(heads, read...)
 	}
-	return tenants, heads
+	if !tried && probeErr != nil {
+		return nil, nil, probeErr
+	}
+	if len(tenants) > 0 {
+		failed = nil
+	}
+	return tenants, heads, failed
 }

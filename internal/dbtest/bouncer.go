@@ -7,11 +7,11 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -21,11 +21,14 @@ import (
 const BouncerEnv = "SUBSCRIPTIONS_REQUIRE_PGBOUNCER"
 
 // BouncerDSN starts a PgBouncer of the test's own in transaction pooling
-// mode in front of the test server, serving the test's schema as database
+// mode in front of the schema's server (the test server, or a Cluster's),
+// serving the test's schema as database
 // "bouncer" (PgBouncer 1.18 does not pass a client's search_path on, so
 // the schema is set on each server connection it opens: connect_query),
 // with at most serverConns server connections, and returns a DSN through
-// it; it is stopped at cleanup. The DSN selects pgx's exec query mode:
+// it; it is stopped at cleanup. It retries a server that refused it after
+// a second (server_login_retry; 15 by default), for the tests that stop
+// and start a Cluster. The DSN selects pgx's exec query mode:
 // PgBouncer before 1.21 cannot keep named prepared statements in
 // transaction mode (docs/operations.md, "PgBouncer"). Without a
 // pgbouncer binary the test is skipped, or fails when CI requires it.
@@ -42,9 +45,9 @@ func (p *Postgres) BouncerDSN(t testing.TB, serverConns int) string {
 			t.Skip(msg)
 		}
 	}
-	server, err := url.Parse(PostgresDSN())
+	server, err := url.Parse(p.serverDSN())
 	if err != nil {
-		t.Fatalf("dbtest: parse %s: %v", DSNEnv, err)
+		t.Fatalf("dbtest: parse the server's DSN: %v", err)
 	}
 	host, port := server.Hostname(), server.Port()
 	if port == "" {
@@ -53,7 +56,12 @@ func (p *Postgres) BouncerDSN(t testing.TB, serverConns int) string {
 	serverUser := server.User.Username()
 	dbname := strings.TrimPrefix(server.Path, "/")
 	listen := freeLoopbackPort(t)
-	dir := t.TempDir()
+	// Not t.TempDir: the server's account (below) must reach the file.
+	dir, err := os.MkdirTemp("", "dbtest-bouncer-")
+	if err != nil {
+		t.Fatalf("dbtest: %v", err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	ini := fmt.Sprintf(`[databases]
 bouncer = host=%s port=%s dbname=%s user=%s connect_query='SET search_path = %s'
 [pgbouncer]
@@ -65,24 +73,27 @@ pool_mode = transaction
 default_pool_size = %d
 max_client_conn = 500
 ignore_startup_parameters = extra_float_digits,search_path
+server_login_retry = 1
 `, host, port, dbname, serverUser, p.Schema, listen, serverConns)
 	path := filepath.Join(dir, "pgbouncer.ini")
 	if err := os.WriteFile(path, []byte(ini), 0o644); err != nil {
 		t.Fatalf("dbtest: %v", err)
 	}
-	args := []string{path}
-	if os.Geteuid() == 0 {
-		// PgBouncer refuses to run as root: it drops to the server's
-		// account, which must read the file.
-		args = []string{"-u", "postgres", path}
-		if u, err := user.Lookup("postgres"); err == nil {
-			uid, _ := strconv.Atoi(u.Uid)
-			gid, _ := strconv.Atoi(u.Gid)
-			_ = os.Chown(dir, uid, gid)
-			_ = os.Chown(path, uid, gid)
+	// PgBouncer refuses to run as root: as root, the test runs it as the
+	// server's account (as NewCluster runs Postgres), which reads the
+	// file. It gets SIGKILL if the test binary dies first (a test
+	// timeout), so that none is left behind; that setting would not
+	// survive PgBouncer's own -u, which changes its user itself.
+	cred := clusterCredential(t)
+	if cred != nil {
+		for _, f := range []string{dir, path} {
+			if err := os.Chown(f, int(cred.Uid), int(cred.Gid)); err != nil {
+				t.Fatalf("dbtest: %v", err)
+			}
 		}
 	}
-	cmd := exec.Command(bin, args...)
+	cmd := exec.Command(bin, path)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
 	var out lockedBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {

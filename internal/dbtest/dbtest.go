@@ -55,6 +55,17 @@ type Postgres struct {
 	DSN string
 	// DB is a pool on DSN, closed at cleanup.
 	DB *gorm.DB
+	// server is the DSN of the server the schema is on (no schema
+	// selected): "" for the test server, PostgresDSN.
+	server string
+}
+
+// serverDSN is the DSN of the server p's schema is on.
+func (p *Postgres) serverDSN() string {
+	if p.server != "" {
+		return p.server
+	}
+	return PostgresDSN()
 }
 
 var (

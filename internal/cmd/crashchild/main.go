@@ -18,6 +18,13 @@
 //	crashchild -driver postgres|pgx|sqlite|glebarez -dsn DSN -name SUBSCRIBER [-batch N] [-poll D]
 //	           [-table NAME] [-delay D] [-listen] [-partitions N -concurrency K]
 //	           [-repartition N] [-kill-after K]
+//	crashchild -tenant 'TENANT|DATABASE|DSN' [-tenant ...] [-workers N] -name SUBSCRIBER [-batch N] [-poll D] [-table NAME]
+//
+// With -tenant (repeated) it runs a Group instead (group_servers_test.go):
+// the definition SUBSCRIBER over every tenant, each a Postgres schema
+// selected by its DSN, opened through GORM on a pool of its own that keeps
+// no idle connection, on -workers workers, probing every -poll. The
+// projection table is each tenant's.
 //
 // It prints "READY <pid>" on stdout once its subscriber is about to run.
 // With -repartition N it does not run the subscriber but repartitions its
@@ -36,6 +43,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -75,7 +83,18 @@ func main() {
 	retries := flag.Int("park-retries", -1, "with a GORM parking lot and WithMaxRetries(N); -1: no parking lot")
 	flag.IntVar(&repartitionTo, "repartition", -1, "repartition the name to N partitions (0: unpartitioned) instead of running it")
 	flag.Int64Var(&killAfter, "kill-after", 0, "the handler SIGKILLs its own process on its K-th call (0: never)")
+	var tenants tenantFlags
+	flag.Var(&tenants, "tenant", "run a Group over this tenant, 'TENANT|DATABASE|DSN' (repeated; postgres only)")
+	workers := flag.Int("workers", subscriptions.DefaultGroupWorkers, "with -tenant: the group's workers")
 	flag.Parse()
+
+	if len(tenants) > 0 {
+		if err := runGroup(tenants, *workers, *name, *batch, *poll, *table); err != nil {
+			fmt.Fprintln(os.Stderr, "crashchild:", err)
+			os.Exit(1)
+		}
+		return
+	}
 
 	var extra []subscriptions.SubscriberOption
 	if *partitions > 0 {
@@ -101,8 +120,9 @@ var (
 )
 
 // pool is the connection pool's size: a partition worker each, plus the
-// coordinator and a spare.
-var pool = 4
+// coordinator and a spare; idle is its SetMaxIdleConns (-1: database/sql's
+// default).
+var pool, idle = 4, -1
 
 func run(driver, dsn, name string, batch int, poll time.Duration, table string, delay time.Duration, listen bool, extra ...subscriptions.SubscriberOption) error {
 	if dsn == "" {
@@ -127,23 +147,7 @@ func run(driver, dsn, name string, batch int, poll time.Duration, table string, 
 	}
 	defer st.close()
 
-	pid := os.Getpid()
-	insert := "INSERT INTO " + table + " (event_id, position, pid, handled_at) VALUES (?, ?, ?, ?)"
-	handler := func(ctx context.Context, ev domain.EventEnvelope[any]) error {
-		if delay > 0 {
-			time.Sleep(delay)
-		}
-		if n := calls.Add(1); (killOn != "" && ev.EventType == killOn) || n == killAfter {
-			fmt.Fprintf(os.Stderr, "KILLER event %s at position %d (call %d): killing pid %d\n", ev.ID, ev.Position, n, pid)
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-			select {} // the signal ends the process
-		}
-		err := st.execInBatch(ctx, insert, ev.ID, ev.Position, pid, time.Now().UnixNano())
-		if isUniqueViolation(err) {
-			fmt.Fprintf(os.Stderr, "DUPLICATE event %s at position %d (pid %d): %v\n", ev.ID, ev.Position, pid, err)
-		}
-		return err
-	}
+	handler := projector(table, delay, st.execInBatch)
 	events, checkpoints := st.events, st.checkpoints
 
 	opts := []subscriptions.SubscriberOption{
@@ -179,7 +183,7 @@ func run(driver, dsn, name string, batch int, poll time.Duration, table string, 
 	if err != nil {
 		return err
 	}
-	fmt.Printf("READY %d\n", pid)
+	fmt.Printf("READY %d\n", os.Getpid())
 	if repartitionTo >= 0 {
 		if err := sub.Repartition(ctx, repartitionTo); err != nil {
 			return err
@@ -191,6 +195,90 @@ func run(driver, dsn, name string, batch int, poll time.Duration, table string, 
 	runErr := sub.Run(ctx)
 	stop()
 	return errors.Join(runErr, <-listenerDone)
+}
+
+// projector is the child's handler: it writes a projection row per event
+// into table through the batch transaction (execInBatch), reports a
+// unique violation as a DUPLICATE line, and SIGKILLs the process on
+// -kill-type's events and -kill-after's call.
+func projector(table string, delay time.Duration, execInBatch func(ctx context.Context, sql string, args ...any) error) subscriptions.Handler {
+	pid := os.Getpid()
+	insert := "INSERT INTO " + table + " (event_id, position, pid, handled_at) VALUES (?, ?, ?, ?)"
+	return func(ctx context.Context, ev domain.EventEnvelope[any]) error {
+		if delay > 0 {
+			time.Sleep(delay)
+		}
+		if n := calls.Add(1); (killOn != "" && ev.EventType == killOn) || n == killAfter {
+			fmt.Fprintf(os.Stderr, "KILLER event %s at position %d (call %d): killing pid %d\n", ev.ID, ev.Position, n, pid)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			select {} // the signal ends the process
+		}
+		err := execInBatch(ctx, insert, ev.ID, ev.Position, pid, time.Now().UnixNano())
+		if isUniqueViolation(err) {
+			fmt.Fprintf(os.Stderr, "DUPLICATE event %s at position %d (pid %d): %v\n", ev.ID, ev.Position, pid, err)
+		}
+		return err
+	}
+}
+
+// tenantFlags is the repeated -tenant flag.
+type tenantFlags []subscriptions.Feed
+
+// tenantDSNs keeps each -tenant's DSN, by tenant.
+var tenantDSNs = map[string]string{}
+
+func (f *tenantFlags) String() string { return fmt.Sprint(len(*f), " tenants") }
+
+func (f *tenantFlags) Set(v string) error {
+	parts := strings.SplitN(v, "|", 3)
+	if len(parts) != 3 || parts[0] == "" || parts[2] == "" {
+		return fmt.Errorf("-tenant %q: want TENANT|DATABASE|DSN", v)
+	}
+	*f = append(*f, subscriptions.Feed{Tenant: parts[0], Database: parts[1]})
+	tenantDSNs[parts[0]] = parts[2]
+	return nil
+}
+
+// runGroup runs one definition, name, as a Group over the tenants, until
+// SIGTERM or SIGINT.
+func runGroup(tenants []subscriptions.Feed, workers int, name string, batch int, poll time.Duration, table string) error {
+	if !tableName.MatchString(table) {
+		return fmt.Errorf("-table %q is not a plain identifier", table)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	// Two connections a tenant at most, none kept idle (see Group): the
+	// group's budget, not the pools, bounds what is open.
+	pool, idle = 2, 0
+	// A batch writes through the transaction of its tenant's pool: the
+	// handler finds the tenant's own statement runner in its context.
+	byTenant := map[string]func(ctx context.Context, sql string, args ...any) error{}
+	for i, feed := range tenants {
+		st, err := openGorm(ctx, "postgres", tenantDSNs[feed.Tenant], table)
+		if err != nil {
+			return fmt.Errorf("tenant %q: %w", feed.Tenant, err)
+		}
+		defer st.close()
+		tenants[i].Events, tenants[i].Checkpoints = st.events, st.checkpoints
+		byTenant[feed.Tenant] = st.execInBatch
+	}
+	handler := projector(table, 0, func(ctx context.Context, sql string, args ...any) error {
+		return byTenant[subscriptions.TenantFromContext(ctx)](ctx, sql, args...)
+	})
+	g, err := subscriptions.NewGroup([]subscriptions.GroupSubscriber{{Name: name, Handler: handler, Options: []subscriptions.SubscriberOption{
+		subscriptions.WithBatchSize(batch), subscriptions.WithPollInterval(poll),
+	}}}, subscriptions.WithGroupWorkers(workers), subscriptions.WithGroupPollInterval(poll), subscriptions.WithGroupLogger(logger))
+	if err != nil {
+		return err
+	}
+	for _, feed := range tenants {
+		if err := g.Add(feed); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("READY %d\n", os.Getpid())
+	return g.Run(ctx)
 }
 
 // stores are the child's stores on one database, and how its handler
@@ -227,6 +315,9 @@ func openGorm(ctx context.Context, driver, dsn, table string) (*stores, error) {
 		return nil, err
 	}
 	sqlDB.SetMaxOpenConns(pool)
+	if idle >= 0 {
+		sqlDB.SetMaxIdleConns(idle)
+	}
 	fail := func(what string, err error) (*stores, error) {
 		_ = sqlDB.Close()
 		return nil, fmt.Errorf("%s: %w", what, err)
