@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -21,6 +19,7 @@ import (
 
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/internal/wirecount"
 	"github.com/eventfeed/subscriptions/pgxstore"
 )
 
@@ -29,19 +28,29 @@ import (
 // run, with the parts of the price measured one by one at 1 writer and
 // the round trips and statements of a lone Append counted on the wire.
 
-// singleSize is the single-event rows' share of the mode's sizes.
+// singleSize is the single-event rows' share of the mode's sizes. The
+// machine's load moves a commit's WAL flush, most of a lone append's
+// latency, by a factor of several from one second to the next, so the
+// variants are compared in many short rounds, one writer's in blocks of
+// tens of milliseconds (interleaved).
 type singleSize struct {
-	writers            []int
-	rounds, procRounds int
-	duration           time.Duration
+	writers []int
+	// rounds of roundTime per variant: at 1 writer the variants
+	// interleaved in short blocks; at more, each variant's writers for
+	// roundTime in turn.
+	rounds    int
+	roundTime time.Duration
+	// procRounds of procTime per variant, from several processes.
+	procRounds int
+	procTime   time.Duration
 }
 
 func singleSizes(b *bench) singleSize {
 	sz := b.sizes()
 	if b.cfg.Quick {
-		return singleSize{writers: []int{1, 16}, rounds: 2, procRounds: 1, duration: sz.appendDuration}
+		return singleSize{writers: []int{1, 16}, rounds: 2, roundTime: sz.appendDuration, procRounds: 1, procTime: sz.appendDuration}
 	}
-	return singleSize{writers: []int{1, 16}, rounds: 5, procRounds: 3, duration: sz.appendDuration}
+	return singleSize{writers: []int{1, 16}, rounds: 9, roundTime: time.Second, procRounds: 5, procTime: time.Second}
 }
 
 // The keys of the single-event variants (singleVariants).
@@ -121,7 +130,7 @@ const (
 const (
 	handLock   = `SELECT current_setting('transaction_isolation'), pg_advisory_xact_lock($1)`
 	handInsert = `INSERT INTO events (id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at)
-	SELECT $3, $1, $4, cur.version + 1, $5, head.position + 1, $6::jsonb, $7::jsonb, $8
+	SELECT $3, $1, $4, cur.version + 1, $5, head.position + 1, $6::text::jsonb, $7::text::jsonb, $8
 	FROM (SELECT COALESCE(MAX(sequence_no), 0) AS version FROM events WHERE aggregate_id = $1) AS cur,
 	(SELECT COALESCE(MAX(position), 0) AS position FROM events) AS head
 	WHERE ($2::bigint < 0 OR cur.version = $2::bigint) AND current_setting('transaction_isolation') = 'read committed'`
@@ -232,17 +241,22 @@ func singleWriters(ctx context.Context, b *bench, dsn string, writers int, lockK
 	defer b.casePools()()
 	var t appendTarget
 	var err error
-	if t.db, err = b.openPG(dsn, writers+1, nil); err != nil {
+	// The pools' batches: the stores' append transactions (the plain
+	// INSERT is none), to tell how many appends share one.
+	gormWire, pgxWire := &wirecount.Counter{}, &wirecount.Counter{}
+	if t.db, err = b.openPG(dsn, writers+1, gormWire); err != nil {
 		return nil, err
 	}
 	if t.gorm, err = infrastructure.NewGormEventStore(t.db); err != nil {
 		return nil, err
 	}
-	pgxDB, err := pgxBackend.open(ctx, b, dsn, "", writers+1, nil)
+	pgxDB, err := pgxBackend.open(ctx, b, dsn, "", writers+1, pgxWire)
 	if err != nil {
 		return nil, err
 	}
 	t.pgx = pgxDB.store
+	transactions := map[string]*wirecount.Counter{singleGorm: gormWire, singlePgx: pgxWire}
+	calls, txs := map[string]int64{}, map[string]int64{}
 	keys := []string{singleGorm, singlePgx, singlePlain}
 	if writers == 1 {
 		if t.async, err = asyncPgxStore(ctx, b, dsn, writers+1); err != nil {
@@ -255,7 +269,20 @@ func singleWriters(ctx context.Context, b *bench, dsn string, writers int, lockK
 		variants[v.key] = v
 	}
 	res := map[string]*singleResult{}
+	for _, key := range keys {
+		res[key] = &singleResult{}
+	}
+	how := fmt.Sprintf("%d rounds of %s per variant, in rotating order, reversed every other round", ss.rounds, ss.roundTime)
+	if writers == 1 {
+		how = fmt.Sprintf("%d rounds of %s per variant, the variants interleaved in blocks of %d calls (one block of each in turn, rotating)", ss.rounds, ss.roundTime, interleaveBlock)
+	}
 	for round := range ss.rounds {
+		if writers == 1 {
+			if err := interleaved(ctx, t, ss.roundTime, round, keys, variants, res); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		order := slices.Clone(keys)
 		if round%2 == 1 {
 			slices.Reverse(order)
@@ -263,21 +290,30 @@ func singleWriters(ctx context.Context, b *bench, dsn string, writers int, lockK
 		for i := range order {
 			key := order[(i+round/2)%len(order)]
 			v := variants[key]
-			r, err := timedWriters(ctx, writers, ss.duration, v.events(), v.appendOne(t, fmt.Sprintf("%s-w%d-r%d", key, writers, round)), nil)
+			var b0 int64
+			if w := transactions[key]; w != nil {
+				b0 = w.Batches()
+			}
+			r, err := timedWriters(ctx, writers, ss.roundTime, v.events(), v.appendOne(t, fmt.Sprintf("%s-w%d-r%d", key, writers, round)), nil)
 			if err != nil {
 				return nil, fmt.Errorf("%d writers, one event per call, %s: %w", writers, v.label, err)
 			}
-			if res[key] == nil {
-				res[key] = &singleResult{}
-			}
 			res[key].add(r)
+			if w := transactions[key]; w != nil {
+				calls[key] += r.events + 2*int64(writers) // and the untimed warm-up
+				txs[key] += w.Batches() - b0
+			}
 		}
 	}
 	name := fmt.Sprintf("%d writer(s), one event per call", writers)
 	gorm, px, plain := res[singleGorm], res[singlePgx], res[singlePlain]
-	note := fmt.Sprintf("%s: %d rounds of %s per variant, order rotating and reversed every other round; figures are the rounds' medians, ratios the medians of the rounds' ratios (rate ratios per round, GORM %s, pgx %s; p50 ratios per round, GORM %s, pgx %s); p50/p99 over all rounds: GORM %.3f/%.3f ms, pgx %.3f/%.3f ms, plain %.3f/%.3f ms",
-		name, ss.rounds, ss.duration, roundList(gorm.rates, plain.rates), roundList(px.rates, plain.rates), roundList(gorm.p50s, plain.p50s), roundList(px.p50s, plain.p50s),
+	note := fmt.Sprintf("%s: %s; figures are the rounds' medians, ratios the medians of the rounds' ratios (rate ratios per round, GORM %s, pgx %s; p50 ratios per round, GORM %s, pgx %s); p50/p99 over all rounds: GORM %.3f/%.3f ms, pgx %.3f/%.3f ms, plain %.3f/%.3f ms",
+		name, how, roundList(gorm.rates, plain.rates), roundList(px.rates, plain.rates), roundList(gorm.p50s, plain.p50s), roundList(px.p50s, plain.p50s),
 		pct(gorm.all, 50), pct(gorm.all, 99), pct(px.all, 50), pct(px.all, 99), pct(plain.all, 50), pct(plain.all, 99))
+	if writers > 1 {
+		perTx := func(key string) float64 { return float64(calls[key]) / float64(max(txs[key], 1)) }
+		note += fmt.Sprintf("; appends per append transaction (the coalescing; each transaction holds the append lock through its WAL flush, where the plain INSERTs' commits share flushes): GORM %.1f, pgx %.1f", perTx(singleGorm), perTx(singlePgx))
+	}
 	gr := medianRow(name+": GormEventStore.Append", gorm.rates, plain.rates, "ev/s", plainSingleName).note(note)
 	pr := medianRow(pgxBackend.label(name+": pgxstore.EventStore.Append"), px.rates, plain.rates, "ev/s", plainSingleName)
 	gl := medianRow(name+": GormEventStore.Append p50", gorm.p50s, plain.p50s, "ms", "p50 of the plain single-row INSERT, same rounds")
@@ -292,6 +328,57 @@ func singleWriters(ctx context.Context, b *bench, dsn string, writers int, lockK
 	}
 	return rows, nil
 }
+
+// interleaved is one round of one writer: the variants of keys in
+// short blocks of calls (interleaveBlock), one block of each in an order
+// rotating by one each time, for roundTime per variant, so that every
+// variant meets the same load while its connection stays as warm as one
+// writer keeps it; each variant's rate is its calls over the time they
+// took.
+func interleaved(ctx context.Context, t appendTarget, roundTime time.Duration, round int, keys []string, variants map[string]appendVariant, res map[string]*singleResult) error {
+	calls := make([]func(ctx context.Context, w, k int) error, len(keys))
+	for i, key := range keys {
+		calls[i] = variants[key].appendOne(t, fmt.Sprintf("%s-w1-r%d", key, round))
+	}
+	lats := make([][]time.Duration, len(keys))
+	k := 0
+	for ; k < 2; k++ { // warm: connections open, statements prepared
+		for i := range calls {
+			if err := calls[i](ctx, 0, k); err != nil {
+				return fmt.Errorf("1 writer, one event per call, %s: %w", variants[keys[i]].label, err)
+			}
+		}
+	}
+	deadline := time.Now().Add(roundTime * time.Duration(len(keys)))
+	for block := 0; time.Now().Before(deadline); block++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		for j := range calls {
+			i := (j + block) % len(calls)
+			for range interleaveBlock {
+				t0 := time.Now()
+				if err := calls[i](ctx, 0, k); err != nil {
+					return fmt.Errorf("1 writer, one event per call, %s: %w", variants[keys[i]].label, err)
+				}
+				lats[i] = append(lats[i], time.Since(t0))
+				k++
+			}
+		}
+	}
+	for i, key := range keys {
+		var sum time.Duration
+		for _, l := range lats[i] {
+			sum += l
+		}
+		res[key].add(appendResult{events: int64(len(lats[i])), elapsed: sum, latencies: lats[i]})
+	}
+	return nil
+}
+
+// interleaveBlock is the calls of one variant in a row in interleaved:
+// some tens of milliseconds.
+const interleaveBlock = 50
 
 // rateGoal attaches the goal ratio >= least.
 func rateGoal(r Row, least float64) Row {
@@ -360,7 +447,7 @@ func singleProcesses(ctx context.Context, b *bench, dsn string, lockKey, storeKe
 		for i := range keys {
 			key := keys[(i+round)%len(keys)]
 			r, err := appendProcessRound(ctx, exe, sz.appendProcs, appendChildConfig{
-				DSN: dsn, Variant: key, Writers: sz.appendProcWriters, Duration: ss.duration,
+				DSN: dsn, Variant: key, Writers: sz.appendProcWriters, Duration: ss.procTime,
 				Tag: fmt.Sprintf("mp-%s-r%d", key, round), LockKey: lockKey, PreviousKey: storeKey,
 			})
 			if err != nil {
@@ -382,76 +469,18 @@ func singleProcesses(ctx context.Context, b *bench, dsn string, lockKey, storeKe
 	}, nil
 }
 
-// turnConn counts the round trips of a connection as seen on the wire: a
-// write after a read (or the first write) starts one.
-type turnConn struct {
-	net.Conn
-	turns *atomic.Int64
-	read  atomic.Bool
-}
-
-func (c *turnConn) Write(p []byte) (int, error) {
-	if c.read.Swap(false) {
-		c.turns.Add(1)
-	}
-	return c.Conn.Write(p)
-}
-
-func (c *turnConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	if n > 0 {
-		c.read.Store(true)
-	}
-	return n, err
-}
-
-// wire counts what a pool's connections send: round trips (turnConn) and
-// statements (a pgx tracer: each query, each query of a batch).
-type wire struct{ turns, stmts atomic.Int64 }
-
-func (w *wire) dial(dial pgconn.DialFunc) pgconn.DialFunc {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := dial(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		tc := &turnConn{Conn: c, turns: &w.turns}
-		tc.read.Store(true)
-		return tc, nil
-	}
-}
-
-func (w *wire) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	w.stmts.Add(1)
-	return ctx
-}
-func (w *wire) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (w *wire) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
-	w.stmts.Add(int64(d.Batch.Len()))
-	return ctx
-}
-func (w *wire) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (w *wire) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
-// count runs f and returns the round trips and statements it took.
-func (w *wire) count(f func() error) (turns, stmts int64, err error) {
-	t0, s0 := w.turns.Load(), w.stmts.Load()
-	err = f()
-	return w.turns.Load() - t0, w.stmts.Load() - s0, err
-}
-
 // loneAppendTrips counts, on the wire, the round trips and statements of
 // a lone single-event Append of each store (its connection warm, its
 // statements prepared) and of the plain INSERT, on pools of one
 // connection of their own.
 func loneAppendTrips(ctx context.Context, b *bench, dsn string) ([]Row, error) {
 	defer b.casePools()()
-	w := &wire{}
+	w := &wirecount.Counter{}
 	ccfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, err
 	}
-	ccfg.DialFunc, ccfg.Tracer = w.dial(ccfg.DialFunc), w
+	ccfg.DialFunc, ccfg.Tracer = w.Dial(ccfg.DialFunc), w
 	sqlDB := stdlib.OpenDB(*ccfg)
 	sqlDB.SetMaxOpenConns(1)
 	b.pools = append(b.pools, sqlDB.Close)
@@ -468,7 +497,7 @@ func loneAppendTrips(ctx context.Context, b *bench, dsn string) ([]Row, error) {
 		return nil, err
 	}
 	pcfg.MaxConns = 1
-	pcfg.ConnConfig.DialFunc, pcfg.ConnConfig.Tracer = w.dial(pcfg.ConnConfig.DialFunc), w
+	pcfg.ConnConfig.DialFunc, pcfg.ConnConfig.Tracer = w.Dial(pcfg.ConnConfig.DialFunc), w
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, err
@@ -485,7 +514,7 @@ func loneAppendTrips(ctx context.Context, b *bench, dsn string) ([]Row, error) {
 				return counted{}, fmt.Errorf("%s: %w", name, err)
 			}
 		}
-		t, s, err := w.count(func() error { return appendOne(3) })
+		t, s, err := w.Count(func() error { return appendOne(3) })
 		if err != nil {
 			return counted{}, fmt.Errorf("%s: %w", name, err)
 		}

@@ -17,8 +17,9 @@ import (
 // dialled through Dial and traced by it (pgx.ConnConfig.Tracer). A round
 // trip starts with a write that follows a read (or a connection's first
 // write); a statement is each query pgx runs, each query of a batch
-// included. It is safe for concurrent use.
-type Counter struct{ turns, stmts atomic.Int64 }
+// included; a batch is each pgx batch (a pipeline: the stores send an
+// append transaction as one). It is safe for concurrent use.
+type Counter struct{ turns, stmts, batches atomic.Int64 }
 
 // Dial wraps dial so that the connections it opens are counted.
 func (c *Counter) Dial(dial pgconn.DialFunc) pgconn.DialFunc {
@@ -44,6 +45,9 @@ func (c *Counter) Count(f func() error) (turns, stmts int64, err error) {
 // Turns is the number of round trips counted so far.
 func (c *Counter) Turns() int64 { return c.turns.Load() }
 
+// Batches is the number of batches counted so far.
+func (c *Counter) Batches() int64 { return c.batches.Load() }
+
 // TraceQueryStart counts a statement (pgx.QueryTracer).
 func (c *Counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
 	c.stmts.Add(1)
@@ -56,6 +60,7 @@ func (c *Counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndDat
 // TraceBatchStart counts a batch's statements (pgx.BatchTracer).
 func (c *Counter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
 	c.stmts.Add(int64(d.Batch.Len()))
+	c.batches.Add(1)
 	return ctx
 }
 
