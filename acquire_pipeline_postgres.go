@@ -53,33 +53,41 @@ func (g *GormCheckpointStore) AcquireAfter(ctx context.Context, subscriber strin
 // with pgx's placeholders.
 const pipelinedFeedQuery = eventrow.Select + "WHERE position > $1 ORDER BY position LIMIT $2"
 
-// acquireAndRead sends BEGIN, the checkpoint lock and the feed read as one
-// pgx batch on a connection pinned for the batch's lifetime: one round
-// trip where the ordinary path needs three, which is most of the latency
-// between a NOTIFY and the handler. The statements are the ordinary
-// path's; the feed read merely runs inside the batch's transaction (READ
-// COMMITTED, so it sees what a separate read would). The caller checks the
-// batch's position against after, exactly as on the ordinary path.
+// acquireAndRead sends BEGIN, the checkpoint lock, the read of the
+// attempt record and the feed read as one pgx batch on a connection
+// pinned for the batch's lifetime: one round trip where the ordinary path
+// needs four, which is most of the latency between a NOTIFY and the
+// handler. The statements are the ordinary path's; the feed read merely
+// runs inside the batch's transaction (READ COMMITTED, so it sees what a
+// separate read would), and the attempt record is read there as the
+// batch's first HasAttempt would read it (prefetchedAttempt). The caller
+// checks the batch's position against after, exactly as on the ordinary
+// path.
 func (g *GormCheckpointStore) acquireAndRead(ctx context.Context, subscriber string, after int64, limit int) (Batch, []domain.EventEnvelope[any], error) {
 	conn, err := g.pool.Conn(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("subscriptions: acquire checkpoint of %q: %w", subscriber, err)
 	}
 	var (
-		locked *lockedRow
-		rows   []eventrow.Row
+		locked *pipelined
+		undone *feedDecodeError
 	)
 	err = conn.Raw(func(dc any) error {
 		pc, ok := pgxconn.Unwrap(dc)
 		if !ok {
 			return errNoPipeline
 		}
-		locked, rows, err = sendAcquireBatch(ctx, pc, subscriber, after, limit)
+		locked, err = sendAcquireBatch(ctx, pc, subscriber, after, limit)
 		if err != nil || locked == nil {
 			return pgxconn.EndSession(ctx, pc, err)
 		}
 		return nil
 	})
+	if errors.As(err, &undone) {
+		// Rolled back (EndSession): a stored event does not decode.
+		_ = conn.Close()
+		return nil, nil, fmt.Errorf("subscriptions: read feed after position %d: %w", after, undone.err)
+	}
 	if err != nil || locked == nil {
 		_ = conn.Close()
 		if err == nil {
@@ -92,52 +100,107 @@ func (g *GormCheckpointStore) acquireAndRead(ctx context.Context, subscriber str
 		}
 		return nil, nil, err
 	}
-	events, err := eventrow.Envelopes(rows)
-	if err != nil {
-		pinned := &pinnedTx{conn: conn}
-		_ = pinned.Rollback()
-		_ = conn.Close()
-		return nil, nil, fmt.Errorf("subscriptions: read feed after position %d: %w", after, err)
-	}
 	tx := g.db.WithContext(ctx).Session(&gorm.Session{NewDB: true})
 	tx.Statement.ConnPool = &pinnedTx{conn: conn}
-	b := &gormBatch{store: g, subscriber: subscriber, tx: tx, conn: conn, position: *locked.Position, marks: locked.marks(), done: make(chan struct{})}
-	return b, events, nil
+	b := &gormBatch{store: g, subscriber: subscriber, tx: tx, conn: conn, position: *locked.row.Position, marks: locked.row.marks(),
+		attempt: locked.attempt, done: make(chan struct{})}
+	return b, locked.events, nil
 }
 
-// sendAcquireBatch returns the row it locked, nil when it locked none.
-func sendAcquireBatch(ctx context.Context, pc *pgx.Conn, subscriber string, after int64, limit int) (*lockedRow, []eventrow.Row, error) {
+// feedDecodeError is sendAcquireBatch's failure to decode a stored event,
+// which acquireAndRead reports as a failed feed read, not as a failed
+// acquisition.
+type feedDecodeError struct{ err error }
+
+func (e *feedDecodeError) Error() string { return e.err.Error() }
+func (e *feedDecodeError) Unwrap() error { return e.err }
+
+// pipelinedAttemptQuery reads the position of the subscriber's attempt
+// record, in the batch's transaction once the row is locked, for the
+// batch's first HasAttempt (see prefetchedAttempt).
+const pipelinedAttemptQuery = "SELECT position FROM subscriber_attempts WHERE subscriber = $1"
+
+// pipelined is what sendAcquireBatch read once it locked the row.
+type pipelined struct {
+	row     lockedRow
+	attempt prefetchedAttempt
+	events  []domain.EventEnvelope[any]
+}
+
+// sendAcquireBatch returns what it read with the row it locked, nil when
+// it locked none. A stored event that does not decode fails it with a
+// *feedDecodeError.
+func sendAcquireBatch(ctx context.Context, pc *pgx.Conn, subscriber string, after int64, limit int) (*pipelined, error) {
 	batch := &pgx.Batch{}
 	batch.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	batch.Queue(lockRowPgx, subscriber, PauseKey(subscriber))
+	batch.Queue(pipelinedAttemptQuery, subscriber)
 	batch.Queue(pipelinedFeedQuery, after, limit)
 	br := pc.SendBatch(ctx, batch)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
-		return nil, nil, fmt.Errorf("begin: %w", err)
+		return nil, fmt.Errorf("begin: %w", err)
 	}
-	var row lockedRow
+	var p pipelined
+	row := &p.row
 	if err := br.QueryRow().Scan(&row.Position, &row.Redelivered, &row.Present, &row.Paused, &row.CatchUp); err != nil {
-		return nil, nil, fmt.Errorf("lock row: %w", err)
+		return nil, fmt.Errorf("lock row: %w", err)
 	}
-	var locked *lockedRow
-	if row.Position != nil && !row.Paused {
-		locked = &row
+	if row.Position == nil || row.Paused {
+		return nil, br.Close()
 	}
-	rows, err := pgx.CollectRows(pgxRows(br.Query()), func(row pgx.CollectableRow) (eventrow.Row, error) {
-		var r eventrow.Row
-		err := row.Scan(r.Targets()...)
-		return r, err
-	})
-	if err != nil {
-		return nil, nil, fmt.Errorf("read feed after position %d: %w", after, err)
+	var at int64
+	switch err := br.QueryRow().Scan(&at); {
+	case err == nil:
+		p.attempt = prefetchedAttempt{known: true, exists: true, position: at}
+	case errors.Is(err, pgx.ErrNoRows):
+		p.attempt = prefetchedAttempt{known: true}
+	default:
+		return nil, fmt.Errorf("read the attempt record: %w", err)
 	}
-	return locked, rows, br.Close()
+	rows, _ := br.Query() // its error is the rows' too
+	var err error
+	if p.events, err = readFeedRows(rows, feedCapacity(limit)); err != nil {
+		if errors.As(err, new(*feedDecodeError)) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("read feed after position %d: %w", after, err)
+	}
+	return &p, br.Close()
 }
 
-// pgxRows adapts BatchResults.Query, whose error is also reported by the
-// rows it returns, to CollectRows.
-func pgxRows(rows pgx.Rows, _ error) pgx.Rows { return rows }
+// feedCapacity is the capacity a feed read of limit events allocates for
+// its envelopes up front: a wake-up usually brings a few events, a
+// catch-up a whole batch, which the slice then grows to.
+func feedCapacity(limit int) int {
+	if limit <= 0 || limit > 256 {
+		return 256
+	}
+	return limit
+}
+
+// readFeedRows scans and decodes the feed read's rows into envelopes
+// (eventrow.Scanner), keeping a failure to decode (*feedDecodeError)
+// apart from a failure to read.
+func readFeedRows(rows pgx.Rows, capacity int) ([]domain.EventEnvelope[any], error) {
+	defer rows.Close()
+	events := make([]domain.EventEnvelope[any], 0, capacity)
+	var s eventrow.Scanner
+	for rows.Next() {
+		if err := s.Scan(rows); err != nil {
+			return nil, err
+		}
+		ev, err := s.Envelope()
+		if err != nil {
+			return nil, &feedDecodeError{err: err}
+		}
+		events = append(events, ev)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return events, nil
+}
 
 // pinnedTx is the GORM connection pool of a pipelined batch: a connection
 // pinned from the pool whose session holds the transaction the pipeline

@@ -25,6 +25,9 @@ type gormBatch struct {
 	position   int64
 	// marks are the row's delivery marks, read with its lock.
 	marks DeliveryMarks
+	// attempt is the attempt record a pipelined acquire read with the
+	// lock, for the batch's first HasAttempt.
+	attempt prefetchedAttempt
 	// conn is the pooled connection the batch's transaction is pinned to,
 	// closed when the batch ends (see closeConn): the batch's attempt
 	// records are written on it too (renew), never on a second one.
@@ -168,6 +171,7 @@ func (b *gormBatch) Position() int64 { return b.position }
 // handler cannot end it (see handlerConn): Commit then fails the batch.
 func (b *gormBatch) HandlerContext(ctx context.Context) context.Context {
 	if b.htx == nil {
+		b.attempt = prefetchedAttempt{} // handlers may write anything
 		b.htx, b.guard = guardTx(b.tx, b.store.pool, !b.store.dialect.RowLocks)
 	}
 	return withTx(ctx, b.htx, b.store.pool)

@@ -15,7 +15,7 @@
 //
 // Scenarios: memory (1), postgres (2), sqlite (3), latency (4),
 // replicas (5), idle (6), appends (7), telemetry (8), partitions (9),
-// batch (10), ordered (11); "catchup" selects 1-3. Scenarios 2, 4, 6 and 7 measure both
+// batch (10), ordered (11), feedread (12); "catchup" selects 1-3. Scenarios 2, 4, 6 and 7 measure both
 // Postgres backends in the same run, the GORM one and package pgxstore's:
 // pgx's rows are labelled "pgx:", with the scenario's baseline (a
 // hand-written one goes through pgx's own store or transactions), and
@@ -106,6 +106,7 @@ var scenarios = []scenario{
 	{"partitions", "9", "partitions, Postgres", runPartitions},
 	{"batch", "10", "batch handler rebuild, Postgres", runBatchHandler},
 	{"ordered", "11", "ordered parking, Postgres", runOrdered},
+	{"feedread", "12", "feed read, Postgres: no-op catch-up vs a raw reader", runFeedRead},
 }
 
 func main() {
@@ -213,7 +214,7 @@ func parseOnly(only string) (map[string]bool, error) {
 			}
 		}
 		if !found {
-			return nil, fmt.Errorf("-only: unknown scenario %q (known: %s, catchup, 1-11)", f, scenarioKeys())
+			return nil, fmt.Errorf("-only: unknown scenario %q (known: %s, catchup, 1-12)", f, scenarioKeys())
 		}
 	}
 	return sel, nil

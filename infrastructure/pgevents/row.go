@@ -116,28 +116,81 @@ func Envelopes(rows []Row) ([]domain.EventEnvelope[any], error) {
 // the first row that does not scan or decode fails the whole read. An
 // empty result is an empty, non-nil slice.
 func ScanEnvelopes(rows pgx.Rows) ([]domain.EventEnvelope[any], error) {
+	return AppendEnvelopes([]domain.EventEnvelope[any]{}, rows)
+}
+
+// AppendEnvelopes is ScanEnvelopes appending to out: give it the capacity
+// the read expects (its LIMIT), and the envelopes are its only
+// allocation besides their own values. On error it returns nil.
+func AppendEnvelopes(out []domain.EventEnvelope[any], rows pgx.Rows) ([]domain.EventEnvelope[any], error) {
 	defer rows.Close()
-	out := []domain.EventEnvelope[any]{}
+	var s RowScanner
 	for rows.Next() {
-		var r Row
-		if err := rows.Scan(r.Targets()...); err != nil {
+		if err := s.Scan(rows); err != nil {
 			return nil, err
 		}
-		env, err := r.Envelope()
+		env, err := s.Envelope()
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, env)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// RowScanner scans the rows of a SelectEvents query one at a time, into
+// one Row and scan targets it reuses, the JSON columns copied into
+// buffers it reuses too (they are decoded, never kept): a read allocates
+// only what its envelopes hold. The zero value is ready to use; it is not
+// safe for concurrent use.
+type RowScanner struct {
+	row               Row
+	payload, metadata reusedBytes
+	targets           []any
+}
+
+// Scan scans rows' current row (after rows.Next).
+func (s *RowScanner) Scan(rows pgx.Rows) error {
+	if s.targets == nil {
+		r := &s.row
+		s.targets = []any{&r.ID, &r.AggregateID, &r.EventType, &r.SequenceNo, &r.TransactionID, &r.Position, &s.payload, &s.metadata, &r.CreatedAt}
+	}
+	if err := rows.Scan(s.targets...); err != nil {
+		return err
+	}
+	s.row.Payload, s.row.Metadata = s.payload, s.metadata
+	return nil
+}
+
+// Envelope decodes the row last scanned (Row.Envelope).
+func (s *RowScanner) Envelope() (domain.EventEnvelope[any], error) { return s.row.Envelope() }
+
+// reusedBytes is a JSON column's scan target (pgtype.BytesScanner): pgx
+// hands it the column's bytes, which it copies into its own buffer, kept
+// from row to row, where a []byte target would get a fresh copy per row.
+// A NULL column leaves it empty, as it leaves a []byte nil.
+type reusedBytes []byte
+
+// ScanBytes implements pgtype.BytesScanner.
+func (b *reusedBytes) ScanBytes(v []byte) error {
+	*b = append((*b)[:0], v...)
+	return nil
 }
 
 // decodeJSON decodes a stored JSON column into the value a reader sees:
 // map[string]any for objects, []any, string, float64, bool or nil (an
 // empty column).
 func decodeJSON(raw []byte) (any, error) {
-	if len(raw) == 0 {
+	switch {
+	case len(raw) == 0:
 		return nil, nil
+	case string(raw) == "{}":
+		// The metadata of most events: what json.Unmarshal would return,
+		// without its two passes over the input and its decoder state.
+		return map[string]any{}, nil
 	}
 	var v any
 	if err := json.Unmarshal(raw, &v); err != nil {

@@ -29,6 +29,10 @@ const Select = pgevents.SelectEvents
 // Row is one event as stored (pgevents.Row).
 type Row = pgevents.Row
 
+// Scanner scans rows of a Select query one at a time into envelopes,
+// reusing its buffers (pgevents.RowScanner).
+type Scanner = pgevents.RowScanner
+
 // Envelopes converts rows in order (pgevents.Envelopes); the first row
 // that does not decode fails the whole read.
 func Envelopes(rows []Row) ([]domain.EventEnvelope[any], error) { return pgevents.Envelopes(rows) }
