@@ -174,7 +174,7 @@ func (b *gormBatch) HandlerContext(ctx context.Context) context.Context {
 		b.attempt = prefetchedAttempt{} // handlers may write anything
 		b.htx, b.guard = guardTx(b.tx, b.store.pool, !b.store.dialect.RowLocks)
 	}
-	return withTx(ctx, b.htx, b.store.pool)
+	return withBatchTx(ctx, b.htx, b.store.pool, b.conn)
 }
 
 func (b *gormBatch) Commit(ctx context.Context, position int64) error {
