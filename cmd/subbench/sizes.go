@@ -51,6 +51,6 @@ func (b *bench) sizes() sizes {
 		idleSubscribers: 100, idleInterval: 100 * time.Millisecond, idleDuration: 10 * time.Second,
 		appendDuration: 1500 * time.Millisecond, appendRounds: 2, appendWriters: []int{1, 4, 16},
 		appendProcs: 4, appendProcWriters: 4, appendProcRounds: 2,
-		partitionEvents: 20_000, partitionSlow: 4_000, batchEvents: 100_000, orderedEvents: 20_000, feedEvents: 30_000,
+		partitionEvents: 20_000, partitionSlow: 4_000, batchEvents: 100_000, orderedEvents: 20_000, feedEvents: 20_000,
 	}
 }
