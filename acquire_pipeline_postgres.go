@@ -160,46 +160,13 @@ func sendAcquireBatch(ctx context.Context, pc *pgx.Conn, subscriber string, afte
 	}
 	rows, _ := br.Query() // its error is the rows' too
 	var err error
-	if p.events, err = readFeedRows(rows, feedCapacity(limit)); err != nil {
-		if errors.As(err, new(*feedDecodeError)) {
-			return nil, err
+	if p.events, err = eventrow.ReadEnvelopes(rows, limit); err != nil {
+		if errors.As(err, new(*eventrow.DecodeError)) {
+			return nil, &feedDecodeError{err: err}
 		}
 		return nil, fmt.Errorf("read feed after position %d: %w", after, err)
 	}
 	return &p, br.Close()
-}
-
-// feedCapacity is the capacity a feed read of limit events allocates for
-// its envelopes up front: a wake-up usually brings a few events, a
-// catch-up a whole batch, which the slice then grows to.
-func feedCapacity(limit int) int {
-	if limit <= 0 || limit > 256 {
-		return 256
-	}
-	return limit
-}
-
-// readFeedRows scans and decodes the feed read's rows into envelopes
-// (eventrow.Scanner), keeping a failure to decode (*feedDecodeError)
-// apart from a failure to read.
-func readFeedRows(rows pgx.Rows, capacity int) ([]domain.EventEnvelope[any], error) {
-	defer rows.Close()
-	events := make([]domain.EventEnvelope[any], 0, capacity)
-	var s eventrow.Scanner
-	for rows.Next() {
-		if err := s.Scan(rows); err != nil {
-			return nil, err
-		}
-		ev, err := s.Envelope()
-		if err != nil {
-			return nil, &feedDecodeError{err: err}
-		}
-		events = append(events, ev)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return events, nil
 }
 
 // pinnedTx is the GORM connection pool of a pipelined batch: a connection

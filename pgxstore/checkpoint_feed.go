@@ -89,7 +89,7 @@ func (s *CheckpointStore) AcquireAfter(ctx context.Context, subscriber string, a
 			return nil
 		})
 		pipe.Queue(selectEvents+read, args...).Query(func(rows pgx.Rows) (err error) {
-			events, err = pgevents.AppendEnvelopes(make([]domain.EventEnvelope[any], 0, feedCapacity(limit)), rows)
+			events, err = pgevents.ReadEnvelopes(rows, limit)
 			return err
 		})
 	})
@@ -108,16 +108,6 @@ func (s *CheckpointStore) AcquireAfter(ctx context.Context, subscriber string, a
 // attemptPosition reads the position of the subscriber's attempt record
 // ($1).
 const attemptPosition = "SELECT position FROM subscriber_attempts WHERE subscriber = $1"
-
-// feedCapacity is the capacity a feed read of limit events allocates for
-// its envelopes up front: a wake-up usually brings a few events, a
-// catch-up a whole batch, which the slice then grows to.
-func feedCapacity(limit int) int {
-	if limit <= 0 || limit > 256 {
-		return 256
-	}
-	return limit
-}
 
 // prefetchedAttempt is the subscriber's attempt record as AcquireAfter
 // read it, in the batch's transaction once the row was locked: it answers

@@ -33,8 +33,10 @@ const feedReadSelect = `SELECT id, aggregate_id, event_type, sequence_no, transa
 	FROM events WHERE position > $1 ORDER BY position LIMIT $2`
 
 // rawReadBatch reads one batch with the raw reader's statement on tx and
-// decodes it as a reader would by hand: encoding/json into any (objects
-// as map[string]any), metadata never nil, Created in UTC.
+// decodes it as a reader would by hand, and as the library does:
+// encoding/json into any (objects as map[string]any), metadata never nil
+// ({} taken as an empty map without encoding/json, as the library takes
+// it), Created in UTC. It scans as a new user would, into fresh []byte.
 func rawReadBatch(ctx context.Context, tx pgx.Tx, after int64, limit int) ([]domain.EventEnvelope[any], error) {
 	rows, err := tx.Query(ctx, feedReadSelect, after, limit)
 	if err != nil {
@@ -56,8 +58,10 @@ func rawReadBatch(ctx context.Context, tx pgx.Tx, after int64, limit int) ([]dom
 				return nil, fmt.Errorf("event %s: payload: %w", ev.ID, err)
 			}
 		}
+		// Metadata is mostly {}, which the library decodes without
+		// encoding/json: so does this reader, for the same decoding.
 		var meta map[string]any
-		if len(metadata) > 0 {
+		if len(metadata) > 0 && string(metadata) != "{}" {
 			if err := json.Unmarshal(metadata, &meta); err != nil {
 				return nil, fmt.Errorf("event %s: metadata: %w", ev.ID, err)
 			}
@@ -122,11 +126,18 @@ type feedVariant struct {
 
 // feedMeasure is one run of a variant.
 type feedMeasure struct {
-	wall, cpu, server time.Duration
-	mallocs, bytes    uint64
-	trips, stmts      int64
-	batches           int64
+	// wall is the steady span, over events events; startup the time to
+	// the first batch.
+	wall, startup  time.Duration
+	events         int64
+	cpu, server    time.Duration
+	mallocs, bytes uint64
+	trips, stmts   int64
+	batches        int64
 }
+
+// rate is the steady catch-up rate of the run, in events per second.
+func (m feedMeasure) rate() float64 { return float64(m.events) / m.wall.Seconds() }
 
 // tripCounter counts round trips and statements at the driver: a Query
 // or an Exec is one of each; a pipeline (pgx.Batch) is one round trip for
@@ -235,7 +246,7 @@ func runFeedRead(ctx context.Context, b *bench) ([]Row, error) {
 				}
 				raw[i] = append(raw[i], got[0])
 				runs[i] = append(runs[i], got[1])
-				ratios[i] = append(ratios[i], got[0].wall.Seconds()/got[1].wall.Seconds())
+				ratios[i] = append(ratios[i], got[1].rate()/got[0].rate())
 			}
 		}
 		var allRaw []feedMeasure
@@ -245,7 +256,7 @@ func runFeedRead(ctx context.Context, b *bench) ([]Row, error) {
 		rate := func(ms []feedMeasure) float64 {
 			v := make([]float64, len(ms))
 			for k, m := range ms {
-				v[k] = float64(n) / m.wall.Seconds()
+				v[k] = m.rate()
 			}
 			return median(v)
 		}
@@ -253,9 +264,9 @@ func runFeedRead(ctx context.Context, b *bench) ([]Row, error) {
 		for i := 1; i < len(variants); i++ {
 			breakdown = append(breakdown, variants[i].label+": "+feedBreakdown(runs[i], n))
 		}
-		note := fmt.Sprintf("batch %d, where the time goes (per event, medians of %d runs of %d events each; client = this process, server = the pool's Postgres backends; round trips and statements per batch): %s; of which decoding alone (the library's rows to envelopes, in-process) %s",
+		note := fmt.Sprintf("batch %d, where the time goes (medians of %d runs of %d events each: the time to the first batch; then per event the wall time of the steady catch-up after it, which the rates are, and over the whole run the CPU of this process (client) and of the pool's Postgres backends (server, in 10 ms ticks), allocations; round trips and statements per batch): %s; of which decoding alone (the library's rows to envelopes, in-process) %s",
 			batch, b.feedReadRounds(), n, strings.Join(breakdown, "; "), decode)
-		bname := fmt.Sprintf("a raw reader: pgx, SELECT ... WHERE position > $1 ORDER BY position LIMIT %d, encoding/json into the same envelopes, a checkpoint UPDATE, one transaction per batch, no library; run just before or after each run of the variant", batch)
+		bname := fmt.Sprintf("a raw reader: pgx, SELECT ... WHERE position > $1 ORDER BY position LIMIT %d scanned into fresh values, the library's JSON decoding (encoding/json, {} as an empty map) into the same envelopes, a checkpoint UPDATE, one transaction per batch, no library; run just before or after each run of the variant", batch)
 		for i, v := range variants {
 			if v.be == nil {
 				continue
@@ -269,7 +280,7 @@ func runFeedRead(ctx context.Context, b *bench) ([]Row, error) {
 			bestRate := func(ms []feedMeasure) float64 {
 				v := make([]float64, len(ms))
 				for k, m := range ms {
-					v[k] = float64(n) / m.wall.Seconds()
+					v[k] = m.rate()
 				}
 				return best(v)
 			}
@@ -306,8 +317,9 @@ func feedBreakdown(ms []feedMeasure, n int) string {
 		return median(v)
 	}
 	fn := float64(n)
-	s := fmt.Sprintf("wall %.2f µs, client CPU %.2f µs, %.1f allocs, %.0f B",
-		per(func(m feedMeasure) float64 { return float64(m.wall.Nanoseconds()) / 1e3 / fn }),
+	s := fmt.Sprintf("startup %.1f ms, wall %.2f µs, client CPU %.2f µs, %.1f allocs, %.0f B",
+		per(func(m feedMeasure) float64 { return float64(m.startup.Microseconds()) / 1e3 }),
+		per(func(m feedMeasure) float64 { return float64(m.wall.Nanoseconds()) / 1e3 / float64(m.events) }),
 		per(func(m feedMeasure) float64 { return float64(m.cpu.Nanoseconds()) / 1e3 / fn }),
 		per(func(m feedMeasure) float64 { return float64(m.mallocs) / fn }),
 		per(func(m feedMeasure) float64 { return float64(m.bytes) / fn }))
@@ -323,31 +335,44 @@ func feedBreakdown(ms []feedMeasure, n int) string {
 }
 
 // run runs the variant once over positions 1..head as subscriber (or
-// checkpoint) name, timed from its start to the handling of the last
-// event.
+// checkpoint) name. Its wall time runs from the handling of the first
+// batch to that of the last event: the steady catch-up, the same span for
+// every variant; the time to the first batch (connections, the
+// checkpoint row, the library's first attempt record) is its startup.
+// The process's CPU, allocations and round trips are counted from the
+// start to the last event, the server's CPU to the stop.
 func (v *feedVariant) run(ctx context.Context, b *bench, name string, batch int, head int64) (feedMeasure, error) {
 	var (
-		m    feedMeasure
-		end  time.Time
-		once sync.Once
-		done = make(chan struct{})
+		m              feedMeasure
+		first, end     time.Time
+		firstPos       int64
+		once           sync.Once
+		done           = make(chan struct{})
+		cpu1, startCPU time.Duration
+		startNow       time.Time
+		ms0, ms1       runtime.MemStats
+		trips1, stmts1 int64
 	)
 	seen := func(last int64) {
+		if first.IsZero() {
+			first, firstPos = time.Now(), last
+		}
 		if last >= head {
 			once.Do(func() {
 				end = time.Now()
+				cpu1 = processCPU()
+				trips1, stmts1 = v.trips.trips.Load(), v.trips.stmts.Load()
+				runtime.ReadMemStats(&ms1)
 				close(done)
 			})
 		}
 	}
 	cpuBefore := b.backendCPU(ctx, v.app)
 	runtime.GC()
-	var ms0, ms1 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
-	cpu0 := processCPU()
 	v.trips.trips.Store(0)
 	v.trips.stmts.Store(0)
-	start := time.Now()
+	startCPU, startNow = processCPU(), time.Now()
 	var err error
 	if v.be == nil {
 		err = rawReader(ctx, v.raw, name, batch, head, func(events []domain.EventEnvelope[any]) {
@@ -363,11 +388,14 @@ func (v *feedVariant) run(ctx context.Context, b *bench, name string, batch int,
 		return m, err
 	}
 	<-done
-	m.cpu = processCPU() - cpu0
-	runtime.ReadMemStats(&ms1)
-	m.wall = end.Sub(start)
+	if firstPos >= head {
+		return m, fmt.Errorf("%s: one batch held every event: no steady span to time", name)
+	}
+	m.events = head - firstPos
+	m.wall, m.startup = end.Sub(first), first.Sub(startNow)
+	m.cpu = cpu1 - startCPU
 	m.mallocs, m.bytes = ms1.Mallocs-ms0.Mallocs, ms1.TotalAlloc-ms0.TotalAlloc
-	m.trips, m.stmts, m.batches = v.trips.trips.Load(), v.trips.stmts.Load(), (head+int64(batch)-1)/int64(batch)
+	m.trips, m.stmts, m.batches = trips1, stmts1, (head+int64(batch)-1)/int64(batch)
 	if d, ok := cpuDelta(cpuBefore, b.backendCPU(ctx, v.app)); ok {
 		m.server = d
 	}
@@ -376,10 +404,8 @@ func (v *feedVariant) run(ctx context.Context, b *bench, name string, batch int,
 
 // runLibrary runs a subscriber with a no-op handler (or batch handler)
 // from 0 until its checkpoint reaches head. seen is told the last
-// position of each batch the handler saw; done is closed when it saw
-// head. The figures (CPU, allocations, round trips) include the
-// subscriber's wait for its last commit, which the raw reader's include
-// too.
+// position of the first batch and of each batch from there; done is
+// closed when it saw head.
 func (v *feedVariant) runLibrary(ctx context.Context, b *bench, name string, batch int, head int64, seen func(int64), done <-chan struct{}) error {
 	opts := []subscriptions.SubscriberOption{subscriptions.WithBatchSize(batch), subscriptions.WithLogger(b.libLogger())}
 	var h subscriptions.Handler
@@ -390,7 +416,7 @@ func (v *feedVariant) runLibrary(ctx context.Context, b *bench, name string, bat
 		}))
 	} else {
 		h = func(_ context.Context, ev domain.EventEnvelope[any]) error {
-			if ev.Position >= head {
+			if ev.Position%int64(batch) == 0 || ev.Position >= head {
 				seen(ev.Position)
 			}
 			return nil

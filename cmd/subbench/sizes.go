@@ -40,7 +40,7 @@ func (b *bench) sizes() sizes {
 			idleSubscribers: 10, idleInterval: 100 * time.Millisecond, idleDuration: 500 * time.Millisecond,
 			appendDuration: 100 * time.Millisecond, appendRounds: 2, appendWriters: []int{1, 4, 16},
 			appendProcs: 2, appendProcWriters: 2, appendProcRounds: 1,
-			partitionEvents: 400, partitionSlow: 200, batchEvents: 1_000, orderedEvents: 2_000, feedEvents: 1_000,
+			partitionEvents: 400, partitionSlow: 200, batchEvents: 1_000, orderedEvents: 2_000, feedEvents: 3_000,
 		}
 	}
 	return sizes{

@@ -68,17 +68,35 @@ func (r *Row) Targets() []any {
 	return []any{&r.ID, &r.AggregateID, &r.EventType, &r.SequenceNo, &r.TransactionID, &r.Position, &r.Payload, &r.Metadata, &r.CreatedAt}
 }
 
+// DecodeError is Row.Envelope's failure: a stored event whose payload or
+// metadata does not decode (valid jsonb that encoding/json cannot hold,
+// such as a number beyond float64). A reader tells it from a failure to
+// read with errors.As.
+type DecodeError struct {
+	ID, EventType string
+	Position      int64
+	Column        string // "payload" or "metadata"
+	Err           error
+}
+
+func (e *DecodeError) Error() string {
+	return fmt.Sprintf("event %s (type %q, position %d): decode %s: %v", e.ID, e.EventType, e.Position, e.Column, e.Err)
+}
+
+func (e *DecodeError) Unwrap() error { return e.Err }
+
 // Envelope converts the row into the envelope readers see: payload and
 // metadata decoded from JSON (objects as map[string]any, numbers as
-// float64), Created in UTC, Metadata never nil. The error names the event.
+// float64), Created in UTC, Metadata never nil. The error, a
+// *DecodeError, names the event.
 func (r *Row) Envelope() (domain.EventEnvelope[any], error) {
 	payload, err := decodeJSON(r.Payload)
 	if err != nil {
-		return domain.EventEnvelope[any]{}, fmt.Errorf("event %s (type %q, position %d): decode payload: %w", r.ID, r.EventType, r.Position, err)
+		return domain.EventEnvelope[any]{}, &DecodeError{ID: r.ID, EventType: r.EventType, Position: r.Position, Column: "payload", Err: err}
 	}
 	meta, err := decodeJSON(r.Metadata)
 	if err != nil {
-		return domain.EventEnvelope[any]{}, fmt.Errorf("event %s (type %q, position %d): decode metadata: %w", r.ID, r.EventType, r.Position, err)
+		return domain.EventEnvelope[any]{}, &DecodeError{ID: r.ID, EventType: r.EventType, Position: r.Position, Column: "metadata", Err: err}
 	}
 	metadata, _ := meta.(map[string]any)
 	if metadata == nil {
@@ -132,6 +150,41 @@ func AppendEnvelopes(out []domain.EventEnvelope[any], rows pgx.Rows) ([]domain.E
 		env, err := s.Envelope()
 		if err != nil {
 			return nil, err
+		}
+		out = append(out, env)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// ReadEnvelopes is ScanEnvelopes for a read of at most limit rows (its
+// LIMIT; 0 for none): the slice starts small, as a wake-up's read brings
+// a few events, and doubles up to limit, so that a full batch allocates
+// about twice its envelopes and its last slice exactly.
+func ReadEnvelopes(rows pgx.Rows, limit int) ([]domain.EventEnvelope[any], error) {
+	defer rows.Close()
+	first := 16
+	if limit > 0 && limit < first {
+		first = limit
+	}
+	out := make([]domain.EventEnvelope[any], 0, first)
+	var s RowScanner
+	for rows.Next() {
+		if err := s.Scan(rows); err != nil {
+			return nil, err
+		}
+		env, err := s.Envelope()
+		if err != nil {
+			return nil, err
+		}
+		if len(out) == cap(out) {
+			grown := 2 * cap(out)
+			if limit > len(out) && grown > limit {
+				grown = limit
+			}
+			out = append(make([]domain.EventEnvelope[any], 0, grown), out...)
 		}
 		out = append(out, env)
 	}

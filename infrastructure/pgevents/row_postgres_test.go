@@ -17,8 +17,8 @@ import (
 // TestAppendEnvelopesMatchesRows: the reused buffers of RowScanner give
 // every row the envelope Row.Envelope gives it scanned on its own (a
 // NULL payload, metadata of every shape, payloads shorter after longer),
-// growing the slice it is given; a row that does not decode fails the
-// whole read.
+// growing the slice it is given (ReadEnvelopes: whatever its limit); a
+// row that does not decode fails the whole read with a *DecodeError.
 func TestAppendEnvelopesMatchesRows(t *testing.T) {
 	ctx := feedtest.Context(t)
 	pg := dbtest.NewPostgres(t)
@@ -58,6 +58,14 @@ func TestAppendEnvelopesMatchesRows(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, want, got)
 
+	for _, limit := range []int{0, 1, 4, 6, 100} {
+		rows, err = conn.Query(ctx, query)
+		require.NoError(t, err)
+		got, err := pgevents.ReadEnvelopes(rows, limit)
+		require.NoError(t, err)
+		require.Equal(t, want, got, "a limit is a capacity hint (%d)", limit)
+	}
+
 	rows, err = conn.Query(ctx, query+" LIMIT 0")
 	require.NoError(t, err)
 	none, err := pgevents.ScanEnvelopes(rows)
@@ -73,5 +81,13 @@ func TestAppendEnvelopesMatchesRows(t *testing.T) {
 	require.NoError(t, err)
 	got, err = pgevents.AppendEnvelopes(nil, rows)
 	require.ErrorContains(t, err, `event huge (type "t", position 7): decode payload`)
+	require.Nil(t, got)
+	rows, err = conn.Query(ctx, query)
+	require.NoError(t, err)
+	got, err = pgevents.ReadEnvelopes(rows, 10)
+	var undecodable *pgevents.DecodeError
+	require.ErrorAs(t, err, &undecodable, "told from a failed read")
+	require.Equal(t, "huge", undecodable.ID)
+	require.Equal(t, "payload", undecodable.Column)
 	require.Nil(t, got)
 }
