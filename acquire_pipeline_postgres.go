@@ -69,8 +69,8 @@ func (g *GormCheckpointStore) acquireAndRead(ctx context.Context, subscriber str
 		return nil, nil, fmt.Errorf("subscriptions: acquire checkpoint of %q: %w", subscriber, err)
 	}
 	var (
-		locked *pipelined
-		undone *feedDecodeError
+		locked      *pipelined
+		undecodable *eventrow.DecodeError
 	)
 	err = conn.Raw(func(dc any) error {
 		pc, ok := pgxconn.Unwrap(dc)
@@ -83,10 +83,11 @@ func (g *GormCheckpointStore) acquireAndRead(ctx context.Context, subscriber str
 		}
 		return nil
 	})
-	if errors.As(err, &undone) {
-		// Rolled back (EndSession): a stored event does not decode.
+	if errors.As(err, &undecodable) {
+		// Rolled back (EndSession): a stored event does not decode, which
+		// is a failed read of the feed, not of the checkpoint.
 		_ = conn.Close()
-		return nil, nil, fmt.Errorf("subscriptions: read feed after position %d: %w", after, undone.err)
+		return nil, nil, fmt.Errorf("subscriptions: read feed after position %d: %w", after, undecodable)
 	}
 	if err != nil || locked == nil {
 		_ = conn.Close()
@@ -107,14 +108,6 @@ func (g *GormCheckpointStore) acquireAndRead(ctx context.Context, subscriber str
 	return b, locked.events, nil
 }
 
-// feedDecodeError is sendAcquireBatch's failure to decode a stored event,
-// which acquireAndRead reports as a failed feed read, not as a failed
-// acquisition.
-type feedDecodeError struct{ err error }
-
-func (e *feedDecodeError) Error() string { return e.err.Error() }
-func (e *feedDecodeError) Unwrap() error { return e.err }
-
 // pipelinedAttemptQuery reads the position of the subscriber's attempt
 // record, in the batch's transaction once the row is locked, for the
 // batch's first HasAttempt (see prefetchedAttempt).
@@ -128,8 +121,8 @@ type pipelined struct {
 }
 
 // sendAcquireBatch returns what it read with the row it locked, nil when
-// it locked none. A stored event that does not decode fails it with a
-// *feedDecodeError.
+// it locked none. A stored event that does not decode fails it with an
+// *eventrow.DecodeError.
 func sendAcquireBatch(ctx context.Context, pc *pgx.Conn, subscriber string, after int64, limit int) (*pipelined, error) {
 	batch := &pgx.Batch{}
 	batch.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
@@ -162,7 +155,7 @@ func sendAcquireBatch(ctx context.Context, pc *pgx.Conn, subscriber string, afte
 	var err error
 	if p.events, err = eventrow.ReadEnvelopes(rows, limit); err != nil {
 		if errors.As(err, new(*eventrow.DecodeError)) {
-			return nil, &feedDecodeError{err: err}
+			return nil, err
 		}
 		return nil, fmt.Errorf("read feed after position %d: %w", after, err)
 	}

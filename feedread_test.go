@@ -11,6 +11,7 @@ import (
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/infrastructure/pgevents"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
 	"github.com/eventfeed/subscriptions/pgxstore"
 )
@@ -104,4 +105,40 @@ func feedCatchUp(b *testing.B, events domain.EventStore, cps subscriptions.Check
 	cancel()
 	require.NoError(b, <-result)
 	return took
+}
+
+// TestPipelinedAcquireUndecodableEvent: a stored event that encoding/json
+// cannot decode (valid jsonb beyond float64) fails the pipelined acquire
+// of both Postgres backends as an undecodable event, holding nothing: the
+// checkpoint is free for the next batch at once.
+func TestPipelinedAcquireUndecodableEvent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, b := range dbEnvs() {
+		if !b.Postgres {
+			continue
+		}
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			e := b.New(t)
+			appendN(t, e.Events, "decode.test", 0, 1)
+			require.NoError(t, e.DB.Exec(`INSERT INTO events (id, aggregate_id, event_type, sequence_no, position, payload, metadata, created_at)
+				VALUES ('huge', 'agg-huge', 't', 1, 2, '1e400'::jsonb, '{}'::jsonb, now())`).Error)
+			fa, ok := e.Checkpoints.(subscriptions.FeedAcquirer)
+			require.True(t, ok)
+			batch, acquired, err := e.Checkpoints.Acquire(ctx, "undecodable")
+			require.NoError(t, err)
+			require.True(t, acquired)
+			require.NoError(t, batch.Commit(ctx, 0))
+
+			_, _, _, err = fa.AcquireAfter(ctx, "undecodable", 0, 10)
+			var undecodable *pgevents.DecodeError
+			require.ErrorAs(t, err, &undecodable)
+			require.Equal(t, "huge", undecodable.ID)
+			batch, acquired, err = e.Checkpoints.Acquire(ctx, "undecodable")
+			require.NoError(t, err)
+			require.True(t, acquired, "the failed acquire holds nothing")
+			require.NoError(t, batch.Rollback())
+		})
+	}
 }
