@@ -81,9 +81,9 @@ func BenchmarkGormAppend(b *testing.B) {
 }
 
 // BenchmarkPostgresReadAfter reads a page of 1,000 events through
-// GormEventStore.ReadAfter (GORM's scan into rows, then the decoding)
-// and, for comparison, the same statement through pgx straight into
-// envelopes (pgevents.AppendEnvelopes, the pipelined acquire's read).
+// GormEventStore.ReadAfter (on pgx's session, pgevents.ReadEnvelopes),
+// through its portable path (GORM's scan into rows, then the decoding),
+// and through a pgx connection of its own with the same decoding.
 func BenchmarkPostgresReadAfter(b *testing.B) {
 	const page = 1000
 	pg := dbtest.NewPostgres(b)
@@ -96,15 +96,22 @@ func BenchmarkPostgresReadAfter(b *testing.B) {
 		}
 		require.NoError(b, s.Append(ctx, "agg-"+strconv.Itoa(i), -1, evs...))
 	}
-	b.Run("gorm", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			events, err := s.ReadAfter(ctx, 0, page)
-			if err != nil || len(events) != page {
-				b.Fatalf("read %d events: %v", len(events), err)
+	portable := newGormStore(b, pg.DB)
+	infrastructure.PortableAppendOnly(portable)
+	for _, c := range []struct {
+		name  string
+		store *infrastructure.GormEventStore
+	}{{"store", s}, {"portable", portable}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				events, err := c.store.ReadAfter(ctx, 0, page)
+				if err != nil || len(events) != page {
+					b.Fatalf("read %d events: %v", len(events), err)
+				}
 			}
-		}
-	})
+		})
+	}
 	b.Run("pgx", func(b *testing.B) {
 		conn, err := pgx.Connect(ctx, pg.DSN)
 		require.NoError(b, err)
@@ -113,7 +120,7 @@ func BenchmarkPostgresReadAfter(b *testing.B) {
 		for b.Loop() {
 			rows, err := conn.Query(ctx, pgevents.SelectEvents+"WHERE position > $1 ORDER BY position LIMIT $2", 0, page)
 			require.NoError(b, err)
-			events, err := pgevents.AppendEnvelopes(make([]domain.EventEnvelope[any], 0, page), rows)
+			events, err := pgevents.ReadEnvelopes(rows, page)
 			if err != nil || len(events) != page {
 				b.Fatalf("read %d events: %v", len(events), err)
 			}

@@ -74,8 +74,8 @@ type GormEventStore struct {
 	pool *sql.DB // Postgres: for the pipelined append; nil on a caller's transaction
 	// inTx: db is a caller's transaction, which every statement joins.
 	inTx bool
-	// portableOnly disables the pipelined append (tests of the portable
-	// path).
+	// portableOnly disables the pipelined append and the pgx reads
+	// (tests of the portable paths).
 	portableOnly bool
 	notPgx       atomic.Bool // the pool's driver is not pgx: portable path
 	dialect      *dialect.Dialect

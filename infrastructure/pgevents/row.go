@@ -131,56 +131,35 @@ func Envelopes(rows []Row) ([]domain.EventEnvelope[any], error) {
 }
 
 // ScanEnvelopes decodes the rows of a SelectEvents query and closes them;
-// the first row that does not scan or decode fails the whole read. An
-// empty result is an empty, non-nil slice.
+// the first row that does not scan or decode fails the whole read (a
+// *DecodeError for one that does not decode). An empty result is an
+// empty, non-nil slice.
 func ScanEnvelopes(rows pgx.Rows) ([]domain.EventEnvelope[any], error) {
-	return AppendEnvelopes([]domain.EventEnvelope[any]{}, rows)
-}
-
-// AppendEnvelopes is ScanEnvelopes appending to out: give it the capacity
-// the read expects (its LIMIT), and the envelopes are its only
-// allocation besides their own values. On error it returns nil.
-func AppendEnvelopes(out []domain.EventEnvelope[any], rows pgx.Rows) ([]domain.EventEnvelope[any], error) {
-	defer rows.Close()
-	var s RowScanner
-	for rows.Next() {
-		if err := s.Scan(rows); err != nil {
-			return nil, err
-		}
-		env, err := s.Envelope()
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, env)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return out, nil
+	return ReadEnvelopes(rows, 0)
 }
 
 // ReadEnvelopes is ScanEnvelopes for a read of at most limit rows (its
-// LIMIT; 0 for none): the slice starts small, as a wake-up's read brings
-// a few events, and doubles up to limit, so that a full batch allocates
-// about twice its envelopes and its last slice exactly.
+// LIMIT; 0 for none), which only sizes the result: the slice starts
+// small, as a wake-up's read brings a few events, and doubles up to
+// limit, so that a full batch allocates about twice its envelopes and its
+// last slice exactly; an empty read allocates none. The rows are scanned
+// into one Row and scan targets reused from row to row, the JSON columns
+// copied into buffers reused too (they are decoded, never kept): a read
+// allocates only what its envelopes hold.
 func ReadEnvelopes(rows pgx.Rows, limit int) ([]domain.EventEnvelope[any], error) {
 	defer rows.Close()
-	first := 16
-	if limit > 0 && limit < first {
-		first = limit
-	}
-	out := make([]domain.EventEnvelope[any], 0, first)
-	var s RowScanner
+	out := []domain.EventEnvelope[any]{}
+	var s rowScanner
 	for rows.Next() {
-		if err := s.Scan(rows); err != nil {
+		if err := s.scan(rows); err != nil {
 			return nil, err
 		}
-		env, err := s.Envelope()
+		env, err := s.row.Envelope()
 		if err != nil {
 			return nil, err
 		}
 		if len(out) == cap(out) {
-			grown := 2 * cap(out)
+			grown := max(2*cap(out), 16)
 			if limit > len(out) && grown > limit {
 				grown = limit
 			}
@@ -194,19 +173,18 @@ func ReadEnvelopes(rows pgx.Rows, limit int) ([]domain.EventEnvelope[any], error
 	return out, nil
 }
 
-// RowScanner scans the rows of a SelectEvents query one at a time, into
-// one Row and scan targets it reuses, the JSON columns copied into
-// buffers it reuses too (they are decoded, never kept): a read allocates
-// only what its envelopes hold. The zero value is ready to use; it is not
-// safe for concurrent use.
-type RowScanner struct {
+// rowScanner scans the rows of a SelectEvents query one at a time into
+// one Row and scan targets it reuses, the JSON columns into buffers it
+// reuses (see ReadEnvelopes). It is not safe for concurrent use.
+type rowScanner struct {
 	row               Row
 	payload, metadata reusedBytes
 	targets           []any
 }
 
-// Scan scans rows' current row (after rows.Next).
-func (s *RowScanner) Scan(rows pgx.Rows) error {
+// scan scans rows' current row (after rows.Next) into s.row, whose JSON
+// columns stay valid until the next scan.
+func (s *rowScanner) scan(rows pgx.Rows) error {
 	if s.targets == nil {
 		r := &s.row
 		s.targets = []any{&r.ID, &r.AggregateID, &r.EventType, &r.SequenceNo, &r.TransactionID, &r.Position, &s.payload, &s.metadata, &r.CreatedAt}
@@ -217,9 +195,6 @@ func (s *RowScanner) Scan(rows pgx.Rows) error {
 	s.row.Payload, s.row.Metadata = s.payload, s.metadata
 	return nil
 }
-
-// Envelope decodes the row last scanned (Row.Envelope).
-func (s *RowScanner) Envelope() (domain.EventEnvelope[any], error) { return s.row.Envelope() }
 
 // reusedBytes is a JSON column's scan target (pgtype.BytesScanner): pgx
 // hands it the column's bytes, which it copies into its own buffer, kept
