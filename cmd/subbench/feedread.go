@@ -295,6 +295,7 @@ func runFeedRead(ctx context.Context, b *bench) ([]Row, error) {
 			rows = append(rows, r)
 		}
 	}
+	b.note("feed read: a library batch is one round trip for BEGIN, the checkpoint row's lock, the attempt record's read and the feed read (pipelined), then the checkpoint UPDATE and the COMMIT: 3 round trips and 6 statements where the raw reader takes 4 and 4 (its BEGIN on its own); the library scans rows into buffers it reuses, the raw reader into fresh values; its startup adds the checkpoint row, the partition-count read and the first batch's attempt record, committed on its own (see the startup figures)")
 	b.note("feed read: each variant runs alone, on a pool of its own (the library's: 2 connections, as for one subscriber), in pairs with a run of the raw reader (either first), the variants in an order rotating each round; figure and baseline are the medians of the variant's runs and of the raw runs paired with them")
 	return rows, nil
 }
