@@ -199,9 +199,8 @@ func (p *pinnedTx) QueryRowContext(ctx context.Context, query string, args ...an
 
 // exec runs one statement (pgx's placeholders) in the transaction, on the
 // pinned connection's pgx session, past GORM and database/sql: Commit's
-// checkpoint UPDATE, whose path through them cost a third of the
-// batch's own CPU in the feed read (cmd/subbench scenario 12). It returns
-// the rows affected.
+// checkpoint UPDATE, which every batch of a catch-up pays (cmd/subbench
+// -only feedread). It returns the rows affected.
 func (p *pinnedTx) exec(ctx context.Context, query string, args ...any) (int64, error) {
 	if p.ended {
 		return 0, sql.ErrTxDone

@@ -17,6 +17,10 @@ import (
 // reaches the backend between two statements is ignored by Postgres.
 const cancelRetryInterval = 20 * time.Millisecond
 
+// cancelRequestTimeout bounds one out-of-band cancel request, which stop
+// waits for rather than abandon (see cancelBackendOnDone).
+const cancelRequestTimeout = 10 * time.Second
+
 // cancelBackendOnDone cancels, on the database server, the statement that
 // backend pid is running once ctx ends (d.CancelBackend), and keeps doing
 // so until stop is called. It exists because a client-side cancellation (the driver closing
@@ -34,7 +38,8 @@ const cancelRetryInterval = 20 * time.Millisecond
 // one); on another driver they are d.CancelBackend statements through db,
 // on another connection of the pool. Either goes without ctx (it has
 // ended); a request that fails is retried at the next tick, and stop ends
-// the retries and any request still waiting.
+// the retries and any statement still waiting for a connection (an
+// out-of-band request under way is let finish).
 //
 // stop reports whether a cancel request was sent. If so, the caller must
 // discard the connection of pid rather than return it to the pool
@@ -48,7 +53,15 @@ func cancelBackendOnDone(ctx context.Context, conn, db *gorm.DB, d *dialect.Dial
 		_ = c.Raw(func(dc any) error {
 			if pc, ok := pgxconn.Unwrap(dc); ok {
 				pg := pc.PgConn() // CancelRequest is safe while the connection is in use
-				request = func(ctx context.Context) { _ = pg.CancelRequest(ctx) }
+				request = func(context.Context) {
+					// Not ended by stop but bounded: a request abandoned
+					// halfway closes its connection before the server, or
+					// a pooler, has answered it, and PgBouncer 1.18 exits
+					// on that ("bad client state"), closing every client.
+					cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cancelRequestTimeout)
+					defer cancel()
+					_ = pg.CancelRequest(cctx)
+				}
 			}
 			return nil
 		})

@@ -42,15 +42,14 @@ func (g *GormCheckpointStore) Repartition(ctx context.Context, marker string, fr
 		if err := holdLayout(tx, g.dialect.ForUpdate(), marker, from, all); err != nil {
 			return fmt.Errorf("hold the batches: %w", err)
 		}
-		var rows []GormCheckpointModel
-		if err := tx.Raw("SELECT subscriber, position FROM subscriber_checkpoints WHERE subscriber IN ?", all).Scan(&rows).Error; err != nil {
+		held, err := readLayout(tx, marker, from, all)
+		if err != nil {
 			return fmt.Errorf("read the checkpoints: %w", err)
 		}
-		positions := checkpointsOf(rows, append(slices.Clone(from), marker))
 		read := func(ctx context.Context, after, upTo int64, limit int) ([]domain.EventEnvelope[any], error) {
 			return eventrow.Read(ctx, tx, "WHERE position > ? AND position <= ? ORDER BY position LIMIT ?", after, upTo, limit)
 		}
-		target, apply, err := catchUp(ctx, positions[len(from)], positions[:len(from)], read)
+		target, apply, err := catchUp(ctx, held, read)
 		if err != nil {
 			return err
 		}
@@ -60,7 +59,7 @@ func (g *GormCheckpointStore) Repartition(ctx context.Context, marker string, fr
 				return err
 			}
 		}
-		if err := writeLayout(tx, marker, from, to, target, count); err != nil {
+		if err := writeLayout(tx, marker, from, to, target, count, held.LowestRedelivery()); err != nil {
 			return fmt.Errorf("write the checkpoints: %w", err)
 		}
 		return nil
@@ -106,11 +105,39 @@ func holdLayout(tx *gorm.DB, forUpdate, marker string, from, all []string) error
 	return tx.Exec("SELECT subscriber FROM subscriber_checkpoints WHERE subscriber IN ? ORDER BY subscriber"+forUpdate, all).Error
 }
 
-// writeLayout writes the new layout: to at target, the rest of from
-// retired, their attempt records cleared, the count recorded.
-func writeLayout(tx *gorm.DB, marker string, from, to []string, target, count int64) error {
+// readLayout reads, under the hold, the count's row and from's
+// checkpoints and delivery marks (DeliveryMarker), the name's catch-up
+// mark under marker's pause key.
+func readLayout(tx *gorm.DB, marker string, from, all []string) (RepartitionRows, error) {
+	var rows []GormCheckpointModel
+	if err := tx.Raw("SELECT subscriber, position, redelivered_through FROM subscriber_checkpoints WHERE subscriber IN ?", all).Scan(&rows).Error; err != nil {
+		return RepartitionRows{}, err
+	}
+	var catchUp int64
+	if err := tx.Raw("SELECT "+catchUpClause, PauseKey(marker)).Scan(&catchUp).Error; err != nil {
+		return RepartitionRows{}, err
+	}
+	byName := make(map[string]GormCheckpointModel, len(rows))
+	for _, r := range rows {
+		byName[r.Subscriber] = r
+	}
+	held := RepartitionRows{Recorded: byName[marker].Position, Positions: make([]int64, len(from)), Marks: make([]DeliveryMarks, len(from))}
+	for i, name := range from {
+		held.Positions[i] = byName[name].Position
+		held.Marks[i] = DeliveryMarks{RedeliveredThrough: byName[name].RedeliveredThrough, CatchUpThrough: catchUp}
+	}
+	return held, nil
+}
+
+// writeLayout writes the new layout: to at target with the redelivery
+// mark redelivered, the rest of from retired, their attempt records
+// cleared, the count recorded.
+func writeLayout(tx *gorm.DB, marker string, from, to []string, target, count, redelivered int64) error {
 	now := time.Now().UTC()
 	if err := upsertCheckpoints(tx, to, target, now, true); err != nil {
+		return err
+	}
+	if err := tx.Exec("UPDATE subscriber_checkpoints SET redelivered_through = ? WHERE subscriber IN ?", redelivered, to).Error; err != nil {
 		return err
 	}
 	var retired []string

@@ -128,7 +128,8 @@ func (m DeliveryMarks) at(position int64) (Delivery, int64) {
 //     the reset, so that a second reset during a rebuild keeps the
 //     highest;
 //   - seeds the partitions of InitPartitions with the plain row's mark,
-//     as with its checkpoint;
+//     as with its checkpoint, and the rows of a Repartition's new layout
+//     with the lowest mark of the old (RepartitionRows);
 //   - forgets a row's marks, and its name's catch-up mark, with Delete
 //     and DeleteAll;
 //   - hands out batches that are MarkedBatch, reading the marks with the
@@ -162,7 +163,13 @@ func marksOf(batch Batch) DeliveryMarks {
 // marks and events cut where the delivery changes, so that every call of
 // the batch has one nature.
 func sameDelivery(batch Batch, events []domain.EventEnvelope[any]) (Delivery, []domain.EventEnvelope[any]) {
-	d, through := marksOf(batch).at(events[0].Position)
+	return marksOf(batch).same(events)
+}
+
+// same returns the Delivery of events' first event under m and events cut
+// where the delivery changes.
+func (m DeliveryMarks) same(events []domain.EventEnvelope[any]) (Delivery, []domain.EventEnvelope[any]) {
+	d, through := m.at(events[0].Position)
 	for i, ev := range events {
 		if ev.Position > through {
 			return d, events[:i]

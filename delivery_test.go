@@ -3,6 +3,7 @@ package subscriptions_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -452,4 +453,120 @@ func TestFirstRunCatchUpIsChecked(t *testing.T) {
 	_, err = subscriptions.NewSubscriber("unmarked", events, plain, handler, subscriptions.WithFirstRunCatchUp(0))
 	require.ErrorIs(t, err, errors.ErrUnsupported)
 	require.ErrorContains(t, err, "DeliveryMarker")
+}
+
+// TestDeliveryAcrossARepartition: a Repartition in the middle of a
+// rebuild keeps telling re-deliveries from live ones, with a Handler and
+// a BatchHandler. After a reset of three partitions, the rebuild stops
+// with one partition behind (its events fail) and the others past the
+// middle; Repartition to two partitions catches the laggard up with
+// re-deliveries (each through its own partition's old checkpoint). The
+// new partitions then re-deliver up to the lowest of the old partitions'
+// marks and deliver live past it: an event an old partition had handled
+// past that mark comes live again (a side effect may repeat; none that
+// never happened is skipped).
+func TestDeliveryAcrossARepartition(t *testing.T) {
+	t.Parallel()
+	for _, b := range envBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			for _, v := range []deliveryVariant{{"partitioned-handler", 3, false}, {"partitioned-batch-handler", 3, true}} {
+				t.Run(v.name, func(t *testing.T) {
+					e := b.New(t)
+					ctx := context.Background()
+					log := &deliveryLog{failing: map[string]bool{}}
+					const name = "emails"
+					seq := map[string]int{}
+					partAppend(t, e.Events, seq, 9, 45)
+					feed := feedOf(t, e.Events)
+					partOf := map[string]int{}
+					marks := make([]int64, 3) // each old partition's checkpoint before the reset: its last event
+					for _, ev := range feed {
+						partOf[ev.ID] = subscriptions.PartitionOf(ev.AggregateID, 3)
+						marks[partOf[ev.ID]] = ev.Position
+					}
+					require.NotContains(t, marks, int64(0), "every partition has events")
+					low := slices.Min(marks)
+					reset, mid := feed[4].Position, feed[24].Position
+
+					// 1: live, then a reset for a rebuild.
+					log.next(1, 0)
+					sub := v.subscriber(t, name, e.Events, e.Checkpoints, log)
+					run := start(t, sub)
+					waitCaughtUp(t, sub)
+					run.stop(t)
+					require.NoError(t, sub.ResetCheckpoint(ctx, reset))
+
+					// 2: the rebuild, stopped with the partitions apart.
+					behind := partOf[feed[5].ID]
+					var ahead []domain.EventEnvelope[any]
+					for _, ev := range feed[5:] {
+						if partOf[ev.ID] == behind || ev.Position > mid {
+							log.failing[ev.ID] = true
+						} else {
+							ahead = append(ahead, ev)
+						}
+					}
+					log.next(2, 0)
+					run = start(t, sub)
+					require.Eventually(t, func() bool {
+						seen := map[string]bool{}
+						for _, c := range log.of(2) {
+							seen[c.id] = true
+						}
+						for _, ev := range ahead {
+							if !seen[ev.ID] {
+								return false
+							}
+						}
+						return true
+					}, 30*time.Second, 5*time.Millisecond, "the partitions ahead reach the middle")
+					run.stop(t)
+					log.mu.Lock()
+					log.failing = nil
+					log.mu.Unlock()
+
+					// 3: Repartition's catch-up re-delivers.
+					log.next(3, 0)
+					require.NoError(t, sub.Repartition(ctx, 2))
+					target, err := e.Checkpoints.Position(ctx, name+"/partition-0-of-2")
+					require.NoError(t, err)
+					require.Greater(t, target, reset)
+					calls := log.of(3)
+					require.NotEmpty(t, calls, "the partition behind caught up")
+					for _, c := range calls {
+						require.Greater(t, c.position, reset)
+						require.LessOrEqual(t, c.position, target)
+						require.Equal(t, subscriptions.Delivery{Kind: subscriptions.DeliveryRedelivery, Through: marks[partOf[c.id]]}, c.d,
+							"catch-up of %d, under its old partition's mark", c.position)
+					}
+
+					// 4: the new layout re-delivers up to the lowest mark.
+					require.Less(t, target, low, "the rebuild is still under way")
+					fresh := partAppend(t, e.Events, seq, 9, 9)
+					feed = feedOf(t, e.Events)
+					log.next(4, 0)
+					sub = deliveryVariant{v.name, 2, v.batch}.subscriber(t, name, e.Events, e.Checkpoints, log)
+					start(t, sub)
+					waitCaughtUp(t, sub)
+					calls = log.of(4)
+					var rest []domain.EventEnvelope[any]
+					for _, ev := range feed {
+						if ev.Position > target {
+							rest = append(rest, ev)
+						}
+					}
+					requireSeen(t, calls, append(rest, fresh...))
+					for _, c := range calls {
+						require.Greater(t, c.position, target)
+						if c.position <= low {
+							require.Equal(t, subscriptions.Delivery{Kind: subscriptions.DeliveryRedelivery, Through: low}, c.d, "re-delivery of %d", c.position)
+						} else {
+							require.Equal(t, subscriptions.Delivery{}, c.d, "%d past the lowest mark", c.position)
+						}
+					}
+				})
+			}
+		})
+	}
 }

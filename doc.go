@@ -189,8 +189,12 @@
 // marks are recorded with the checkpoints, in the reset's transaction or
 // before the first start handles anything, so every replica, partition
 // and restart tells the same, and a batch ends where the nature changes,
-// so that each handler call has one. Everything else is live, a retry of
-// a failed attempt included.
+// so that each handler call has one. Repartition during a rebuild keeps
+// them: its catch-up re-delivers under each old partition's mark, and the
+// new partitions re-deliver up to the lowest of them (past it, an event
+// an old partition had handled comes live again: a side effect may
+// repeat, none is skipped). Everything else is live, a retry of a failed
+// attempt included.
 //
 // # Pausing a name
 //
@@ -251,7 +255,9 @@
 //     the feed in its transaction) and the admin calls: one each (a
 //     reset abandoned on Postgres is cancelled on the server with an
 //     out-of-band cancel request, not a pool connection);
-//   - a PostgresListener: one of its own, outside the pool.
+//   - a PostgresListener: one of its own, outside the pool;
+//   - a Group: one per worker (WithGroupWorkers) and one for its probe,
+//     however many tenants it runs (Group gives the process's budget).
 //
 // A pool with as many connections as those run at once never makes one
 // wait. The one way to break the rule is the application's: a handler

@@ -465,3 +465,43 @@ func exPostgres() (*gorm.DB, func()) {
 		_ = admin.Close(ctx)
 	}
 }
+
+// A Group runs one definition for every tenant on a fixed pool of
+// workers; here two tenants on memory stores (on Postgres, a schema or a
+// database each, see Feed). Tenants can be added and removed while it
+// runs; the handler learns whose event it has from its context.
+func ExampleGroup() {
+	ctx := context.Background()
+	var mu sync.Mutex
+	welcomed := map[string][]string{}
+	welcome := func(ctx context.Context, e domain.EventEnvelope[any]) error {
+		mu.Lock()
+		defer mu.Unlock()
+		tenant := subscriptions.TenantFromContext(ctx)
+		welcomed[tenant] = append(welcomed[tenant], fmt.Sprint(e.Payload))
+		return nil
+	}
+	group, err := subscriptions.NewGroup([]subscriptions.GroupSubscriber{{Name: "welcome", Handler: welcome}},
+		subscriptions.WithGroupWorkers(2), subscriptions.WithGroupPollInterval(10*time.Millisecond),
+		subscriptions.WithGroupLogger(exQuietLogger()))
+	exCheck(err)
+	for _, tenant := range []string{"acme", "globex"} {
+		store := infrastructure.NewMemoryStore()
+		exCheck(store.Append(ctx, "user-1", 0, domain.NewEventEnvelope[any](tenant+"'s first user", "user-1", "user.registered", 1)))
+		exCheck(group.Add(subscriptions.Feed{Tenant: tenant, Events: store, Checkpoints: subscriptions.NewMemoryCheckpointStore()}))
+	}
+
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- group.Run(rctx) }()
+	for _, tenant := range group.Tenants() {
+		sub, err := group.Subscriber(tenant, "welcome")
+		exCheck(err)
+		exWaitCaughtUp(sub)
+	}
+	cancel()
+	exCheck(<-done)
+	fmt.Println(welcomed["acme"], welcomed["globex"])
+	// Output:
+	// [acme's first user] [globex's first user]
+}

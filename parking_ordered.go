@@ -23,7 +23,10 @@ var ErrParkedBehindHead = errors.New("the parked event waits behind an earlier p
 // pgxstore's are); NewSubscriber refuses it otherwise. Events without an
 // aggregate ID are never held. The default, without it, is the original
 // module's: a parked event is skipped and the aggregate's later events are
-// handled.
+// handled. Give it to every replica of the name: a replica without it (an
+// older version during a rolling upgrade included) handles the batches it
+// wins as the default does, so an aggregate's later events can pass its
+// parked head; start the replicas with it before the first event is held.
 func WithOrderedParking() SubscriberOption {
 	return func(s *Subscriber) { s.ordered = true }
 }

@@ -449,7 +449,7 @@ func (s *Subscriber) partitionStatus(ctx context.Context) (Status, []time.Time, 
 		return Status{}, nil, fmt.Errorf("subscriptions: status of %q: %w", s.name, err)
 	}
 	now := time.Now()
-	st := Status{Subscriber: s.name, Position: head, Head: head, Parked: -1, CheckedAt: now.UTC(), Partitions: make([]PartitionStatus, len(positions))}
+	st := Status{Subscriber: s.name, Tenant: s.tenant, Position: head, Head: head, Parked: -1, CheckedAt: now.UTC(), Partitions: make([]PartitionStatus, len(positions))}
 	var ahead error
 	for p, position := range positions {
 		ps := &st.Partitions[p]

@@ -98,5 +98,6 @@ func (s *Subscriber) Resume(ctx context.Context) error {
 		return err // the store names the subscriber
 	}
 	s.logger.Info("subscriber resumed", "subscriber", s.name)
+	s.notifyReset()
 	return nil
 }

@@ -56,6 +56,7 @@ func (s *Subscriber) ResetCheckpointWith(ctx context.Context, position int64, ap
 		return err // the store names the subscriber and the position
 	}
 	s.logger.Info("subscriber checkpoint reset with the application's statements", "subscriber", s.name, "position", position)
+	s.notifyReset()
 	return nil
 }
 

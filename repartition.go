@@ -46,13 +46,15 @@ type Repartitioner interface {
 	// SQLite ending them), and reads, under that hold, the count recorded
 	// in the row marker and the checkpoints of from (0 for a missing row;
 	// a missing row of from is created, so that no batch can create and
-	// run it meanwhile). catchUp gets them and returns the common position
-	// and apply, which runs in the same transaction on a context that
-	// carries it as a batch's HandlerContext does. Then, still in that
-	// transaction, every row of to is set to the position, every row of
-	// from not in to to RetiredCheckpoint, their attempt records are
-	// cleared, marker is set to count, and it commits. An error of catchUp
-	// or apply, a cancelled ctx or a crash changes nothing.
+	// run it meanwhile), with their delivery marks. catchUp gets them and
+	// returns the common position and apply, which runs in the same
+	// transaction on a context that carries it as a batch's
+	// HandlerContext does. Then, still in that transaction, every row of
+	// to is set to the position, with the lowest redelivery mark of from
+	// (a store with DeliveryMarker: see RepartitionRows), every row of from
+	// not in to to RetiredCheckpoint, their attempt records are cleared,
+	// marker is set to count, and it commits. An error of catchUp or
+	// apply, a cancelled ctx or a crash changes nothing.
 	//
 	// A store that holds a connection of its pool while catchUp runs (a
 	// transaction, on Postgres) passes it read, its own feed read in that
@@ -62,10 +64,39 @@ type Repartitioner interface {
 	Repartition(ctx context.Context, marker string, from, to []string, count int64, catchUp RepartitionCatchUp) error
 }
 
+// RepartitionRows is what a Repartitioner reads of the layout it holds,
+// for RepartitionCatchUp.
+type RepartitionRows struct {
+	// Recorded is the position of the count's row: the count recorded.
+	Recorded int64
+	// Positions are the checkpoints of from, in from's order.
+	Positions []int64
+	// Marks are their delivery marks as a batch of each row reads them
+	// (MarkedBatch), in from's order; nil for a store without
+	// DeliveryMarker. The catch-up delivers each partition's events under
+	// its own marks; a row of to gets the lowest RedeliveredThrough of
+	// them (LowestRedelivery; the package documentation, Replays and live
+	// traffic, says why).
+	Marks []DeliveryMarks
+}
+
+// LowestRedelivery is the redelivery mark a Repartitioner gives the rows
+// of the new layout: the lowest of Marks (0 without them).
+func (r RepartitionRows) LowestRedelivery() int64 {
+	if len(r.Marks) == 0 {
+		return 0
+	}
+	low := r.Marks[0].RedeliveredThrough
+	for _, m := range r.Marks[1:] {
+		low = min(low, m.RedeliveredThrough)
+	}
+	return low
+}
+
 // RepartitionCatchUp is the Subscriber's part of Repartitioner.Repartition:
-// given the recorded count, from's checkpoints and read, the position to
-// write and the statements that bring every row of from to it.
-type RepartitionCatchUp func(ctx context.Context, recorded int64, positions []int64, read RepartitionFeed) (position int64, apply func(ctx context.Context) error, err error)
+// given the rows read under the hold and read, the position to write and
+// the statements that bring every row of from to it.
+type RepartitionCatchUp func(ctx context.Context, rows RepartitionRows, read RepartitionFeed) (position int64, apply func(ctx context.Context) error, err error)
 
 // RepartitionFeed reads, in a repartition's transaction, up to limit
 // events of the store's own feed with after < position <= upTo, in
@@ -155,14 +186,14 @@ func (s *Subscriber) Repartition(ctx context.Context, n int) error {
 	if sharer, ok := s.checkpoints.(FeedSharer); ok {
 		shared = sharer.SharesFeed(undecorated(s.events))
 	}
-	err = rp.Repartition(ctx, marker, s.layoutNames(m), s.layoutNames(n), count, func(ctx context.Context, now int64, positions []int64, read RepartitionFeed) (int64, func(context.Context) error, error) {
-		if recordedCount(now) != m {
-			return 0, nil, fmt.Errorf("%s: the count changed meanwhile (to %d): %w", step, recordedCount(now), ErrPartitionsChanged)
+	err = rp.Repartition(ctx, marker, s.layoutNames(m), s.layoutNames(n), count, func(ctx context.Context, rows RepartitionRows, read RepartitionFeed) (int64, func(context.Context) error, error) {
+		if now := recordedCount(rows.Recorded); now != m {
+			return 0, nil, fmt.Errorf("%s: the count changed meanwhile (to %d): %w", step, now, ErrPartitionsChanged)
 		}
 		if !shared {
 			read = nil
 		}
-		plan, err := s.catchUpPlan(ctx, m, positions, read)
+		plan, err := s.catchUpPlan(ctx, m, rows, read)
 		if err != nil {
 			return 0, nil, fmt.Errorf("%s: %w", step, err)
 		}
@@ -229,19 +260,21 @@ func (s *Subscriber) layoutNames(n int) []string {
 type catchUpPlan struct {
 	target    int64
 	positions []int64
+	marks     []DeliveryMarks // per partition; nil without DeliveryMarker
 	lagging   map[int][]domain.EventEnvelope[any]
 	events    int
 }
 
 // catchUpPlan reads, once every partition is held, the events of the m
-// partitions (at positions) up to the highest of their checkpoints. Every
+// partitions (at rows.Positions) up to the highest of their checkpoints. Every
 // event up to it is committed: it is the position of one the feed
 // returned. With read (a feed the checkpoint store shares, read in its
 // transaction) it reads the feed from the lowest checkpoint on and keeps
 // each partition's events past its checkpoint; otherwise each lagging
 // partition's events through the event store.
-func (s *Subscriber) catchUpPlan(ctx context.Context, m int, positions []int64, read RepartitionFeed) (catchUpPlan, error) {
-	plan := catchUpPlan{target: slices.Max(positions), positions: positions, lagging: map[int][]domain.EventEnvelope[any]{}}
+func (s *Subscriber) catchUpPlan(ctx context.Context, m int, rows RepartitionRows, read RepartitionFeed) (catchUpPlan, error) {
+	positions := rows.Positions
+	plan := catchUpPlan{target: slices.Max(positions), positions: positions, marks: rows.Marks, lagging: map[int][]domain.EventEnvelope[any]{}}
 	if slices.Contains(positions, RetiredCheckpoint) {
 		return plan, fmt.Errorf("a checkpoint of the recorded layout is retired (%d): %w", RetiredCheckpoint, ErrPartitionsChanged)
 	}
@@ -355,7 +388,11 @@ func (s *Subscriber) catchUp(hctx context.Context, m int, plan catchUpPlan) ([]c
 		if len(events) == 0 {
 			continue
 		}
-		if err := s.handleCatchUp(hctx, events); err != nil {
+		var marks DeliveryMarks
+		if plan.marks != nil {
+			marks = plan.marks[p]
+		}
+		if err := s.handleCatchUp(hctx, marks, events); err != nil {
 			return nil, fmt.Errorf("partition %d of %d: %w", p, m, err)
 		}
 		lot, ok := s.clearer.(PartitionDeliveredClearer)
@@ -376,27 +413,32 @@ func (s *Subscriber) catchUp(hctx context.Context, m int, plan catchUpPlan) ([]c
 }
 
 // handleCatchUp runs the handler (with WithHandlerTimeout's deadline) on
-// events.
-func (s *Subscriber) handleCatchUp(hctx context.Context, events []domain.EventEnvelope[any]) error {
-	call := func(run func(ctx context.Context) error) error {
-		ctx := hctx
+// events, under their partition's delivery marks as a batch of it would:
+// the BatchHandler gets them in slices of the batch size that end where
+// the delivery changes.
+func (s *Subscriber) handleCatchUp(hctx context.Context, marks DeliveryMarks, events []domain.EventEnvelope[any]) error {
+	call := func(d Delivery, run func(ctx context.Context) error) error {
+		ctx := withDelivery(hctx, d)
 		if s.handlerTimeout > 0 {
 			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeoutCause(hctx, s.handlerTimeout, ErrHandlerTimeout)
+			ctx, cancel = context.WithTimeoutCause(ctx, s.handlerTimeout, ErrHandlerTimeout)
 			defer cancel()
 		}
 		return run(ctx)
 	}
 	if s.batchHandler != nil {
-		for chunk := range slices.Chunk(events, s.batchSize) {
-			if err := call(func(ctx context.Context) error { return s.batchHandler(ctx, chunk) }); err != nil {
+		for rest := events; len(rest) > 0; {
+			d, chunk := marks.same(rest[:min(len(rest), s.batchSize)])
+			rest = rest[len(chunk):]
+			if err := call(d, func(ctx context.Context) error { return s.batchHandler(ctx, chunk) }); err != nil {
 				return fmt.Errorf("events at positions %d to %d: %w", chunk[0].Position, chunk[len(chunk)-1].Position, err)
 			}
 		}
 		return nil
 	}
 	for _, ev := range events {
-		if err := call(func(ctx context.Context) error { return s.handler(ctx, ev) }); err != nil {
+		d, _ := marks.at(ev.Position)
+		if err := call(d, func(ctx context.Context) error { return s.handler(ctx, ev) }); err != nil {
 			return fmt.Errorf("event %s (%s) at position %d: %w", ev.ID, ev.EventType, ev.Position, err)
 		}
 	}

@@ -3,7 +3,6 @@ package subscriptions
 import (
 	"context"
 	"fmt"
-	"slices"
 )
 
 var _ Repartitioner = (*MemoryCheckpointStore)(nil)
@@ -27,11 +26,8 @@ func (m *MemoryCheckpointStore) Repartition(ctx context.Context, marker string, 
 		return fmt.Errorf("subscriptions: %s: hold the batches: %w", what, err)
 	}
 	defer release()
-	positions, err := m.Positions(ctx, append(slices.Clone(from), marker))
-	if err != nil {
-		return err
-	}
-	target, apply, err := catchUp(ctx, positions[len(from)], positions[:len(from)], nil)
+	held := m.layout(marker, from)
+	target, apply, err := catchUp(ctx, held, nil)
 	if err == nil && apply != nil {
 		err = apply(ctx)
 	}
@@ -44,13 +40,32 @@ func (m *MemoryCheckpointStore) Repartition(ctx context.Context, marker string, 
 		m.entry(name).position = RetiredCheckpoint
 	}
 	for _, name := range to {
-		m.entry(name).position = target
+		e := m.entry(name)
+		e.position, e.redelivered = target, held.LowestRedelivery()
 	}
 	for _, name := range all {
 		m.attempts.clear(name)
 	}
 	m.entry(marker).position = count
 	return nil
+}
+
+// layout reads the count's row and from's checkpoints and delivery marks
+// (RepartitionRows).
+func (m *MemoryCheckpointStore) layout(marker string, from []string) RepartitionRows {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	held := RepartitionRows{Positions: make([]int64, len(from)), Marks: make([]DeliveryMarks, len(from))}
+	if e, ok := m.entries[marker]; ok {
+		held.Recorded = e.position
+	}
+	for i, name := range from {
+		held.Marks[i].CatchUpThrough = m.catchUps[PauseKey(marker)]
+		if e, ok := m.entries[name]; ok {
+			held.Positions[i], held.Marks[i].RedeliveredThrough = e.position, e.redelivered
+		}
+	}
+	return held
 }
 
 // holdAll raises the fences of names, in order, each once the batch in

@@ -49,7 +49,10 @@ type EventRef struct {
 // subscriber whose Run runs in another process reports stopped.
 type Status struct {
 	Subscriber string `json:"subscriber"`
-	State      State  `json:"state"`
+	// Tenant is the tenant of a Group's subscriber (Feed.Tenant); "" for
+	// a standalone Subscriber.
+	Tenant string `json:"tenant,omitempty"`
+	State  State  `json:"state"`
 	// Position is the committed checkpoint; Head the feed head; Lag their
 	// difference in positions (one per event on this module's stores).
 	Position int64 `json:"position"`
@@ -143,7 +146,7 @@ func (s *Subscriber) status(ctx context.Context) (Status, []time.Time, error) {
 		return Status{}, nil, ahead
 	}
 	now := time.Now()
-	st := Status{Subscriber: s.name, Position: position, Head: head, Parked: -1, CheckedAt: now.UTC()}
+	st := Status{Subscriber: s.name, Tenant: s.tenant, Position: position, Head: head, Parked: -1, CheckedAt: now.UTC()}
 	if head > position {
 		st.Lag = head - position
 		age, err := s.lagAge(ctx, s.events, position, now)

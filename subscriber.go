@@ -151,6 +151,14 @@ type config struct {
 	retryGiven bool
 	// ordered is WithOrderedParking.
 	ordered bool
+
+	// tenant is the Group tenant the subscriber runs for (its logs,
+	// metrics, spans and Status carry it); "" for a standalone one.
+	tenant string
+	// afterReset, set by a Group, is told of a reset or a resume this
+	// Subscriber made, so that the group runs the name again although no
+	// event arrived (it does not poll idle tenants). nil otherwise.
+	afterReset func()
 }
 
 // retryPolicy is how a failing event is retried before it is parked
@@ -206,6 +214,9 @@ func NewSubscriber(name string, events domain.EventStore, checkpoints Checkpoint
 	if s.logger == nil {
 		s.logger = slog.Default()
 	}
+	if s.tenant != "" {
+		s.logger = s.logger.With("tenant", s.tenant)
+	}
 	if s.batchHandler != nil {
 		s.handler = s.batchHandler.perEvent()
 	}
@@ -228,6 +239,9 @@ func NewSubscriber(name string, events domain.EventStore, checkpoints Checkpoint
 	tel, err := newTelemetry(name, s.meterProvider, s.tracerProvider)
 	if err != nil {
 		return nil, fmt.Errorf("subscriptions: NewSubscriber(%q): %w", name, err)
+	}
+	if s.tenant != "" {
+		tel.withTenant(s.tenant)
 	}
 	s.tel = tel
 	s.tel.off = s.noTelemetry
@@ -398,7 +412,16 @@ func (s *Subscriber) ResetCheckpoint(ctx context.Context, position int64) error 
 		return err // the store names the subscriber and the position
 	}
 	s.logger.Info("subscriber checkpoint reset", "subscriber", s.name, "position", position)
+	s.notifyReset()
 	return nil
+}
+
+// notifyReset tells a Group running s that its checkpoint was reset or
+// resumed (afterReset).
+func (s *Subscriber) notifyReset() {
+	if s.afterReset != nil {
+		s.afterReset()
+	}
 }
 
 // ListParked returns this subscriber's parked events ordered by position.
@@ -457,7 +480,7 @@ func (s *Subscriber) replayOne(ctx context.Context, eventID string, d Delivery) 
 		herr = traced(withDelivery(hctx, d), ev)
 		return herr
 	}
-	if err := s.parking.Replay(ctx, s.name, eventID, event, handler); err != nil {
+	if err := s.parking.Replay(withTenant(ctx, s.tenant), s.name, eventID, event, handler); err != nil {
 		if herr != nil {
 			if rerr := s.recordReplayFailure(ctx, event, herr); rerr != nil {
 				err = errors.Join(err, rerr)

@@ -42,6 +42,10 @@ const (
 	AttrEventPosition = attribute.Key("subscriptions.event.position")
 	AttrAttempt       = attribute.Key("subscriptions.attempt")
 	AttrBatchSize     = attribute.Key("subscriptions.batch.size")
+	// AttrTenant is the tenant of a Group's subscriber (Feed.Tenant), on
+	// its metrics and spans beside AttrSubscriber; absent for a standalone
+	// Subscriber.
+	AttrTenant = attribute.Key("subscriptions.tenant")
 )
 
 // Values of AttrOutcome on MetricEvents.
@@ -76,6 +80,7 @@ var durationBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
 // batch span records.
 type telemetry struct {
 	name   string
+	tenant string // a Group's tenant (withTenant); "" otherwise
 	tracer trace.Tracer
 	meter  metric.Meter
 	off    bool // tests: no instrumentation at all, the benchmark baseline
@@ -140,14 +145,7 @@ func newTelemetry(name string, mp metric.MeterProvider, tp trace.TracerProvider)
 		meter:    mp.Meter(InstrumentationName),
 		liveCell: &liveCell{live: liveStatus{state: StateStopped, progressPos: -1, progressAt: time.Now()}},
 	}
-	sub := attribute.String(string(AttrSubscriber), name)
-	t.attrs = metric.WithAttributeSet(attribute.NewSet(sub))
-	t.record = []metric.RecordOption{t.attrs}
-	outcomes := []string{OutcomeHandled, OutcomeRetried, OutcomeFailed, OutcomeParked, OutcomeReplayed, OutcomeHeld}
-	t.outcomes = make(map[string]metric.AddOption, len(outcomes))
-	for _, o := range outcomes {
-		t.outcomes[o] = metric.WithAttributeSet(attribute.NewSet(sub, AttrOutcome.String(o)))
-	}
+	t.setAttrs()
 	var err error
 	m := t.meter
 	if t.events, err = m.Int64Counter(MetricEvents, metric.WithUnit("{event}"),
@@ -186,6 +184,29 @@ func newTelemetry(name string, mp metric.MeterProvider, tp trace.TracerProvider)
 		return nil, fmt.Errorf("metric %s: %w", MetricParked, err)
 	}
 	return t, nil
+}
+
+// setAttrs builds the attribute sets the metrics are recorded with: the
+// subscriber's name, and the tenant when there is one.
+func (t *telemetry) setAttrs() {
+	base := []attribute.KeyValue{AttrSubscriber.String(t.name)}
+	if t.tenant != "" {
+		base = append(base, AttrTenant.String(t.tenant))
+	}
+	t.attrs = metric.WithAttributeSet(attribute.NewSet(base...))
+	t.record = []metric.RecordOption{t.attrs}
+	outcomes := []string{OutcomeHandled, OutcomeRetried, OutcomeFailed, OutcomeParked, OutcomeReplayed, OutcomeHeld}
+	t.outcomes = make(map[string]metric.AddOption, len(outcomes))
+	for _, o := range outcomes {
+		t.outcomes[o] = metric.WithAttributeSet(attribute.NewSet(append(base[:len(base):len(base)], AttrOutcome.String(o))...))
+	}
+}
+
+// withTenant makes t a Group tenant's: its metrics and spans carry
+// AttrTenant. NewSubscriber calls it before anything is recorded.
+func (t *telemetry) withTenant(tenant string) {
+	t.tenant = tenant
+	t.setAttrs()
 }
 
 // gaugeReadTimeout bounds the database reads of one collection of the
@@ -389,7 +410,7 @@ type batchSpan struct {
 // be reused), and the spans whose handlers have returned, ended together
 // when the batch ends (see batchSpan.end). Run's goroutine alone uses it.
 type handlerSpans struct {
-	attrs [5]attribute.KeyValue
+	attrs [6]attribute.KeyValue    // the last one the tenant's, when there is one
 	opts  [3]trace.SpanStartOption // kind, attributes (over attrs), a link
 	// done are the spans whose handlers have returned, and ends their end
 	// options (the time the handler returned): End is given ends[i:i+1],
@@ -401,8 +422,13 @@ type handlerSpans struct {
 func newHandlerSpans(t *telemetry, events int) *handlerSpans {
 	hs := &handlerSpans{done: make([]trace.Span, 0, events), ends: make([]trace.SpanEndOption, 0, events)}
 	hs.attrs[0] = AttrSubscriber.String(t.name)
+	n := len(hs.attrs) - 1
+	if t.tenant != "" {
+		hs.attrs[n] = AttrTenant.String(t.tenant)
+		n++
+	}
 	hs.opts[0] = trace.WithSpanKind(trace.SpanKindConsumer)
-	hs.opts[1] = trace.WithAttributes(hs.attrs[:]...)
+	hs.opts[1] = trace.WithAttributes(hs.attrs[:n]...)
 	return hs
 }
 
@@ -449,6 +475,9 @@ func (t *telemetry) startBatch(ctx context.Context, events []domain.EventEnvelop
 	ctx, b.span = t.tracer.Start(ctx, SpanBatch, opts...)
 	if b.recording = b.span.IsRecording(); b.recording {
 		attrs := []attribute.KeyValue{AttrSubscriber.String(t.name), AttrBatchSize.Int(len(events))}
+		if t.tenant != "" {
+			attrs = append(attrs, AttrTenant.String(t.tenant))
+		}
 		if len(events) > 0 {
 			attrs = append(attrs, AttrEventPosition.Int64(events[0].Position))
 		}

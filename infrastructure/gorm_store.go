@@ -80,6 +80,7 @@ type GormEventStore struct {
 	notPgx       atomic.Bool // the pool's driver is not pgx: portable path
 	dialect      *dialect.Dialect
 	lockKey      int64  // Postgres: the append lock's key
+	table        string // Postgres: the events table, schema-qualified (ProbeHeads)
 	channel      string // Postgres: the NOTIFY channel
 	// appender runs the pipelined append (and coalesces it); nil without
 	// pool.
@@ -133,7 +134,7 @@ func NewGormEventStore(db *gorm.DB, opts ...GormEventStoreOption) (*GormEventSto
 		if err != nil || qualified == "" {
 			return nil, fmt.Errorf("infrastructure: resolve the events table's schema: %v", err)
 		}
-		s.lockKey = pgevents.AppendLockKey(qualified)
+		s.lockKey, s.table = pgevents.AppendLockKey(qualified), qualified
 	}
 	// On a caller's transaction every append must join it: the pipelined
 	// path would take a connection of its own and commit outside it.
@@ -552,6 +553,50 @@ func (s *GormEventStore) HeadPosition(ctx context.Context) (int64, error) {
 		return 0, fmt.Errorf("read feed head: %w", err)
 	}
 	return head, nil
+}
+
+// ProbeHeads returns the feed head of each of stores (what each one's
+// HeadPosition would return), read in one statement on this store's
+// connection pool: subscriptions.Group's probe of the tenants of one
+// database (subscriptions.HeadProber), which costs one index lookup per
+// store and one connection at a time, however many stores there are.
+//
+// It needs Postgres, and stores that are GormEventStores on Postgres on
+// this store's database (each names its events table schema-qualified,
+// as resolved by NewGormEventStore): the statement reads each table
+// through this store's connection. Any other store, or SQLite, is an
+// error wrapping errors.ErrUnsupported, and the caller then asks each
+// store on its own. A store of another database whose schema this one
+// lacks fails the statement (the relation does not exist). Safe for
+// concurrent use.
+func (s *GormEventStore) ProbeHeads(ctx context.Context, stores []domain.EventStore) ([]int64, error) {
+	if s.table == "" {
+		return nil, fmt.Errorf("infrastructure: probe heads: dialect %q: %w", s.db.Name(), errors.ErrUnsupported)
+	}
+	tables := make([]string, len(stores))
+	for i, store := range stores {
+		g, ok := store.(*GormEventStore)
+		if !ok || g == nil || g.table == "" {
+			return nil, fmt.Errorf("infrastructure: probe heads: store %d (%T) is not a GormEventStore on Postgres: %w", i, store, errors.ErrUnsupported)
+		}
+		tables[i] = g.table
+	}
+	if len(tables) == 0 {
+		return nil, nil
+	}
+	rows, err := s.db.WithContext(ctx).Raw(pgevents.HeadsQuery(tables)).Rows()
+	if err != nil {
+		return nil, fmt.Errorf("infrastructure: probe heads of %d stores: %w", len(tables), err)
+	}
+	defer rows.Close()
+	heads, err := pgevents.ScanHeads(len(tables), rows.Next, rows.Scan)
+	if err == nil {
+		err = rows.Err()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("infrastructure: probe heads of %d stores: %w", len(tables), err)
+	}
+	return heads, nil
 }
 
 func init() {

@@ -42,15 +42,15 @@ func (s *CheckpointStore) Repartition(ctx context.Context, marker string, from, 
 		if err := holdRows(tctx, tx, marker, from, all, now); err != nil {
 			return fmt.Errorf("hold the batches: %w", err)
 		}
-		positions, err := s.Positions(withTx(tctx, newHandlerTx(tx, s.pool)), append(slices.Clone(from), marker))
+		held, err := readLayout(tctx, tx, marker, from)
 		if err != nil {
-			return err
+			return fmt.Errorf("read the checkpoints: %w", err)
 		}
 		read := func(ctx context.Context, after, upTo int64, limit int) ([]domain.EventEnvelope[any], error) {
 			return queryEvents(ctx, tx, fmt.Sprintf("read the feed after position %d", after),
 				"WHERE position > $1 AND position <= $2 ORDER BY position LIMIT $3", after, upTo, limit)
 		}
-		target, apply, err := catchUp(ctx, positions[len(from)], positions[:len(from)], read)
+		target, apply, err := catchUp(ctx, held, read)
 		if err != nil {
 			return err
 		}
@@ -67,12 +67,13 @@ func (s *CheckpointStore) Repartition(ctx context.Context, marker string, from, 
 			}
 		}
 		for _, w := range []struct {
-			names    []string
-			position int64
-		}{{to, target}, {retired, subscriptions.RetiredCheckpoint}, {[]string{marker}, count}} {
-			if _, err := tx.Exec(tctx, `INSERT INTO subscriber_checkpoints (subscriber, position, updated_at)
-				SELECT unnest($1::text[]), $2, $3
-				ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at`, w.names, w.position, now); err != nil {
+			names                 []string
+			position, redelivered int64
+		}{{to, target, held.LowestRedelivery()}, {retired, subscriptions.RetiredCheckpoint, 0}, {[]string{marker}, count, 0}} {
+			if _, err := tx.Exec(tctx, `INSERT INTO subscriber_checkpoints (subscriber, position, updated_at, redelivered_through)
+				SELECT unnest($1::text[]), $2, $3, $4
+				ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at, redelivered_through = excluded.redelivered_through`,
+				w.names, w.position, now, w.redelivered); err != nil {
 				return fmt.Errorf("write the checkpoints: %w", err)
 			}
 		}
@@ -85,6 +86,33 @@ func (s *CheckpointStore) Repartition(ctx context.Context, marker string, from, 
 		return fmt.Errorf("pgxstore: %s: %w", what, err)
 	}
 	return nil
+}
+
+// readLayout reads, under the hold, the count's row and from's checkpoints
+// and delivery marks, the name's catch-up mark under marker's pause key.
+func readLayout(ctx context.Context, tx pgx.Tx, marker string, from []string) (subscriptions.RepartitionRows, error) {
+	rows, err := tx.Query(ctx, `SELECT c.subscriber, c.position, c.redelivered_through,
+			COALESCE((SELECT through FROM subscriber_catch_ups WHERE subscriber = $2), 0)
+		FROM subscriber_checkpoints AS c WHERE c.subscriber = ANY($1)`, append(slices.Clone(from), marker), subscriptions.PauseKey(marker))
+	if err != nil {
+		return subscriptions.RepartitionRows{}, err
+	}
+	type row struct{ position, redelivered, catchUp int64 }
+	byName := map[string]row{}
+	var name string
+	var r row
+	if _, err := pgx.ForEachRow(rows, []any{&name, &r.position, &r.redelivered, &r.catchUp}, func() error {
+		byName[name] = r
+		return nil
+	}); err != nil {
+		return subscriptions.RepartitionRows{}, err
+	}
+	held := subscriptions.RepartitionRows{Recorded: byName[marker].position, Positions: make([]int64, len(from)), Marks: make([]subscriptions.DeliveryMarks, len(from))}
+	for i, n := range from {
+		held.Positions[i] = byName[n].position
+		held.Marks[i] = subscriptions.DeliveryMarks{RedeliveredThrough: byName[n].redelivered, CatchUpThrough: byName[n].catchUp}
+	}
+	return held, nil
 }
 
 // holdRows creates the count's row and the missing rows of from and locks

@@ -63,6 +63,7 @@ const MaxIdentifierBytes = pgevents.MaxIdentifierBytes
 // subscriptions.FeedIndex, in SQL.
 type EventStore struct {
 	pool     *pgxpool.Pool
+	table    string             // the events table, schema-qualified (ProbeHeads)
 	appender *pgevents.Appender // the append transaction, coalesced
 }
 
@@ -106,7 +107,7 @@ func NewEventStore(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Ev
 	if err != nil {
 		return nil, fmt.Errorf("pgxstore: NewEventStore: resolve the events table's schema: %w", err)
 	}
-	s := &EventStore{pool: pool}
+	s := &EventStore{pool: pool, table: *qualified}
 	s.appender = pgevents.NewAppender(pgevents.AppendLockKey(*qualified), channel, s.withConn)
 	return s, nil
 }
@@ -330,6 +331,41 @@ func (s *EventStore) HeadPosition(ctx context.Context) (int64, error) {
 		return 0, fmt.Errorf("pgxstore: read feed head: %w", err)
 	}
 	return head, nil
+}
+
+// ProbeHeads returns the feed head of each of stores (what each one's
+// HeadPosition would return), read in one statement on this store's pool:
+// subscriptions.Group's probe of the tenants of one database
+// (subscriptions.HeadProber), one index lookup per store and one
+// connection, however many stores there are. stores must be EventStores
+// of this package on this store's database (each reads the events table
+// its pool's search_path named); any other store is an error wrapping
+// errors.ErrUnsupported, and the caller then asks each store on its own.
+func (s *EventStore) ProbeHeads(ctx context.Context, stores []domain.EventStore) ([]int64, error) {
+	tables := make([]string, len(stores))
+	for i, store := range stores {
+		e, ok := store.(*EventStore)
+		if !ok || e == nil {
+			return nil, fmt.Errorf("pgxstore: probe heads: store %d (%T) is not a pgxstore.EventStore: %w", i, store, errors.ErrUnsupported)
+		}
+		tables[i] = e.table
+	}
+	if len(tables) == 0 {
+		return nil, nil
+	}
+	rows, err := s.pool.Query(ctx, pgevents.HeadsQuery(tables))
+	if err != nil {
+		return nil, fmt.Errorf("pgxstore: probe heads of %d stores: %w", len(tables), err)
+	}
+	defer rows.Close()
+	heads, err := pgevents.ScanHeads(len(tables), rows.Next, rows.Scan)
+	if err == nil {
+		err = rows.Err()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pgxstore: probe heads of %d stores: %w", len(tables), err)
+	}
+	return heads, nil
 }
 
 // Close is a no-op: the pool belongs to the caller, who closes it, as a

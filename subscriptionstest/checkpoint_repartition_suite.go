@@ -40,9 +40,9 @@ func RunRepartitionerSuite(t *testing.T, h CheckpointStoreHarness) {
 			advance(t, cps, from[1], 9) // from[2] has no row
 			advance(t, cps, marker, 3)
 			var inHold []bool
-			err := rp.Repartition(ctx, marker, from, to, 2, func(ctx context.Context, recorded int64, got []int64, read subscriptions.RepartitionFeed) (int64, func(context.Context) error, error) {
-				require.EqualValues(t, 3, recorded)
-				require.Equal(t, []int64{4, 9, 0}, got, "a missing row reads 0")
+			err := rp.Repartition(ctx, marker, from, to, 2, func(ctx context.Context, rows subscriptions.RepartitionRows, read subscriptions.RepartitionFeed) (int64, func(context.Context) error, error) {
+				require.EqualValues(t, 3, rows.Recorded)
+				require.Equal(t, []int64{4, 9, 0}, rows.Positions, "a missing row reads 0")
 				if read != nil {
 					events, err := read(ctx, 0, 9, 10)
 					require.NoError(t, err, "the read of the store's own feed, in the transaction")
@@ -80,10 +80,10 @@ func RunRepartitionerSuite(t *testing.T, h CheckpointStoreHarness) {
 				what    string
 				catchUp subscriptions.RepartitionCatchUp
 			}{
-				{"catchUp", func(context.Context, int64, []int64, subscriptions.RepartitionFeed) (int64, func(context.Context) error, error) {
+				{"catchUp", func(context.Context, subscriptions.RepartitionRows, subscriptions.RepartitionFeed) (int64, func(context.Context) error, error) {
 					return 0, nil, boom
 				}},
-				{"apply", func(context.Context, int64, []int64, subscriptions.RepartitionFeed) (int64, func(context.Context) error, error) {
+				{"apply", func(context.Context, subscriptions.RepartitionRows, subscriptions.RepartitionFeed) (int64, func(context.Context) error, error) {
 					return 4, func(context.Context) error { return boom }, nil
 				}},
 			} {
@@ -104,9 +104,9 @@ func RunRepartitionerSuite(t *testing.T, h CheckpointStoreHarness) {
 			saw := make(chan []int64, 1)
 			done := make(chan error, 1)
 			go func() {
-				done <- rp.Repartition(ctx, marker, from, to, 2, func(_ context.Context, _ int64, got []int64, _ subscriptions.RepartitionFeed) (int64, func(context.Context) error, error) {
-					saw <- got
-					return got[0], nil, nil
+				done <- rp.Repartition(ctx, marker, from, to, 2, func(_ context.Context, rows subscriptions.RepartitionRows, _ subscriptions.RepartitionFeed) (int64, func(context.Context) error, error) {
+					saw <- rows.Positions
+					return rows.Positions[0], nil, nil
 				})
 			}()
 			// The batch in flight commits or fails (the store decides:
@@ -129,7 +129,7 @@ func RunRepartitionerSuite(t *testing.T, h CheckpointStoreHarness) {
 			const plain = "layout"
 			advance(t, cps, plain, 6)
 			one := func(position int64) subscriptions.RepartitionCatchUp {
-				return func(context.Context, int64, []int64, subscriptions.RepartitionFeed) (int64, func(context.Context) error, error) {
+				return func(context.Context, subscriptions.RepartitionRows, subscriptions.RepartitionFeed) (int64, func(context.Context) error, error) {
 					return position, nil, nil
 				}
 			}
@@ -140,6 +140,32 @@ func RunRepartitionerSuite(t *testing.T, h CheckpointStoreHarness) {
 			require.Equal(t, []int64{11, subscriptions.RetiredCheckpoint, subscriptions.RetiredCheckpoint, -1},
 				positions(t, cps, plain, to[0], to[1], marker), "a count is written as given")
 			advance(t, cps, plain, 12)
+		})
+		t.Run("CarriesTheDeliveryMarks", func(t *testing.T) {
+			rp, cps, other := capability[subscriptions.Repartitioner](t, h)
+			dm, ok := cps.(subscriptions.DeliveryMarker)
+			if !ok {
+				t.Skipf("%T is no DeliveryMarker", cps)
+			}
+			require.NoError(t, dm.StartCatchUp(ctx, subscriptions.PauseKey(from[0]), append([]string{marker}, from...), 20))
+			for i, high := range []int64{10, 12, 11} {
+				advance(t, cps, from[i], high)
+				require.NoError(t, cps.Reset(ctx, from[i], int64(2+i)), "a rebuild under way: each row re-delivers up to its old checkpoint")
+			}
+			var saw subscriptions.RepartitionRows
+			require.NoError(t, rp.Repartition(ctx, marker, from, to, 2, func(_ context.Context, rows subscriptions.RepartitionRows, _ subscriptions.RepartitionFeed) (int64, func(context.Context) error, error) {
+				saw = rows
+				return 4, nil, nil
+			}))
+			require.Equal(t, []subscriptions.DeliveryMarks{{RedeliveredThrough: 10, CatchUpThrough: 20}, {RedeliveredThrough: 12, CatchUpThrough: 20}, {RedeliveredThrough: 11, CatchUpThrough: 20}},
+				saw.Marks, "catchUp gets each old row's marks, as its batch reads them")
+			for _, row := range to {
+				batch := mustAcquire(t, other, row)
+				require.EqualValues(t, 4, batch.Position())
+				require.Equal(t, subscriptions.DeliveryMarks{RedeliveredThrough: 10, CatchUpThrough: 20}, batch.(subscriptions.MarkedBatch).DeliveryMarks(),
+					"%s: the lowest redelivery mark of the old rows, and the name's catch-up", row)
+				require.NoError(t, batch.Rollback())
+			}
 		})
 	})
 }

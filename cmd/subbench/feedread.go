@@ -20,7 +20,7 @@ import (
 	"github.com/eventfeed/subscriptions/infrastructure/pgevents"
 )
 
-// The feed read (scenario 12): a
+// The feed read (scenario 14): a
 // catch-up whose handler does nothing, so that what is measured is the
 // library's read path (acquire, read, decode, hand over, commit), next to
 // a raw reader of the same rows written by hand with pgx. The variants
@@ -174,7 +174,7 @@ func (b *bench) feedReadRounds() int {
 	return 11
 }
 
-// runFeedRead: scenario 12.
+// runFeedRead: scenario 14.
 func runFeedRead(ctx context.Context, b *bench) ([]Row, error) {
 	n := b.sizes().feedEvents
 	dsn, db, store, err := b.newPGStore(ctx, "feedread", 2)

@@ -8,14 +8,20 @@
 // interrupt too. The SQLite scenario uses a file in a temporary directory,
 // also removed at the end.
 //
-//	go run ./cmd/subbench                       # every scenario, ~3-4 minutes
-//	go run ./cmd/subbench -quick                # smoke mode, seconds
-//	go run ./cmd/subbench -only latency,idle    # selected scenarios
-//	go run ./cmd/subbench -json -cpuprofile cpu.out
+//	go -C cmd/subbench run .                       # every scenario, ~3-4 minutes
+//	go -C cmd/subbench run . -quick                # smoke mode, seconds
+//	go -C cmd/subbench run . -only latency,idle    # selected scenarios
+//	go -C cmd/subbench run . -json -cpuprofile cpu.out
+//
+// It is a module of its own (as examples/prometheus and watermill are),
+// so that what it measures the library against stays out of the
+// library's dependencies: from the repository's root, go -C runs it (or
+// cd cmd/subbench first); its tests run there too (go test ./...).
 //
 // Scenarios: memory (1), postgres (2), sqlite (3), latency (4),
 // replicas (5), idle (6), appends (7), telemetry (8), partitions (9),
-// batch (10), ordered (11), feedread (12); "catchup" selects 1-3. Scenarios 2, 4, 6 and 7 measure both
+// batch (10), ordered (11), operations (12), peer (13: watermill-sql, see
+// peer.go), feedread (14); "catchup" selects 1-3. Scenarios 2, 4, 6 and 7 measure both
 // Postgres backends in the same run, the GORM one and package pgxstore's:
 // pgx's rows are labelled "pgx:", with the scenario's baseline (a
 // hand-written one goes through pgx's own store or transactions), and
@@ -106,7 +112,9 @@ var scenarios = []scenario{
 	{"partitions", "9", "partitions, Postgres", runPartitions},
 	{"batch", "10", "batch handler rebuild, Postgres", runBatchHandler},
 	{"ordered", "11", "ordered parking, Postgres", runOrdered},
-	{"feedread", "12", "feed read, Postgres: no-op catch-up vs a raw reader", runFeedRead},
+	{"operations", "12", "re-deliveries, repartition, pause, Postgres", runOperations},
+	{"peer", "13", "peer: watermill-sql beside the library, Postgres", runPeer},
+	{"feedread", "14", "feed read, Postgres: no-op catch-up vs a raw reader", runFeedRead},
 }
 
 func main() {
@@ -214,7 +222,7 @@ func parseOnly(only string) (map[string]bool, error) {
 			}
 		}
 		if !found {
-			return nil, fmt.Errorf("-only: unknown scenario %q (known: %s, catchup, 1-12)", f, scenarioKeys())
+			return nil, fmt.Errorf("-only: unknown scenario %q (known: %s, catchup, 1-14)", f, scenarioKeys())
 		}
 	}
 	return sel, nil

@@ -19,6 +19,13 @@ func (c *cli) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(c.stderr, nil))
 }
 
+// auditLogger is logger with the operator (by=cli:<user>), for the
+// commands whose library log lines are their audit (pause, resume,
+// reset, repartition).
+func (c *cli) auditLogger() *slog.Logger {
+	return c.logger().With("by", operator())
+}
+
 // dbStatus is a subscriber's Status as the CLI shows it. Status.State is
 // what a Run in the calling process is doing, always "stopped" here, so
 // the CLI replaces it with what the database says: caught up, behind, or
@@ -318,7 +325,7 @@ func (c *cli) reset(ctx context.Context, d *database, name, positionArg string) 
 	if err != nil {
 		return err
 	}
-	sub, err := d.subscriber(g, c.logger())
+	sub, err := d.subscriber(g, c.auditLogger())
 	if err != nil {
 		return err
 	}

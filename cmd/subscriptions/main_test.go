@@ -272,6 +272,7 @@ func TestEndToEnd(t *testing.T) {
 			r = run("", "-yes", "reset", "balances", "5", "-json")
 			require.Equal(t, 0, r.code, r.stderr)
 			require.JSONEq(t, `{"subscriber":"balances","from":11,"position":5}`, r.stdout)
+			require.Regexp(t, `subscriber checkpoint reset.* by=cli:\S+`, r.stderr, "the audit line names the operator")
 
 			for _, bad := range []struct {
 				args []string

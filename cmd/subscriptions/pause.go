@@ -13,7 +13,7 @@ import (
 // pausedSubscriber is the subscriber called name (a partitioned one with
 // its partitions) and its pause as it stands. Its log lines (the
 // library's `subscriber paused` and `subscriber resumed`, the audit of
-// these commands) carry by=cli:<user>.
+// these commands) carry by=cli:<user> (auditLogger).
 func (c *cli) pausedSubscriber(ctx context.Context, d *database, name string) (*subscriptions.Subscriber, *group, admin.PauseState, error) {
 	groups, err := d.groups(ctx)
 	if err != nil {
@@ -23,7 +23,7 @@ func (c *cli) pausedSubscriber(ctx context.Context, d *database, name string) (*
 	if err != nil {
 		return nil, nil, admin.PauseState{}, err
 	}
-	sub, err := d.subscriber(g, c.logger().With("by", operator()))
+	sub, err := d.subscriber(g, c.auditLogger())
 	if err != nil {
 		return nil, nil, admin.PauseState{}, err
 	}

@@ -38,7 +38,7 @@ func (c *cli) repartition(ctx context.Context, d *database, name string, n int) 
 	if g.partitions == n {
 		return fmt.Errorf("repartition: subscriber %q is %s already; nothing was changed", name, layout(n))
 	}
-	sub, err := d.subscriber(g, c.logger())
+	sub, err := d.subscriber(g, c.auditLogger())
 	if err != nil {
 		return err
 	}

@@ -95,6 +95,7 @@ func TestRepartitionCommand(t *testing.T) {
 			r = run("", "-yes", "-json", "repartition", "orders", "-partitions", "2")
 			require.Equal(t, 0, r.code, r.stderr)
 			require.JSONEq(t, fmt.Sprintf(`{"subscriber":"orders","from":3,"partitions":2,"position":%d}`, target), r.stdout)
+			require.Regexp(t, `subscriber repartitioned.* by=cli:\S+`, r.stderr, "the audit line names the operator")
 			after := readStatus().Subscribers[0]
 			require.Equal(t, 2, after.Partitions)
 			require.Len(t, after.PartitionCheckpoints, 2)

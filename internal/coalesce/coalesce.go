@@ -2,8 +2,8 @@
 // this process, so that cmd/subbench can measure the append without it
 // (the design before coalescing) beside the default in the same run. It
 // is not an application setting: the coalesced append has the same
-// guarantees. It is not faster in every workload: `go run ./cmd/subbench
-// -only appends` measures both.
+// guarantees. It is not faster in every workload: `go -C cmd/subbench
+// run . -only appends` measures both.
 package coalesce
 
 import "sync/atomic"

@@ -93,6 +93,9 @@ ignore_startup_parameters = extra_float_digits,search_path
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		<-exited
+		if t.Failed() {
+			t.Logf("PGBOUNCER LOG:\n%s", out.String())
+		}
 	})
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(listen))
 	deadline := time.Now().Add(10 * time.Second)
