@@ -53,33 +53,42 @@ func (g *GormCheckpointStore) AcquireAfter(ctx context.Context, subscriber strin
 // with pgx's placeholders.
 const pipelinedFeedQuery = eventrow.Select + "WHERE position > $1 ORDER BY position LIMIT $2"
 
-// acquireAndRead sends BEGIN, the checkpoint lock and the feed read as one
-// pgx batch on a connection pinned for the batch's lifetime: one round
-// trip where the ordinary path needs three, which is most of the latency
-// between a NOTIFY and the handler. The statements are the ordinary
-// path's; the feed read merely runs inside the batch's transaction (READ
-// COMMITTED, so it sees what a separate read would). The caller checks the
-// batch's position against after, exactly as on the ordinary path.
+// acquireAndRead sends BEGIN, the checkpoint lock, the read of the
+// attempt record and the feed read as one pgx batch on a connection
+// pinned for the batch's lifetime: one round trip where the ordinary path
+// needs four, which is most of the latency between a NOTIFY and the
+// handler. The statements are the ordinary path's; the feed read merely
+// runs inside the batch's transaction (READ COMMITTED, so it sees what a
+// separate read would), and the attempt record is read there as the
+// batch's first HasAttempt would read it (prefetchedAttempt). The caller
+// checks the batch's position against after, exactly as on the ordinary
+// path.
 func (g *GormCheckpointStore) acquireAndRead(ctx context.Context, subscriber string, after int64, limit int) (Batch, []domain.EventEnvelope[any], error) {
 	conn, err := g.pool.Conn(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("subscriptions: acquire checkpoint of %q: %w", subscriber, err)
 	}
 	var (
-		locked *lockedRow
-		rows   []eventrow.Row
+		locked      *pipelined
+		undecodable *eventrow.DecodeError
 	)
 	err = conn.Raw(func(dc any) error {
 		pc, ok := pgxconn.Unwrap(dc)
 		if !ok {
 			return errNoPipeline
 		}
-		locked, rows, err = sendAcquireBatch(ctx, pc, subscriber, after, limit)
+		locked, err = sendAcquireBatch(ctx, pc, subscriber, after, limit)
 		if err != nil || locked == nil {
 			return pgxconn.EndSession(ctx, pc, err)
 		}
 		return nil
 	})
+	if errors.As(err, &undecodable) {
+		// Rolled back (EndSession): a stored event does not decode, which
+		// is a failed read of the feed, not of the checkpoint.
+		_ = conn.Close()
+		return nil, nil, fmt.Errorf("subscriptions: read feed after position %d: %w", after, undecodable)
+	}
 	if err != nil || locked == nil {
 		_ = conn.Close()
 		if err == nil {
@@ -92,52 +101,66 @@ func (g *GormCheckpointStore) acquireAndRead(ctx context.Context, subscriber str
 		}
 		return nil, nil, err
 	}
-	events, err := eventrow.Envelopes(rows)
-	if err != nil {
-		pinned := &pinnedTx{conn: conn}
-		_ = pinned.Rollback()
-		_ = conn.Close()
-		return nil, nil, fmt.Errorf("subscriptions: read feed after position %d: %w", after, err)
-	}
 	tx := g.db.WithContext(ctx).Session(&gorm.Session{NewDB: true})
 	tx.Statement.ConnPool = &pinnedTx{conn: conn}
-	b := &gormBatch{store: g, subscriber: subscriber, tx: tx, conn: conn, position: *locked.Position, marks: locked.marks(), done: make(chan struct{})}
-	return b, events, nil
+	b := &gormBatch{store: g, subscriber: subscriber, tx: tx, conn: conn, position: *locked.row.Position, marks: locked.row.marks(),
+		attempt: locked.attempt, done: make(chan struct{})}
+	return b, locked.events, nil
 }
 
-// sendAcquireBatch returns the row it locked, nil when it locked none.
-func sendAcquireBatch(ctx context.Context, pc *pgx.Conn, subscriber string, after int64, limit int) (*lockedRow, []eventrow.Row, error) {
+// pipelinedAttemptQuery reads the position of the subscriber's attempt
+// record, in the batch's transaction once the row is locked, for the
+// batch's first HasAttempt (see prefetchedAttempt).
+const pipelinedAttemptQuery = "SELECT position FROM subscriber_attempts WHERE subscriber = $1"
+
+// pipelined is what sendAcquireBatch read once it locked the row.
+type pipelined struct {
+	row     lockedRow
+	attempt prefetchedAttempt
+	events  []domain.EventEnvelope[any]
+}
+
+// sendAcquireBatch returns what it read with the row it locked, nil when
+// it locked none. A stored event that does not decode fails it with an
+// *eventrow.DecodeError.
+func sendAcquireBatch(ctx context.Context, pc *pgx.Conn, subscriber string, after int64, limit int) (*pipelined, error) {
 	batch := &pgx.Batch{}
 	batch.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	batch.Queue(lockRowPgx, subscriber, PauseKey(subscriber))
+	batch.Queue(pipelinedAttemptQuery, subscriber)
 	batch.Queue(pipelinedFeedQuery, after, limit)
 	br := pc.SendBatch(ctx, batch)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
-		return nil, nil, fmt.Errorf("begin: %w", err)
+		return nil, fmt.Errorf("begin: %w", err)
 	}
-	var row lockedRow
+	var p pipelined
+	row := &p.row
 	if err := br.QueryRow().Scan(&row.Position, &row.Redelivered, &row.Present, &row.Paused, &row.CatchUp); err != nil {
-		return nil, nil, fmt.Errorf("lock row: %w", err)
+		return nil, fmt.Errorf("lock row: %w", err)
 	}
-	var locked *lockedRow
-	if row.Position != nil && !row.Paused {
-		locked = &row
+	if row.Position == nil || row.Paused {
+		return nil, br.Close()
 	}
-	rows, err := pgx.CollectRows(pgxRows(br.Query()), func(row pgx.CollectableRow) (eventrow.Row, error) {
-		var r eventrow.Row
-		err := row.Scan(r.Targets()...)
-		return r, err
-	})
-	if err != nil {
-		return nil, nil, fmt.Errorf("read feed after position %d: %w", after, err)
+	var at int64
+	switch err := br.QueryRow().Scan(&at); {
+	case err == nil:
+		p.attempt = prefetchedAttempt{known: true, exists: true, position: at}
+	case errors.Is(err, pgx.ErrNoRows):
+		p.attempt = prefetchedAttempt{known: true}
+	default:
+		return nil, fmt.Errorf("read the attempt record: %w", err)
 	}
-	return locked, rows, br.Close()
+	rows, _ := br.Query() // its error is the rows' too
+	var err error
+	if p.events, err = eventrow.ReadEnvelopes(rows, limit); err != nil {
+		if errors.As(err, new(*eventrow.DecodeError)) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("read feed after position %d: %w", after, err)
+	}
+	return &p, br.Close()
 }
-
-// pgxRows adapts BatchResults.Query, whose error is also reported by the
-// rows it returns, to CollectRows.
-func pgxRows(rows pgx.Rows, _ error) pgx.Rows { return rows }
 
 // pinnedTx is the GORM connection pool of a pipelined batch: a connection
 // pinned from the pool whose session holds the transaction the pipeline
@@ -172,6 +195,24 @@ func (p *pinnedTx) QueryContext(ctx context.Context, query string, args ...any) 
 
 func (p *pinnedTx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
 	return p.conn.QueryRowContext(ctx, query, args...)
+}
+
+// exec runs one statement (pgx's placeholders) in the transaction, on the
+// pinned connection's pgx session, past GORM and database/sql: Commit's
+// checkpoint UPDATE, which every batch of a catch-up pays (cmd/subbench
+// -only feedread). It returns the rows affected.
+func (p *pinnedTx) exec(ctx context.Context, query string, args ...any) (int64, error) {
+	if p.ended {
+		return 0, sql.ErrTxDone
+	}
+	var affected int64
+	err := p.conn.Raw(func(dc any) error {
+		pc, _ := pgxconn.Unwrap(dc) // pinned only after Unwrap succeeded
+		tag, err := pc.Exec(ctx, query, args...)
+		affected = tag.RowsAffected()
+		return err
+	})
+	return affected, err
 }
 
 func (p *pinnedTx) Commit() error   { return p.end("COMMIT") }

@@ -373,6 +373,10 @@ type txContextKey struct{}
 type batchTx struct {
 	tx   *gorm.DB
 	pool *sql.DB
+	// conn is the pooled connection a batch's transaction is pinned to
+	// (CopyFrom reaches the driver's connection through it); nil for a
+	// transaction of another kind.
+	conn *sql.Conn
 }
 
 // TxFromContext returns the batch transaction attached to a handler's
@@ -412,6 +416,11 @@ func TxFromContext(ctx context.Context) *gorm.DB {
 
 func withTx(ctx context.Context, tx *gorm.DB, pool *sql.DB) context.Context {
 	return context.WithValue(ctx, txContextKey{}, &batchTx{tx: tx, pool: pool})
+}
+
+// withBatchTx is withTx for a batch's transaction, pinned to conn.
+func withBatchTx(ctx context.Context, tx *gorm.DB, pool *sql.DB, conn *sql.Conn) context.Context {
+	return context.WithValue(ctx, txContextKey{}, &batchTx{tx: tx, pool: pool, conn: conn})
 }
 
 // txForPool returns the context's batch transaction only when it was begun

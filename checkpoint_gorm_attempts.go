@@ -250,6 +250,9 @@ func (g *GormCheckpointStore) HasAttempt(ctx context.Context, batch Batch, subsc
 	if !ok || b.store != g {
 		return false, fmt.Errorf("subscriptions: read the attempt record of %q: not a batch of this store", subscriber)
 	}
+	if has, ok := b.attempt.take(subscriber == b.subscriber, position); ok {
+		return has, nil
+	}
 	var found []int
 	if err := b.tx.WithContext(ctx).Raw("SELECT 1 FROM subscriber_attempts WHERE subscriber = ? AND position = ?", subscriber, position).Scan(&found).Error; err != nil {
 		return false, fmt.Errorf("subscriptions: read the attempt record of %q: %w", subscriber, err)
@@ -262,10 +265,35 @@ func (g *GormCheckpointStore) ClearAttempt(ctx context.Context, batch Batch, sub
 	if !ok || b.store != g {
 		return fmt.Errorf("subscriptions: clear the attempt count of %q: not a batch of this store", subscriber)
 	}
+	b.attempt = prefetchedAttempt{}
 	if err := b.tx.WithContext(ctx).Exec("DELETE FROM subscriber_attempts WHERE subscriber = ?", subscriber).Error; err != nil {
 		return fmt.Errorf("subscriptions: clear the attempt count of %q: %w", subscriber, err)
 	}
 	return nil
+}
+
+// prefetchedAttempt is the subscriber's attempt record as a pipelined
+// acquire read it, in the batch's transaction once the row was locked
+// (sendAcquireBatch): it answers the batch's first HasAttempt without a
+// round trip. It is what that read would have returned a moment later:
+// the batch has written nothing since (any write through the batch, and
+// the first HandlerContext, drop it), and what other transactions commit
+// meanwhile is no more ordered with the batch's read than it was. The
+// zero value knows nothing. It belongs to the batch's goroutine.
+type prefetchedAttempt struct {
+	known, exists bool
+	position      int64 // the record's position, when exists
+}
+
+// take answers HasAttempt at position for the batch's own subscriber
+// (own), once: ok is false when the read must run.
+func (p *prefetchedAttempt) take(own bool, position int64) (has, ok bool) {
+	if !p.known || !own {
+		return false, false
+	}
+	has = p.exists && p.position == position
+	*p = prefetchedAttempt{}
+	return has, true
 }
 
 // clearAttemptsIn deletes the names' records in tx (Reset, ResetWith,
@@ -311,6 +339,7 @@ func (b *gormBatch) renew(ctx context.Context, write func(db *gorm.DB) error) (w
 	if b.htx != nil {
 		return false, errors.New("the batch's handlers have started")
 	}
+	b.attempt = prefetchedAttempt{}
 	b.abortMu.Lock()
 	defer b.abortMu.Unlock()
 	if b.aborted {

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,6 +27,9 @@ type gormBatch struct {
 	position   int64
 	// marks are the row's delivery marks, read with its lock.
 	marks DeliveryMarks
+	// attempt is the attempt record a pipelined acquire read with the
+	// lock, for the batch's first HasAttempt.
+	attempt prefetchedAttempt
 	// conn is the pooled connection the batch's transaction is pinned to,
 	// closed when the batch ends (see closeConn): the batch's attempt
 	// records are written on it too (renew), never on a second one.
@@ -168,9 +173,10 @@ func (b *gormBatch) Position() int64 { return b.position }
 // handler cannot end it (see handlerConn): Commit then fails the batch.
 func (b *gormBatch) HandlerContext(ctx context.Context) context.Context {
 	if b.htx == nil {
+		b.attempt = prefetchedAttempt{} // handlers may write anything
 		b.htx, b.guard = guardTx(b.tx, b.store.pool, !b.store.dialect.RowLocks)
 	}
-	return withTx(ctx, b.htx, b.store.pool)
+	return withBatchTx(ctx, b.htx, b.store.pool, b.conn)
 }
 
 func (b *gormBatch) Commit(ctx context.Context, position int64) error {
@@ -215,20 +221,30 @@ func (b *gormBatch) Commit(ctx context.Context, position int64) error {
 	// The compare-and-set also refuses while the name is paused: a batch
 	// that locked its row before a Pause committed never moves the
 	// checkpoint after Pause returned (see GormCheckpointStore.pause).
-	update, args := "UPDATE subscriber_checkpoints SET position = ?, updated_at = ? WHERE subscriber = ? AND position = ? AND NOT "+pausedClause,
-		[]any{position, time.Now().UTC(), b.subscriber, b.position, PauseKey(b.subscriber)}
+	update, args := commitUpdate, []any{position, time.Now().UTC(), b.subscriber, b.position, PauseKey(b.subscriber)}
 	if b.claim != "" && b.store.dialect.Claims {
 		// The batch's attempt claim goes in the same statement (see
 		// AttemptCounter): once the commit lands, its record is a plain
 		// record of the position it committed.
-		update = "WITH released AS (UPDATE subscriber_attempts SET holder = '' WHERE subscriber = ? AND holder = ?) " + update
+		update = commitUpdateClaim
 		args = append([]any{b.subscriber, b.claim}, args...)
 	}
-	res := b.tx.WithContext(ctx).Exec(update, args...)
-	if res.Error != nil {
-		return fail(staged(stageLibrary, res.Error))
+	var (
+		affected int64
+		err      error
+	)
+	if pinned, ok := b.tx.Statement.ConnPool.(*pinnedTx); ok {
+		// A pipelined batch: straight on its pgx session (see
+		// pinnedTx.exec).
+		affected, err = pinned.exec(ctx, update.pgx, args...)
+	} else {
+		res := b.tx.WithContext(ctx).Exec(update.gorm, args...)
+		affected, err = res.RowsAffected, res.Error
 	}
-	if res.RowsAffected != 1 {
+	if err != nil {
+		return fail(staged(stageLibrary, err))
+	}
+	if affected != 1 {
 		return fail(ErrCheckpointMoved) // reset, or paused meanwhile
 	}
 	if err := b.tx.Commit().Error; err != nil {
@@ -240,6 +256,34 @@ func (b *gormBatch) Commit(ctx context.Context, position int64) error {
 	}
 	return nil
 }
+
+// statement is one statement in GORM's placeholders (?) and in pgx's ($n).
+type statement struct{ gorm, pgx string }
+
+// newStatement numbers the ? placeholders of sql for pgx; sql has no ?
+// elsewhere.
+func newStatement(sql string) statement {
+	var b strings.Builder
+	n := 0
+	for _, r := range sql {
+		if r == '?' {
+			n++
+			b.WriteString("$" + strconv.Itoa(n))
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return statement{gorm: sql, pgx: b.String()}
+}
+
+var (
+	// commitUpdate is Commit's compare-and-set of the checkpoint: the new
+	// position, the time, the row, the batch's start and the pause key.
+	commitUpdate = newStatement("UPDATE subscriber_checkpoints SET position = ?, updated_at = ? WHERE subscriber = ? AND position = ? AND NOT " + pausedClause)
+	// commitUpdateClaim is commitUpdate releasing the batch's attempt
+	// claim (the subscriber and the holder first).
+	commitUpdateClaim = newStatement("WITH released AS (UPDATE subscriber_attempts SET holder = '' WHERE subscriber = ? AND holder = ?) " + commitUpdate.gorm)
+)
 
 func (b *gormBatch) Rollback() error {
 	if b.finished {

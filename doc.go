@@ -150,7 +150,9 @@
 // WithBatchHandler hands each batch to one call (a multi-row upsert, say),
 // inside the batch transaction. A batch it fails is rolled back whole and
 // its events are then handled one at a time, so the failure handling above
-// applies to exactly the failing event.
+// applies to exactly the failing event. A rebuild writes at COPY's speed
+// through the same transaction with CopyFrom (on pgx's backend, the
+// pgx.Tx's CopyFrom).
 //
 // # Wake-ups
 //

@@ -5,10 +5,12 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
+	"github.com/eventfeed/subscriptions/infrastructure/pgevents"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
 )
 
@@ -75,5 +77,53 @@ func BenchmarkGormAppend(b *testing.B) {
 				}
 			}
 		})
+	})
+}
+
+// BenchmarkPostgresReadAfter reads a page of 1,000 events through
+// GormEventStore.ReadAfter (on pgx's session, pgevents.ReadEnvelopes),
+// through its portable path (GORM's scan into rows, then the decoding),
+// and through a pgx connection of its own with the same decoding.
+func BenchmarkPostgresReadAfter(b *testing.B) {
+	const page = 1000
+	pg := dbtest.NewPostgres(b)
+	s := newGormStore(b, pg.DB)
+	ctx := testCtx(b)
+	for i := 0; i < page; i += 100 {
+		evs := make([]domain.EventEnvelope[any], 100)
+		for j := range evs {
+			evs[j] = newEvent("agg-"+strconv.Itoa(i), "bench", map[string]any{"n": i + j, "note": "bench"})
+		}
+		require.NoError(b, s.Append(ctx, "agg-"+strconv.Itoa(i), -1, evs...))
+	}
+	portable := newGormStore(b, pg.DB)
+	infrastructure.PortableAppendOnly(portable)
+	for _, c := range []struct {
+		name  string
+		store *infrastructure.GormEventStore
+	}{{"store", s}, {"portable", portable}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				events, err := c.store.ReadAfter(ctx, 0, page)
+				if err != nil || len(events) != page {
+					b.Fatalf("read %d events: %v", len(events), err)
+				}
+			}
+		})
+	}
+	b.Run("pgx", func(b *testing.B) {
+		conn, err := pgx.Connect(ctx, pg.DSN)
+		require.NoError(b, err)
+		defer func() { _ = conn.Close(ctx) }()
+		b.ReportAllocs()
+		for b.Loop() {
+			rows, err := conn.Query(ctx, pgevents.SelectEvents+"WHERE position > $1 ORDER BY position LIMIT $2", 0, page)
+			require.NoError(b, err)
+			events, err := pgevents.ReadEnvelopes(rows, page)
+			if err != nil || len(events) != page {
+				b.Fatalf("read %d events: %v", len(events), err)
+			}
+		}
 	})
 }

@@ -1,7 +1,8 @@
 package infrastructure
 
 // PortableAppendOnly makes s use the portable (database/sql) append path
-// instead of the pipelined pgx one, so tests can cover both.
+// instead of the pipelined pgx one, and GORM's reads instead of pgx's, so
+// tests can cover both.
 func PortableAppendOnly(s *GormEventStore) { s.portableOnly = true }
 
 // FormingAppends is the number of appends of s waiting in batches that

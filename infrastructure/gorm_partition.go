@@ -28,7 +28,7 @@ func (s *GormEventStore) ReadPartitionAfter(ctx context.Context, afterPosition i
 	if limit <= 0 {
 		sqlLimit = 1<<63 - 1
 	}
-	return s.query(ctx, fmt.Sprintf("read partition %d of %d after position %d", p, n, afterPosition),
+	return s.query(ctx, fmt.Sprintf("read partition %d of %d after position %d", p, n, afterPosition), max(limit, 0),
 		"WHERE position > ? AND mod("+hash+", ?) = ? ORDER BY position LIMIT ?", afterPosition, n, p, sqlLimit)
 }
 
@@ -74,6 +74,6 @@ func (s *GormEventStore) ReadPositions(ctx context.Context, positions []int64) (
 		return []domain.EventEnvelope[any]{}, nil
 	}
 	where, args := s.dialect.PositionIn(positions)
-	return s.query(ctx, fmt.Sprintf("read %d events at positions %d...", len(positions), positions[0]),
+	return s.query(ctx, fmt.Sprintf("read %d events at positions %d...", len(positions), positions[0]), len(positions),
 		"WHERE "+where+" ORDER BY position", args...)
 }

@@ -154,6 +154,7 @@ func (b *batch) renew(ctx context.Context, write func(tx pgx.Tx) error) (wrote b
 	if b.htx != nil {
 		return false, errors.New("the batch's handlers have started")
 	}
+	b.attempt = prefetchedAttempt{}
 	if b.tx == nil {
 		return false, errAttemptMoved
 	}
@@ -258,6 +259,9 @@ func (s *CheckpointStore) HasAttempt(ctx context.Context, in subscriptions.Batch
 	if !ok || b.store != s || b.tx == nil {
 		return false, fmt.Errorf("pgxstore: read the attempt record of %q: not a live batch of this store", subscriber)
 	}
+	if has, ok := b.attempt.take(subscriber == b.subscriber, position); ok {
+		return has, nil
+	}
 	var found bool
 	if err := b.tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM subscriber_attempts WHERE subscriber = $1 AND position = $2)", subscriber, position).Scan(&found); err != nil {
 		return false, fmt.Errorf("pgxstore: read the attempt record of %q: %w", subscriber, err)
@@ -272,6 +276,7 @@ func (s *CheckpointStore) ClearAttempt(ctx context.Context, in subscriptions.Bat
 	if !ok || b.store != s || b.tx == nil {
 		return fmt.Errorf("pgxstore: clear the attempt count of %q: not a live batch of this store", subscriber)
 	}
+	b.attempt = prefetchedAttempt{}
 	if _, err := b.tx.Exec(ctx, "DELETE FROM subscriber_attempts WHERE subscriber = $1", subscriber); err != nil {
 		return fmt.Errorf("pgxstore: clear the attempt count of %q: %w", subscriber, err)
 	}

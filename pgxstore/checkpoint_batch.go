@@ -24,8 +24,11 @@ type batch struct {
 	tx         pgx.Tx
 	position   int64
 	marks      subscriptions.DeliveryMarks // read with the row's lock
-	htx        *handlerTx                  // the handlers' view of tx, made by the first HandlerContext
-	finished   bool
+	// attempt is the attempt record AcquireAfter read with the lock, for
+	// the batch's first HasAttempt.
+	attempt  prefetchedAttempt
+	htx      *handlerTx // the handlers' view of tx, made by the first HandlerContext
+	finished bool
 	// claim is the holder of the attempt claim the batch committed (see
 	// checkpoint_attempts.go), released by its Commit and Rollback; ""
 	// when it wrote none.
@@ -43,6 +46,7 @@ func (b *batch) Position() int64 { return b.position }
 // so that a handler cannot end it.
 func (b *batch) HandlerContext(ctx context.Context) context.Context {
 	if b.htx == nil {
+		b.attempt = prefetchedAttempt{} // handlers may write anything
 		b.htx = newHandlerTx(b.tx, b.store.pool)
 	}
 	return withTx(ctx, b.htx)

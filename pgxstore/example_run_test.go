@@ -21,6 +21,7 @@ func TestExample(t *testing.T) {
 	}{
 		{"Example", Example, "ada 20.00\nbob 3.00\n"},
 		{"ExampleEventStore_AppendTx", ExampleEventStore_AppendTx, "<nil>\ntrue\n1 event: acc-1\n"},
+		{"ExampleTxFromContext_copy", ExampleTxFromContext_copy, "3 deposits, 60.00 in all\n"},
 	} {
 		t.Run(ex.name, func(t *testing.T) {
 			r, w, err := os.Pipe()

@@ -27,7 +27,11 @@ type txKey struct{}
 // reset of its parking lot and store), or nil outside one. Writes through
 // it commit atomically with the checkpoint advance. Its Commit and
 // Rollback return an error wrapping ErrTxOwnedByBatch; Begin starts a
-// savepoint, as pgx's nested transactions do.
+// savepoint, as pgx's nested transactions do. Its CopyFrom is Postgres's
+// COPY in the batch transaction: a batch handler
+// (subscriptions.WithBatchHandler) that rebuilds a projection writes its
+// rows at COPY's speed, and they commit with the checkpoint, or roll back
+// with it, like any of its writes.
 //
 // The transaction belongs to the batch's goroutine, as a pgx.Tx belongs
 // to one goroutine: a handler must not use it after it returns, nor from

@@ -354,6 +354,41 @@ func RunFeedSharerSuite(t *testing.T, h FeedSharerHarness) {
 		require.Equal(t, []string{feed[2].ID, feed[3].ID}, ids(events))
 		require.NoError(t, batch.Commit(ctx, feed[3].Position))
 		requirePosition(t, cps, "shared-acquirer", feed[3].Position)
+
+		// An AcquireAfter batch answers HasAttempt as any batch does, the
+		// record as it stands once the row is locked (an acquirer may read
+		// it in the same round trip).
+		ac, ok := cps.(subscriptions.AttemptCounter)
+		if !ok {
+			return
+		}
+		const name = "shared-attempts"
+		at := feed[1].Position
+		advance(t, cps, name, at)
+		batch = mustAcquire(t, cps, name)
+		require.NoError(t, ac.PutAttempt(ctx, batch, name, subscriptions.AttemptRecord{Position: at, EventID: feed[2].ID, Through: feed[2].Position, Attempts: 1}))
+		require.NoError(t, batch.Rollback(), "the record stays, as after a crash")
+		batch, _, ok, err = fa.AcquireAfter(ctx, name, at, 2)
+		require.NoError(t, err)
+		require.True(t, ok, "AcquireAfter took the row above")
+		has, err := ac.HasAttempt(ctx, batch, name, at)
+		require.NoError(t, err)
+		require.True(t, has, "the record a crashed batch left")
+		has, err = ac.HasAttempt(ctx, batch, name, at-1)
+		require.NoError(t, err)
+		require.False(t, has, "a record is for one position")
+		require.NoError(t, ac.ClearAttempt(ctx, batch, name))
+		has, err = ac.HasAttempt(ctx, batch, name, at)
+		require.NoError(t, err)
+		require.False(t, has, "the batch's own ClearAttempt")
+		require.NoError(t, batch.Commit(ctx, at))
+		batch, _, ok, err = fa.AcquireAfter(ctx, name, at, 2)
+		require.NoError(t, err)
+		require.True(t, ok)
+		has, err = ac.HasAttempt(ctx, batch, name, at)
+		require.NoError(t, err)
+		require.False(t, has, "the committed ClearAttempt removed it")
+		require.NoError(t, batch.Rollback())
 	})
 }
 

@@ -7,11 +7,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"gorm.io/gorm"
 
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/internal/ctxsleep"
+	"github.com/eventfeed/subscriptions/pgxstore"
 )
 
 // batchRebuildSize is the batch of every variant of scenario 10.
@@ -20,11 +23,14 @@ const batchRebuildSize = 1000
 // runBatchHandler: scenario 10. A rebuild on Postgres with a multi-row
 // upsert batch handler (WithBatchHandler), next to the per-event handler
 // and a plain loop doing the same multi-row upserts in transactions of
-// the same size. The variants run one after the other, twice in
-// alternating order; each figure is its better run.
+// the same size; and a rebuild whose batch handler writes with COPY
+// through the batch transaction (subscriptions.CopyFrom on GORM, the
+// pgx.Tx's CopyFrom on pgx), next to a plain COPY loop of the same rows
+// in transactions of the same size. The variants run one after the
+// other, in an order rotating each round; each figure is its best run.
 func runBatchHandler(ctx context.Context, b *bench) ([]Row, error) {
 	n := b.sizes().batchEvents
-	_, db, store, err := b.newPGStore(ctx, "batch", 4)
+	dsn, db, store, err := b.newPGStore(ctx, "batch", 4)
 	if err != nil {
 		return nil, err
 	}
@@ -42,19 +48,29 @@ func runBatchHandler(ctx context.Context, b *bench) ([]Row, error) {
 	if err != nil {
 		return nil, err
 	}
+	pgxDB, err := pgxBackend.open(ctx, b, dsn, "", 4, nil)
+	if err != nil {
+		return nil, err
+	}
+	rawPool, err := b.openPgxPool(ctx, dsn, "", 1, nil)
+	if err != nil {
+		return nil, err
+	}
 	head := int64(n)
-	variants := []string{"plain loop", "batch handler", "per-event handler"}
+	variants := []string{"plain loop", "batch handler", "per-event handler", "plain COPY loop", "batch handler, COPY", "pgx: batch handler, COPY"}
+	rounds := 3
+	if b.cfg.Quick {
+		rounds = 1
+	}
 	best := map[string]float64{}
-	for round := range 2 {
-		order := variants
-		if round == 1 {
-			order = []string{variants[2], variants[1], variants[0]}
-		}
-		for _, v := range order {
+	runs := map[string][]string{}
+	for round := range rounds {
+		for k := range variants {
+			v := variants[(k+round)%len(variants)]
 			if err := db.Exec("TRUNCATE batch_projection").Error; err != nil {
 				return nil, err
 			}
-			name := fmt.Sprintf("batch-%d-%s", round, strings.ReplaceAll(v, " ", "-"))
+			name := fmt.Sprintf("batch-%d-%s", round, strings.NewReplacer(" ", "-", ",", "", ":", "").Replace(v))
 			start := time.Now()
 			switch v {
 			case "plain loop":
@@ -63,10 +79,28 @@ func runBatchHandler(ctx context.Context, b *bench) ([]Row, error) {
 				err = batchLibraryRebuild(ctx, store, cps, name, head, nil, func(ctx context.Context, events []domain.EventEnvelope[any]) error {
 					return multiRowUpsert(subscriptions.TxFromContext(ctx), events)
 				}, b)
-			default:
+			case "per-event handler":
 				err = batchLibraryRebuild(ctx, store, cps, name, head, func(ctx context.Context, ev domain.EventEnvelope[any]) error {
 					return multiRowUpsert(subscriptions.TxFromContext(ctx), []domain.EventEnvelope[any]{ev})
 				}, nil, b)
+			case "plain COPY loop":
+				err = plainCopyLoop(ctx, rawPool, name, head)
+			case "batch handler, COPY":
+				err = batchLibraryRebuild(ctx, store, cps, name, head, nil, func(ctx context.Context, events []domain.EventEnvelope[any]) error {
+					return copyProjection(events, func(rows pgx.CopyFromSource) (int64, error) {
+						return subscriptions.CopyFrom(ctx, copyTable, copyColumns, rows)
+					})
+				}, b)
+			default: // pgx: batch handler, COPY
+				err = batchLibraryRebuild(ctx, pgxDB.store, pgxDB.cps, name, head, nil, func(ctx context.Context, events []domain.EventEnvelope[any]) error {
+					tx := pgxstore.TxFromContext(ctx)
+					if tx == nil {
+						return errors.New("no batch transaction")
+					}
+					return copyProjection(events, func(rows pgx.CopyFromSource) (int64, error) {
+						return tx.CopyFrom(ctx, copyTable, copyColumns, rows)
+					})
+				}, b)
 			}
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", v, err)
@@ -81,14 +115,91 @@ func runBatchHandler(ctx context.Context, b *bench) ([]Row, error) {
 			}
 			b.logf("  %s: %.0f ev/s", v, rate)
 			best[v] = max(best[v], rate)
+			runs[v] = append(runs[v], groupThousands(rate))
 		}
 	}
+	each := func(vs ...string) string {
+		var out []string
+		for _, v := range vs {
+			out = append(out, v+" "+strings.Join(runs[v], "/"))
+		}
+		return strings.Join(out, ", ")
+	}
 	bname := fmt.Sprintf("a plain loop: ReadAfter %d events, one multi-row upsert and a checkpoint UPDATE per transaction, no library", batchRebuildSize)
-	note := fmt.Sprintf("%d events rebuilt on Postgres, batch %d; each variant ran twice, alternating order; best run each", n, batchRebuildSize)
+	note := fmt.Sprintf("%d events rebuilt on Postgres, batch %d; each variant ran %d times, in rotating order; best run each (ev/s of each run: %s)",
+		n, batchRebuildSize, rounds, each(variants...))
 	r := newRow("batch handler, multi-row upsert", best["batch handler"], best["plain loop"], "ev/s", bname).note(note)
 	rows := []Row{r.goal(">= 0.9", r.Ratio != nil && *r.Ratio >= 0.9)}
 	rows = append(rows, newRow("per-event handler, one upsert per event", best["per-event handler"], best["plain loop"], "ev/s", bname))
+	cname := fmt.Sprintf("a plain COPY loop: pgx, the raw reader's SELECT of %d events, one COPY of their rows and a checkpoint UPDATE per transaction, no library", batchRebuildSize)
+	for _, v := range []string{"batch handler, COPY", "pgx: batch handler, COPY"} {
+		label := "batch handler, COPY (subscriptions.CopyFrom)"
+		if v != "batch handler, COPY" {
+			label = "pgx: batch handler, COPY (the pgx.Tx's CopyFrom)"
+		}
+		r := newRow(label, best[v], best["plain COPY loop"], "ev/s", cname).note(note)
+		rows = append(rows, r.goal(">= 0.9", r.Ratio != nil && *r.Ratio >= 0.9))
+	}
 	return rows, nil
+}
+
+// The projection's table and columns as the COPY variants write them.
+var (
+	copyTable   = pgx.Identifier{"batch_projection"}
+	copyColumns = []string{"event_id", "aggregate_id", "position"}
+)
+
+// copyProjection writes events' projection rows with one COPY (copyFrom).
+func copyProjection(events []domain.EventEnvelope[any], copyFrom func(rows pgx.CopyFromSource) (int64, error)) error {
+	n, err := copyFrom(pgx.CopyFromSlice(len(events), func(i int) ([]any, error) {
+		ev := events[i]
+		return []any{ev.ID, ev.AggregateID, ev.Position}, nil
+	}))
+	if err == nil && n != int64(len(events)) {
+		err = fmt.Errorf("copied %d rows of %d", n, len(events))
+	}
+	return err
+}
+
+// plainCopyLoop is the COPY variants' baseline: on one pgx connection, a
+// transaction per batch that reads it as the raw reader does
+// (rawReadBatch), writes its rows with one COPY and advances a checkpoint.
+func plainCopyLoop(ctx context.Context, pool *pgxpool.Pool, name string, head int64) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "INSERT INTO bench_checkpoint (name, position, updated_at) VALUES ($1, 0, $2)", name, time.Now().UTC()); err != nil {
+		return err
+	}
+	var pos int64
+	for pos < head {
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			events, err := rawReadBatch(ctx, tx, pos, batchRebuildSize)
+			if err != nil {
+				return err
+			}
+			if len(events) == 0 {
+				return fmt.Errorf("the feed ended at %d before the head %d", pos, head)
+			}
+			if err := copyProjection(events, func(rows pgx.CopyFromSource) (int64, error) {
+				return tx.CopyFrom(ctx, copyTable, copyColumns, rows)
+			}); err != nil {
+				return err
+			}
+			last := events[len(events)-1].Position
+			if _, err := tx.Exec(ctx, "UPDATE bench_checkpoint SET position = $1, updated_at = $2 WHERE name = $3", last, time.Now().UTC(), name); err != nil {
+				return err
+			}
+			pos = last
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // multiRowUpsert writes events with one INSERT.

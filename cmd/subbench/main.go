@@ -21,7 +21,7 @@
 // Scenarios: memory (1), postgres (2), sqlite (3), latency (4),
 // replicas (5), idle (6), appends (7), telemetry (8), partitions (9),
 // batch (10), ordered (11), operations (12), peer (13: watermill-sql, see
-// peer.go); "catchup" selects 1-3. Scenarios 2, 4, 6 and 7 measure both
+// peer.go), feedread (14); "catchup" selects 1-3. Scenarios 2, 4, 6 and 7 measure both
 // Postgres backends in the same run, the GORM one and package pgxstore's:
 // pgx's rows are labelled "pgx:", with the scenario's baseline (a
 // hand-written one goes through pgx's own store or transactions), and
@@ -114,6 +114,7 @@ var scenarios = []scenario{
 	{"ordered", "11", "ordered parking, Postgres", runOrdered},
 	{"operations", "12", "re-deliveries, repartition, pause, Postgres", runOperations},
 	{"peer", "13", "peer: watermill-sql beside the library, Postgres", runPeer},
+	{"feedread", "14", "feed read, Postgres: no-op catch-up vs a raw reader", runFeedRead},
 }
 
 func main() {
@@ -221,7 +222,7 @@ func parseOnly(only string) (map[string]bool, error) {
 			}
 		}
 		if !found {
-			return nil, fmt.Errorf("-only: unknown scenario %q (known: %s, catchup, 1-13)", f, scenarioKeys())
+			return nil, fmt.Errorf("-only: unknown scenario %q (known: %s, catchup, 1-14)", f, scenarioKeys())
 		}
 	}
 	return sel, nil

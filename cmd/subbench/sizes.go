@@ -27,6 +27,7 @@ type sizes struct {
 	partitionEvents, partitionSlow int
 	batchEvents                    int
 	orderedEvents                  int
+	feedEvents                     int
 }
 
 func (b *bench) sizes() sizes {
@@ -39,7 +40,7 @@ func (b *bench) sizes() sizes {
 			idleSubscribers: 10, idleInterval: 100 * time.Millisecond, idleDuration: 500 * time.Millisecond,
 			appendDuration: 100 * time.Millisecond, appendRounds: 2, appendWriters: []int{1, 4, 16},
 			appendProcs: 2, appendProcWriters: 2, appendProcRounds: 1,
-			partitionEvents: 400, partitionSlow: 200, batchEvents: 1_000, orderedEvents: 2_000,
+			partitionEvents: 400, partitionSlow: 200, batchEvents: 1_000, orderedEvents: 2_000, feedEvents: 3_000,
 		}
 	}
 	return sizes{
@@ -50,6 +51,6 @@ func (b *bench) sizes() sizes {
 		idleSubscribers: 100, idleInterval: 100 * time.Millisecond, idleDuration: 10 * time.Second,
 		appendDuration: 1500 * time.Millisecond, appendRounds: 2, appendWriters: []int{1, 4, 16},
 		appendProcs: 4, appendProcWriters: 4, appendProcRounds: 2,
-		partitionEvents: 20_000, partitionSlow: 4_000, batchEvents: 100_000, orderedEvents: 20_000,
+		partitionEvents: 20_000, partitionSlow: 4_000, batchEvents: 100_000, orderedEvents: 20_000, feedEvents: 20_000,
 	}
 }

@@ -68,17 +68,35 @@ func (r *Row) Targets() []any {
 	return []any{&r.ID, &r.AggregateID, &r.EventType, &r.SequenceNo, &r.TransactionID, &r.Position, &r.Payload, &r.Metadata, &r.CreatedAt}
 }
 
+// DecodeError is Row.Envelope's failure: a stored event whose payload or
+// metadata does not decode (valid jsonb that encoding/json cannot hold,
+// such as a number beyond float64). A reader tells it from a failure to
+// read with errors.As.
+type DecodeError struct {
+	ID, EventType string
+	Position      int64
+	Column        string // "payload" or "metadata"
+	Err           error
+}
+
+func (e *DecodeError) Error() string {
+	return fmt.Sprintf("event %s (type %q, position %d): decode %s: %v", e.ID, e.EventType, e.Position, e.Column, e.Err)
+}
+
+func (e *DecodeError) Unwrap() error { return e.Err }
+
 // Envelope converts the row into the envelope readers see: payload and
 // metadata decoded from JSON (objects as map[string]any, numbers as
-// float64), Created in UTC, Metadata never nil. The error names the event.
+// float64), Created in UTC, Metadata never nil. The error, a
+// *DecodeError, names the event.
 func (r *Row) Envelope() (domain.EventEnvelope[any], error) {
 	payload, err := decodeJSON(r.Payload)
 	if err != nil {
-		return domain.EventEnvelope[any]{}, fmt.Errorf("event %s (type %q, position %d): decode payload: %w", r.ID, r.EventType, r.Position, err)
+		return domain.EventEnvelope[any]{}, &DecodeError{ID: r.ID, EventType: r.EventType, Position: r.Position, Column: "payload", Err: err}
 	}
 	meta, err := decodeJSON(r.Metadata)
 	if err != nil {
-		return domain.EventEnvelope[any]{}, fmt.Errorf("event %s (type %q, position %d): decode metadata: %w", r.ID, r.EventType, r.Position, err)
+		return domain.EventEnvelope[any]{}, &DecodeError{ID: r.ID, EventType: r.EventType, Position: r.Position, Column: "metadata", Err: err}
 	}
 	metadata, _ := meta.(map[string]any)
 	if metadata == nil {
@@ -113,31 +131,94 @@ func Envelopes(rows []Row) ([]domain.EventEnvelope[any], error) {
 }
 
 // ScanEnvelopes decodes the rows of a SelectEvents query and closes them;
-// the first row that does not scan or decode fails the whole read. An
-// empty result is an empty, non-nil slice.
+// the first row that does not scan or decode fails the whole read (a
+// *DecodeError for one that does not decode). An empty result is an
+// empty, non-nil slice.
 func ScanEnvelopes(rows pgx.Rows) ([]domain.EventEnvelope[any], error) {
+	return ReadEnvelopes(rows, 0)
+}
+
+// ReadEnvelopes is ScanEnvelopes for a read of at most limit rows (its
+// LIMIT; 0 for none), which only sizes the result: the slice starts
+// small, as a wake-up's read brings a few events, and doubles up to
+// limit, so that a full batch allocates about twice its envelopes and its
+// last slice exactly; an empty read allocates none. The rows are scanned
+// into one Row and scan targets reused from row to row, the JSON columns
+// copied into buffers reused too (they are decoded, never kept): a read
+// allocates only what its envelopes hold.
+func ReadEnvelopes(rows pgx.Rows, limit int) ([]domain.EventEnvelope[any], error) {
 	defer rows.Close()
 	out := []domain.EventEnvelope[any]{}
+	var s rowScanner
 	for rows.Next() {
-		var r Row
-		if err := rows.Scan(r.Targets()...); err != nil {
+		if err := s.scan(rows); err != nil {
 			return nil, err
 		}
-		env, err := r.Envelope()
+		env, err := s.row.Envelope()
 		if err != nil {
 			return nil, err
 		}
+		if len(out) == cap(out) {
+			grown := max(2*cap(out), 16)
+			if limit > len(out) && grown > limit {
+				grown = limit
+			}
+			out = append(make([]domain.EventEnvelope[any], 0, grown), out...)
+		}
 		out = append(out, env)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// rowScanner scans the rows of a SelectEvents query one at a time into
+// one Row and scan targets it reuses, the JSON columns into buffers it
+// reuses (see ReadEnvelopes). It is not safe for concurrent use.
+type rowScanner struct {
+	row               Row
+	payload, metadata reusedBytes
+	targets           []any
+}
+
+// scan scans rows' current row (after rows.Next) into s.row, whose JSON
+// columns stay valid until the next scan.
+func (s *rowScanner) scan(rows pgx.Rows) error {
+	if s.targets == nil {
+		r := &s.row
+		s.targets = []any{&r.ID, &r.AggregateID, &r.EventType, &r.SequenceNo, &r.TransactionID, &r.Position, &s.payload, &s.metadata, &r.CreatedAt}
+	}
+	if err := rows.Scan(s.targets...); err != nil {
+		return err
+	}
+	s.row.Payload, s.row.Metadata = s.payload, s.metadata
+	return nil
+}
+
+// reusedBytes is a JSON column's scan target (pgtype.BytesScanner): pgx
+// hands it the column's bytes, which it copies into its own buffer, kept
+// from row to row, where a []byte target would get a fresh copy per row.
+// A NULL column leaves it empty, as it leaves a []byte nil.
+type reusedBytes []byte
+
+// ScanBytes implements pgtype.BytesScanner.
+func (b *reusedBytes) ScanBytes(v []byte) error {
+	*b = append((*b)[:0], v...)
+	return nil
 }
 
 // decodeJSON decodes a stored JSON column into the value a reader sees:
 // map[string]any for objects, []any, string, float64, bool or nil (an
 // empty column).
 func decodeJSON(raw []byte) (any, error) {
-	if len(raw) == 0 {
+	switch {
+	case len(raw) == 0:
 		return nil, nil
+	case string(raw) == "{}":
+		// The metadata of most events: what json.Unmarshal would return,
+		// without its two passes over the input and its decoder state.
+		return map[string]any{}, nil
 	}
 	var v any
 	if err := json.Unmarshal(raw, &v); err != nil {

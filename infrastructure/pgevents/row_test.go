@@ -20,6 +20,7 @@ func TestEnvelope(t *testing.T) {
 	}{
 		{name: "object payload, no metadata", payload: `{"n":1}`, wantPayload: map[string]any{"n": float64(1)}, wantMetadata: map[string]any{}},
 		{name: "empty payload", wantPayload: nil, metadata: `{"k":"v"}`, wantMetadata: map[string]any{"k": "v"}},
+		{name: "empty objects", payload: `{}`, metadata: `{}`, wantPayload: map[string]any{}, wantMetadata: map[string]any{}},
 		{name: "metadata not an object", payload: `"s"`, metadata: `[1]`, wantPayload: "s", wantMetadata: map[string]any{}},
 		{name: "bad payload", payload: `{`, wantErr: `event e1 (type "t", position 7): decode payload`},
 		{name: "bad metadata", payload: `1`, metadata: `nope`, wantErr: `event e1 (type "t", position 7): decode metadata`},

@@ -13,6 +13,7 @@ package eventrow
 import (
 	"context"
 
+	"github.com/jackc/pgx/v5"
 	"gorm.io/gorm"
 
 	"github.com/eventfeed/subscriptions/domain"
@@ -28,6 +29,16 @@ const Select = pgevents.SelectEvents
 
 // Row is one event as stored (pgevents.Row).
 type Row = pgevents.Row
+
+// DecodeError is a stored event that does not decode
+// (pgevents.DecodeError).
+type DecodeError = pgevents.DecodeError
+
+// ReadEnvelopes decodes the rows of a Select query of at most limit rows
+// and closes them (pgevents.ReadEnvelopes).
+func ReadEnvelopes(rows pgx.Rows, limit int) ([]domain.EventEnvelope[any], error) {
+	return pgevents.ReadEnvelopes(rows, limit)
+}
 
 // Envelopes converts rows in order (pgevents.Envelopes); the first row
 // that does not decode fails the whole read.
