@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -57,88 +58,118 @@ func runBatchHandler(ctx context.Context, b *bench) ([]Row, error) {
 		return nil, err
 	}
 	head := int64(n)
-	variants := []string{"plain loop", "batch handler", "per-event handler", "plain COPY loop", "batch handler, COPY", "pgx: batch handler, COPY"}
-	rounds := 3
+	// runOne rebuilds the projection from scratch with variant v and
+	// returns its rate.
+	runOne := func(v, name string) (float64, error) {
+		if err := db.Exec("TRUNCATE batch_projection").Error; err != nil {
+			return 0, err
+		}
+		start := time.Now()
+		var err error
+		switch v {
+		case "plain loop":
+			err = plainMultiRowLoop(ctx, db, store, name, head)
+		case "batch handler":
+			err = batchLibraryRebuild(ctx, store, cps, name, head, nil, func(ctx context.Context, events []domain.EventEnvelope[any]) error {
+				return multiRowUpsert(subscriptions.TxFromContext(ctx), events)
+			}, b)
+		case "per-event handler":
+			err = batchLibraryRebuild(ctx, store, cps, name, head, func(ctx context.Context, ev domain.EventEnvelope[any]) error {
+				return multiRowUpsert(subscriptions.TxFromContext(ctx), []domain.EventEnvelope[any]{ev})
+			}, nil, b)
+		case "plain COPY loop":
+			err = plainCopyLoop(ctx, rawPool, name, head)
+		case "batch handler, COPY":
+			err = batchLibraryRebuild(ctx, store, cps, name, head, nil, func(ctx context.Context, events []domain.EventEnvelope[any]) error {
+				return copyProjection(events, func(rows pgx.CopyFromSource) (int64, error) {
+					return subscriptions.CopyFrom(ctx, copyTable, copyColumns, rows)
+				})
+			}, b)
+		default: // pgx: batch handler, COPY
+			err = batchLibraryRebuild(ctx, pgxDB.store, pgxDB.cps, name, head, nil, func(ctx context.Context, events []domain.EventEnvelope[any]) error {
+				tx := pgxstore.TxFromContext(ctx)
+				if tx == nil {
+					return errors.New("no batch transaction")
+				}
+				return copyProjection(events, func(rows pgx.CopyFromSource) (int64, error) {
+					return tx.CopyFrom(ctx, copyTable, copyColumns, rows)
+				})
+			}, b)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", v, err)
+		}
+		rate := float64(n) / time.Since(start).Seconds()
+		var rows int64
+		if err := db.Raw("SELECT COUNT(*) FROM batch_projection").Scan(&rows).Error; err != nil {
+			return 0, err
+		}
+		if rows != head {
+			return 0, fmt.Errorf("%s: the projection holds %d rows, want %d", v, rows, head)
+		}
+		b.logf("  %s: %.0f ev/s", v, rate)
+		return rate, nil
+	}
+	runName := func(round int, v string) string {
+		return fmt.Sprintf("batch-%d-%s", round, strings.NewReplacer(" ", "-", ",", "", ":", "").Replace(v))
+	}
+
+	// Each library variant with a goal runs next to its plain loop
+	// (either first), the pairs in rotating order; medians. The
+	// per-event handler, far slower and without a goal, runs twice.
+	type pairing struct{ library, plain string }
+	pairings := []pairing{{"batch handler", "plain loop"}, {"batch handler, COPY", "plain COPY loop"}, {"pgx: batch handler, COPY", "plain COPY loop"}}
+	rounds := 5
 	if b.cfg.Quick {
 		rounds = 1
 	}
-	best := map[string]float64{}
-	runs := map[string][]string{}
+	lib := map[string][]float64{}
+	plain := map[string][]float64{}
+	ratios := map[string][]float64{}
+	var perEvent []float64
 	for round := range rounds {
-		for k := range variants {
-			v := variants[(k+round)%len(variants)]
-			if err := db.Exec("TRUNCATE batch_projection").Error; err != nil {
-				return nil, err
+		for k := range pairings {
+			pg := pairings[(k+round)%len(pairings)]
+			pair := []string{pg.plain, pg.library}
+			if (round+k)%2 == 1 {
+				pair[0], pair[1] = pair[1], pair[0]
 			}
-			name := fmt.Sprintf("batch-%d-%s", round, strings.NewReplacer(" ", "-", ",", "", ":", "").Replace(v))
-			start := time.Now()
-			switch v {
-			case "plain loop":
-				err = plainMultiRowLoop(ctx, db, store, name, head)
-			case "batch handler":
-				err = batchLibraryRebuild(ctx, store, cps, name, head, nil, func(ctx context.Context, events []domain.EventEnvelope[any]) error {
-					return multiRowUpsert(subscriptions.TxFromContext(ctx), events)
-				}, b)
-			case "per-event handler":
-				err = batchLibraryRebuild(ctx, store, cps, name, head, func(ctx context.Context, ev domain.EventEnvelope[any]) error {
-					return multiRowUpsert(subscriptions.TxFromContext(ctx), []domain.EventEnvelope[any]{ev})
-				}, nil, b)
-			case "plain COPY loop":
-				err = plainCopyLoop(ctx, rawPool, name, head)
-			case "batch handler, COPY":
-				err = batchLibraryRebuild(ctx, store, cps, name, head, nil, func(ctx context.Context, events []domain.EventEnvelope[any]) error {
-					return copyProjection(events, func(rows pgx.CopyFromSource) (int64, error) {
-						return subscriptions.CopyFrom(ctx, copyTable, copyColumns, rows)
-					})
-				}, b)
-			default: // pgx: batch handler, COPY
-				err = batchLibraryRebuild(ctx, pgxDB.store, pgxDB.cps, name, head, nil, func(ctx context.Context, events []domain.EventEnvelope[any]) error {
-					tx := pgxstore.TxFromContext(ctx)
-					if tx == nil {
-						return errors.New("no batch transaction")
-					}
-					return copyProjection(events, func(rows pgx.CopyFromSource) (int64, error) {
-						return tx.CopyFrom(ctx, copyTable, copyColumns, rows)
-					})
-				}, b)
+			got := map[string]float64{}
+			for _, v := range pair {
+				rate, err := runOne(v, runName(round, v)+"-"+strconv.Itoa(k))
+				if err != nil {
+					return nil, err
+				}
+				got[v] = rate
 			}
+			lib[pg.library] = append(lib[pg.library], got[pg.library])
+			plain[pg.library] = append(plain[pg.library], got[pg.plain])
+			ratios[pg.library] = append(ratios[pg.library], got[pg.library]/got[pg.plain])
+		}
+		if round < 2 {
+			rate, err := runOne("per-event handler", runName(round, "per-event handler"))
 			if err != nil {
-				return nil, fmt.Errorf("%s: %w", v, err)
-			}
-			rate := float64(n) / time.Since(start).Seconds()
-			var rows int64
-			if err := db.Raw("SELECT COUNT(*) FROM batch_projection").Scan(&rows).Error; err != nil {
 				return nil, err
 			}
-			if rows != head {
-				return nil, fmt.Errorf("%s: the projection holds %d rows, want %d", v, rows, head)
-			}
-			b.logf("  %s: %.0f ev/s", v, rate)
-			best[v] = max(best[v], rate)
-			runs[v] = append(runs[v], groupThousands(rate))
+			perEvent = append(perEvent, rate)
 		}
 	}
-	each := func(vs ...string) string {
-		var out []string
-		for _, v := range vs {
-			out = append(out, v+" "+strings.Join(runs[v], "/"))
-		}
-		return strings.Join(out, ", ")
-	}
-	bname := fmt.Sprintf("a plain loop: ReadAfter %d events, one multi-row upsert and a checkpoint UPDATE per transaction, no library", batchRebuildSize)
-	note := fmt.Sprintf("%d events rebuilt on Postgres, batch %d; each variant ran %d times, in rotating order; best run each (ev/s of each run: %s)",
-		n, batchRebuildSize, rounds, each(variants...))
-	r := newRow("batch handler, multi-row upsert", best["batch handler"], best["plain loop"], "ev/s", bname).note(note)
-	rows := []Row{r.goal(">= 0.9", r.Ratio != nil && *r.Ratio >= 0.9)}
-	rows = append(rows, newRow("per-event handler, one upsert per event", best["per-event handler"], best["plain loop"], "ev/s", bname))
-	cname := fmt.Sprintf("a plain COPY loop: pgx, the raw reader's SELECT of %d events, one COPY of their rows and a checkpoint UPDATE per transaction, no library", batchRebuildSize)
+	pairNote := fmt.Sprintf("%d events rebuilt on Postgres, batch %d; each library variant in %d pairs with a run of its plain loop (either first), rotating; figure and baseline are the medians of the variant's runs and of the plain runs paired with them", n, batchRebuildSize, rounds)
+	bname := fmt.Sprintf("a plain loop: ReadAfter %d events, one multi-row upsert and a checkpoint UPDATE per transaction, no library; run just before or after each run of the variant", batchRebuildSize)
+	r := newRow("batch handler, multi-row upsert", median(lib["batch handler"]), median(plain["batch handler"]), "ev/s", bname).
+		note(pairNote).note("batch handler, multi-row upsert: ratio of each pair of runs " + formatRatios(ratios["batch handler"]))
+	rows := []Row{pairedGoal(r, ratios["batch handler"], 0.9)}
+	rows = append(rows, newRow("per-event handler, one upsert per event", best(perEvent), median(plain["batch handler"]), "ev/s", bname).
+		note(fmt.Sprintf("per-event handler: the better of %d runs", len(perEvent))))
+	cname := fmt.Sprintf("a plain COPY loop: pgx, the raw reader's SELECT of %d events, one COPY of their rows and a checkpoint UPDATE per transaction, no library; run just before or after each run of the variant", batchRebuildSize)
 	for _, v := range []string{"batch handler, COPY", "pgx: batch handler, COPY"} {
 		label := "batch handler, COPY (subscriptions.CopyFrom)"
 		if v != "batch handler, COPY" {
 			label = "pgx: batch handler, COPY (the pgx.Tx's CopyFrom)"
 		}
-		r := newRow(label, best[v], best["plain COPY loop"], "ev/s", cname).note(note)
-		rows = append(rows, r.goal(">= 0.9", r.Ratio != nil && *r.Ratio >= 0.9))
+		r := newRow(label, median(lib[v]), median(plain[v]), "ev/s", cname).
+			note(pairNote).note(fmt.Sprintf("%s: ratio of each pair of runs %s", label, formatRatios(ratios[v])))
+		rows = append(rows, pairedGoal(r, ratios[v], 0.9))
 	}
 	return rows, nil
 }

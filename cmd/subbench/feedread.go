@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -286,18 +287,26 @@ func runFeedRead(ctx context.Context, b *bench) ([]Row, error) {
 			}
 			r = r.note(fmt.Sprintf("%s: ratio of each pair of runs %s (median %.3f); best runs %s vs %s ev/s (%.3f)", label, formatRatios(ratios[i]), pairs,
 				groupThousands(bestRate(runs[i])), groupThousands(bestRate(raw[i])), bestRate(runs[i])/bestRate(raw[i])))
-			met := r.Ratio != nil && *r.Ratio >= 0.95
-			if met != (pairs >= 0.95) {
-				r = r.undecided(">= 0.95", "undecided: the ratio of the medians and the median of the pairs' ratios disagree")
-			} else {
-				r = r.goal(">= 0.95", met)
-			}
-			rows = append(rows, r)
+			rows = append(rows, pairedGoal(r, ratios[i], 0.95))
 		}
 	}
 	b.note("feed read: a library batch is one round trip for BEGIN, the checkpoint row's lock, the attempt record's read and the feed read (pipelined), then the checkpoint UPDATE and the COMMIT: 3 round trips and 6 statements where the raw reader takes 4 and 4 (its BEGIN on its own); the library scans rows into buffers it reuses, the raw reader into fresh values; its startup adds the checkpoint row, the partition-count read and the first batch's attempt record, committed on its own (see the startup figures)")
 	b.note("feed read: each variant runs alone, on a pool of its own (the library's: 2 connections, as for one subscriber), in pairs with a run of the raw reader (either first), the variants in an order rotating each round; figure and baseline are the medians of the variant's runs and of the raw runs paired with them")
 	return rows, nil
+}
+
+// pairedGoal attaches the goal ratio >= goal to r, whose figure and
+// baseline are the medians of runs made in pairs whose ratios are pairs:
+// met or missed when the ratio of the medians and the median of the
+// pairs' ratios agree, undecided when they do not (the noise of the
+// rounds straddles the goal).
+func pairedGoal(r Row, pairs []float64, goal float64) Row {
+	text := ">= " + strconv.FormatFloat(goal, 'f', -1, 64)
+	met := r.Ratio != nil && *r.Ratio >= goal
+	if met != (median(pairs) >= goal) {
+		return r.undecided(text, "undecided: the ratio of the medians and the median of the pairs' ratios disagree")
+	}
+	return r.goal(text, met)
 }
 
 func formatRatios(v []float64) string {
