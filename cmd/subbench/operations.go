@@ -32,10 +32,8 @@ func runOperations(ctx context.Context, b *bench) ([]Row, error) {
 	if err != nil {
 		return nil, err
 	}
-	for done := 0; done < n; done += 20 {
-		if err := store.Append(ctx, fmt.Sprintf("agg-%d", done/20), -1, makeEvents(min(20, n-done), done)...); err != nil {
-			return nil, err
-		}
+	if err := fillStore(ctx, store, n, 20); err != nil {
+		return nil, err
 	}
 	head, err := store.HeadPosition(ctx)
 	if err != nil {
