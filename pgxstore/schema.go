@@ -16,6 +16,7 @@ type Option func(*config)
 
 type config struct {
 	verifyOnly bool
+	schema     string // WithSchema; "" for the pool's search_path
 	channel    string
 	channelSet bool // WithNotifyChannel was given
 }
@@ -36,14 +37,29 @@ func newConfig(opts []Option) config {
 // schema a migration tool manages and whose role may not create tables.
 func WithSchemaVerifyOnly() Option { return func(c *config) { c.verifyOnly = true } }
 
+// WithSchema makes a store use the module's tables in the Postgres
+// schema name instead of those the pool's search_path selects: every
+// statement names its tables schema-qualified, and the constructor
+// migrates (or, with WithSchemaVerifyOnly, verifies) that schema. The
+// schema must exist (CREATE SCHEMA); its name is quoted, so it is taken
+// exactly as given. It is how many tenants' stores share one pool (see
+// subscriptions.Group): a connection serves any tenant, so the pool's
+// size, not the number of tenants, bounds the connections.
+func WithSchema(name string) Option { return func(c *config) { c.schema = name } }
+
 // ensureSchema applies the module's migrations the database lacks, or
 // with verifyOnly only checks them.
 func ensureSchema(ctx context.Context, constructor string, pool *pgxpool.Pool, c config) error {
 	if pool == nil {
 		return fmt.Errorf("pgxstore: %s: nil *pgxpool.Pool", constructor)
 	}
-	db := poolDB{q: pool, pool: pool}
+	var db schema.DB = poolDB{q: pool, pool: pool}
 	var err error
+	if c.schema != "" {
+		if db, err = schema.InSchema(db, c.schema); err != nil {
+			return fmt.Errorf("pgxstore: %s: %w", constructor, err)
+		}
+	}
 	if c.verifyOnly {
 		err = schema.Verify(ctx, db)
 	} else {
