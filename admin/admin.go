@@ -85,21 +85,21 @@ func WithTrustedOrigins(origins ...string) Option {
 }
 
 // Handler is the admin handler: an http.Handler serving the admin API and
-// page over a fixed set of subscribers (see NewHandler), and the owner of
+// page over a fixed set of subscribers (see NewHandler) or the tenants of
+// a group (NewGroupHandler), and the owner of
 // the goroutine that samples them for the page's charts (see Close). It
 // is safe for concurrent use: its fields are set by NewHandler and then
 // only read, except replayMu, a sync.Map of per-subscriber locks, and
 // history, which has a mutex of its own.
 type Handler struct {
-	subs     map[string]*subscriptions.Subscriber
-	names    []string
-	auth     Authorizer
+	src      source // the rows: NewHandler's subscribers, or a group's tenants
+	auth     TenantAuthorizer
 	cfg      config
 	origins  map[string]bool
 	csrfKey  []byte
 	mux      *http.ServeMux
 	page     *template.Template
-	replayMu sync.Map // subscriber name -> *sync.Mutex, held by a replay
+	replayMu sync.Map // key -> *sync.Mutex, held by a replay
 	history  *history // the samples the charts are drawn from
 	sampler  *sampler // the goroutine taking them
 }
@@ -153,18 +153,28 @@ func NewHandler(subscribers []*subscriptions.Subscriber, authorize Authorizer, o
 	if len(subscribers) == 0 {
 		return nil, errors.New("admin: NewHandler: subscribers: none given")
 	}
-	h := &Handler{subs: map[string]*subscriptions.Subscriber{}, auth: authorize, origins: map[string]bool{}}
+	src := fixedSource{subs: map[string]*subscriptions.Subscriber{}}
 	for i, s := range subscribers {
 		if s == nil {
 			return nil, fmt.Errorf("admin: NewHandler: subscribers[%d] is nil", i)
 		}
-		if _, dup := h.subs[s.Name()]; dup {
+		if _, dup := src.subs[s.Name()]; dup {
 			return nil, fmt.Errorf("admin: NewHandler: subscribers: two named %q (give one Subscriber per name)", s.Name())
 		}
-		h.subs[s.Name()] = s
-		h.names = append(h.names, s.Name())
+		src.subs[s.Name()] = s
+		src.names = append(src.names, s.Name())
 	}
-	sort.Strings(h.names)
+	sort.Strings(src.names)
+	auth := func(r *http.Request, action Action, _, subscriber string) (string, bool) {
+		return authorize(r, action, subscriber)
+	}
+	return newHandler("NewHandler", src, auth, opts)
+}
+
+// newHandler is NewHandler's and NewGroupHandler's: the handler over src,
+// its options checked (errors name constructor).
+func newHandler(constructor string, src source, authorize TenantAuthorizer, opts []Option) (*Handler, error) {
+	h := &Handler{src: src, auth: authorize, origins: map[string]bool{}}
 	for _, opt := range opts {
 		if opt != nil {
 			opt(&h.cfg)
@@ -176,20 +186,20 @@ func NewHandler(subscribers []*subscriptions.Subscriber, authorize Authorizer, o
 	for _, o := range h.cfg.origins {
 		u, err := url.Parse(o)
 		if err != nil || u.Scheme == "" || u.Host == "" {
-			return nil, fmt.Errorf("admin: NewHandler: WithTrustedOrigins: %q is not scheme://host[:port]", o)
+			return nil, fmt.Errorf("admin: %s: WithTrustedOrigins: %q is not scheme://host[:port]", constructor, o)
 		}
 		h.origins[strings.ToLower(u.Scheme+"://"+u.Host)] = true
 	}
 	h.csrfKey = make([]byte, 32)
 	if _, err := rand.Read(h.csrfKey); err != nil {
-		return nil, fmt.Errorf("admin: NewHandler: draw the anti-CSRF key: %w", err)
+		return nil, fmt.Errorf("admin: %s: draw the anti-CSRF key: %w", constructor, err)
 	}
 	if err := h.cfg.validateSampling(); err != nil {
-		return nil, fmt.Errorf("admin: NewHandler: %w", err)
+		return nil, fmt.Errorf("admin: %s: %w", constructor, err)
 	}
 	var err error
 	if h.page, err = parsePage(); err != nil {
-		return nil, fmt.Errorf("admin: NewHandler: page template: %w", err)
+		return nil, fmt.Errorf("admin: %s: page template: %w", constructor, err)
 	}
 	h.routes()
 	h.history = newHistory(h.cfg.sampleEvery)
@@ -212,9 +222,10 @@ type refusal struct {
 	reason string
 }
 
-// authorize asks the application, logs a refusal and returns the caller.
-func (h *Handler) authorize(r *http.Request, action Action, subscriber string) (string, *refusal) {
-	caller, ok := h.auth(r, action, subscriber)
+// authorize asks the application about k (name "": a list), logs a
+// refusal and returns the caller.
+func (h *Handler) authorize(r *http.Request, action Action, k key) (string, *refusal) {
+	caller, ok := h.auth(r, action, k.tenant, k.name)
 	if ok {
 		return caller, nil
 	}
@@ -222,9 +233,14 @@ func (h *Handler) authorize(r *http.Request, action Action, subscriber string) (
 	if caller == "" {
 		ref = &refusal{status: http.StatusUnauthorized, reason: "not authenticated"}
 	}
-	h.cfg.logger.Warn("admin request refused", "reason", ref.reason, "action", string(action), "caller", caller,
-		"subscriber", subscriber, "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
+	h.logRefusal(r, caller, action, k, ref)
 	return caller, ref
+}
+
+// logRefusal logs a request refused before its action, naming k.
+func (h *Handler) logRefusal(r *http.Request, caller string, action Action, k key, ref *refusal) {
+	attrs := append([]any{"reason", ref.reason, "action", string(action), "caller", caller}, k.logAttrs()...)
+	h.cfg.logger.Warn("admin request refused", append(attrs, "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)...)
 }
 
 // sameOrigin refuses a state-changing request sent by another site: a
@@ -280,10 +296,10 @@ func (h *Handler) validToken(caller, token string) bool {
 	return hmac.Equal([]byte(h.csrfToken(caller)), []byte(token))
 }
 
-// replayLock is held by a replay of subscriber; ok false means another
-// replay runs.
-func (h *Handler) replayLock(subscriber string) (unlock func(), ok bool) {
-	v, _ := h.replayMu.LoadOrStore(subscriber, &sync.Mutex{})
+// replayLock is held by a replay of k's subscriber; ok false means
+// another replay runs.
+func (h *Handler) replayLock(k key) (unlock func(), ok bool) {
+	v, _ := h.replayMu.LoadOrStore(k, &sync.Mutex{})
 	mu := v.(*sync.Mutex)
 	if !mu.TryLock() {
 		return nil, false
@@ -291,9 +307,10 @@ func (h *Handler) replayLock(subscriber string) (unlock func(), ok bool) {
 	return mu.Unlock, true
 }
 
-// audit logs an action with its caller and outcome.
-func (h *Handler) audit(r *http.Request, caller string, action Action, subscriber string, err error, attrs ...any) {
-	attrs = append([]any{"action", string(action), "caller", caller, "subscriber", subscriber, "remote", r.RemoteAddr}, attrs...)
+// audit logs an action on k's subscriber with its caller and outcome.
+func (h *Handler) audit(r *http.Request, caller string, action Action, k key, err error, attrs ...any) {
+	base := append(append([]any{"action", string(action), "caller", caller}, k.logAttrs()...), "remote", r.RemoteAddr)
+	attrs = append(base, attrs...)
 	if err != nil {
 		h.cfg.logger.Warn("admin action failed", append(attrs, "error", err)...)
 		return

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -71,45 +72,52 @@ func writeJSONError(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, apiError{Error: msg})
 }
 
-// apiFunc is an API endpoint past authorization and CSRF checks.
-type apiFunc func(w http.ResponseWriter, r *http.Request, s *subscriptions.Subscriber, caller string)
+// target is the subscriber a request is about: its row and Subscriber.
+type target struct {
+	key
+	s *subscriptions.Subscriber
+}
 
-// api wraps an endpoint about one subscriber: 404 for an unknown name,
-// authorization, and for actions the cross-site and content-type checks.
+// apiFunc is an API endpoint past authorization and CSRF checks.
+type apiFunc func(w http.ResponseWriter, r *http.Request, t target, caller string)
+
+// api wraps an endpoint about one subscriber, {name} and ?tenant=
+// (NewGroupHandler's): authorization, for actions the cross-site and
+// content-type checks, then 404 for an unknown name or tenant (400
+// without the tenant a group's subscriber needs).
 func (h *Handler) api(action Action, f apiFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		name := r.PathValue("name")
-		caller, ref := h.authorize(r, action, name)
+		k := key{tenant: r.URL.Query().Get("tenant"), name: r.PathValue("name")}
+		caller, ref := h.authorize(r, action, k)
 		if ref != nil {
 			writeJSONError(w, ref.status, ref.reason)
 			return
 		}
 		if action != Read {
 			if ref := h.sameOrigin(r); ref != nil {
-				h.refused(w, r, caller, action, name, ref)
+				h.refused(w, r, caller, action, k, ref)
 				return
 			}
 			if ref := jsonBody(r); ref != nil {
-				h.refused(w, r, caller, action, name, ref)
+				h.refused(w, r, caller, action, k, ref)
 				return
 			}
 			r.Body = http.MaxBytesReader(w, r.Body, maxBody)
 		}
-		s, ok := h.subs[name]
-		if !ok {
-			writeJSONError(w, http.StatusNotFound, "unknown subscriber "+strconv.Quote(name))
+		s, ref := h.src.lookup(k)
+		if ref != nil {
+			writeJSONError(w, ref.status, ref.reason)
 			return
 		}
 		if action == Read {
-			h.cfg.logger.Debug("admin read", "caller", caller, "subscriber", name, "path", r.URL.Path, "remote", r.RemoteAddr)
+			h.cfg.logger.Debug("admin read", append(append([]any{"caller", caller}, k.logAttrs()...), "path", r.URL.Path, "remote", r.RemoteAddr)...)
 		}
-		f(w, r, s, caller)
+		f(w, r, target{k, s}, caller)
 	}
 }
 
-func (h *Handler) refused(w http.ResponseWriter, r *http.Request, caller string, action Action, name string, ref *refusal) {
-	h.cfg.logger.Warn("admin request refused", "reason", ref.reason, "action", string(action), "caller", caller,
-		"subscriber", name, "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
+func (h *Handler) refused(w http.ResponseWriter, r *http.Request, caller string, action Action, k key, ref *refusal) {
+	h.logRefusal(r, caller, action, k, ref)
 	writeJSONError(w, ref.status, ref.reason)
 }
 
@@ -133,16 +141,45 @@ func errorStatus(err error, replay bool) int {
 	return http.StatusInternalServerError
 }
 
+// apiSubscribers lists every row, or with ?tenant=T (repeatable) the rows
+// of those tenants: the authorizer is asked about the list (tenant "",
+// subscriber "") or about each tenant's (T, "").
 func (h *Handler) apiSubscribers(w http.ResponseWriter, r *http.Request) {
-	if _, ref := h.authorize(r, Read, ""); ref != nil {
+	tenants := tenantFilter(r)
+	lists := []key{{}}
+	if len(tenants) > 0 {
+		lists = lists[:0]
+		for _, t := range tenants {
+			lists = append(lists, key{tenant: t})
+		}
+	}
+	for _, k := range lists {
+		if _, ref := h.authorize(r, Read, k); ref != nil {
+			writeJSONError(w, ref.status, ref.reason)
+			return
+		}
+	}
+	keys, ref := h.filterKeys(tenants)
+	if ref != nil {
 		writeJSONError(w, ref.status, ref.reason)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"subscribers": h.statuses(r.Context())})
+	writeJSON(w, http.StatusOK, map[string]any{"subscribers": h.statuses(r.Context(), keys)})
 }
 
-func (h *Handler) apiSubscriber(w http.ResponseWriter, r *http.Request, s *subscriptions.Subscriber, _ string) {
-	writeJSON(w, http.StatusOK, readStatus(r.Context(), s))
+// tenantFilter is the request's ?tenant= values, empty ones left out.
+func tenantFilter(r *http.Request) []string {
+	var out []string
+	for _, t := range r.URL.Query()["tenant"] {
+		if t != "" && !slices.Contains(out, t) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+func (h *Handler) apiSubscriber(w http.ResponseWriter, r *http.Request, t target, _ string) {
+	writeJSON(w, http.StatusOK, readStatus(r.Context(), t))
 }
 
 // parkedFilter reads a ParkedFilter from the query string; a malformed
@@ -164,13 +201,13 @@ func parkedFilter(r *http.Request) (subscriptions.ParkedFilter, error) {
 	return f, nil
 }
 
-func (h *Handler) apiParkedList(w http.ResponseWriter, r *http.Request, s *subscriptions.Subscriber, _ string) {
+func (h *Handler) apiParkedList(w http.ResponseWriter, r *http.Request, t target, _ string) {
 	f, err := parkedFilter(r)
 	if err != nil {
 		writeJSONError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	page, err := s.ListParkedPage(r.Context(), f)
+	page, err := t.s.ListParkedPage(r.Context(), f)
 	if err != nil {
 		writeJSONError(w, errorStatus(err, false), err.Error())
 		return
@@ -223,8 +260,8 @@ func (h *Handler) eventView(ev domain.EventEnvelope[any]) *storedEvent {
 	return out
 }
 
-func (h *Handler) apiParkedShow(w http.ResponseWriter, r *http.Request, s *subscriptions.Subscriber, _ string) {
-	d, err := h.detail(r.Context(), s, r.PathValue("id"))
+func (h *Handler) apiParkedShow(w http.ResponseWriter, r *http.Request, t target, _ string) {
+	d, err := h.detail(r.Context(), t.s, r.PathValue("id"))
 	if err != nil {
 		writeJSONError(w, errorStatus(err, false), err.Error())
 		return
@@ -234,16 +271,16 @@ func (h *Handler) apiParkedShow(w http.ResponseWriter, r *http.Request, s *subsc
 
 // replayOne replays one parked event under the subscriber's replay lock,
 // with an audit line; status is the HTTP status of the outcome.
-func (h *Handler) replayOne(r *http.Request, s *subscriptions.Subscriber, caller, id string) (status int, err error) {
-	unlock, ok := h.replayLock(s.Name())
+func (h *Handler) replayOne(r *http.Request, t target, caller, id string) (status int, err error) {
+	unlock, ok := h.replayLock(t.key)
 	if !ok {
-		err = fmt.Errorf("subscriptions: replay event %q for %q: another replay of this subscriber is running: %w", id, s.Name(), subscriptions.ErrReplayInProgress)
-		h.audit(r, caller, Replay, s.Name(), err, "event_id", id)
+		err = fmt.Errorf("subscriptions: replay event %q for %q: another replay of this subscriber is running: %w", id, t.name, subscriptions.ErrReplayInProgress)
+		h.audit(r, caller, Replay, t.key, err, "event_id", id)
 		return http.StatusConflict, err
 	}
 	defer unlock()
-	err = s.ReplayParked(r.Context(), id)
-	h.audit(r, caller, Replay, s.Name(), err, "event_id", id)
+	err = t.s.ReplayParked(r.Context(), id)
+	h.audit(r, caller, Replay, t.key, err, "event_id", id)
 	switch {
 	case err == nil:
 		return http.StatusOK, nil
@@ -255,9 +292,9 @@ func (h *Handler) replayOne(r *http.Request, s *subscriptions.Subscriber, caller
 	return http.StatusUnprocessableEntity, err
 }
 
-func (h *Handler) apiReplayOne(w http.ResponseWriter, r *http.Request, s *subscriptions.Subscriber, caller string) {
+func (h *Handler) apiReplayOne(w http.ResponseWriter, r *http.Request, t target, caller string) {
 	id := r.PathValue("id")
-	if status, err := h.replayOne(r, s, caller, id); err != nil {
+	if status, err := h.replayOne(r, t, caller, id); err != nil {
 		writeJSONError(w, status, err.Error())
 		return
 	}
@@ -281,21 +318,21 @@ func decodeBody(r *http.Request, v any) error {
 	return nil
 }
 
-func (h *Handler) apiReplayMatching(w http.ResponseWriter, r *http.Request, s *subscriptions.Subscriber, caller string) {
+func (h *Handler) apiReplayMatching(w http.ResponseWriter, r *http.Request, t target, caller string) {
 	var req replayRequest
 	if err := decodeBody(r, &req); err != nil {
 		writeJSONError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	unlock, ok := h.replayLock(s.Name())
+	unlock, ok := h.replayLock(t.key)
 	if !ok {
-		writeJSONError(w, http.StatusConflict, "a replay of "+strconv.Quote(s.Name())+" is already in progress")
+		writeJSONError(w, http.StatusConflict, "a replay of "+strconv.Quote(t.name)+" is already in progress")
 		return
 	}
 	defer unlock()
 	f := subscriptions.ParkedFilter{EventType: req.EventType, AggregateID: req.AggregateID, Limit: req.Limit}
-	res, err := s.ReplayParkedMatching(r.Context(), f, req.ContinueOnError)
-	h.audit(r, caller, Replay, s.Name(), err, "filter_event_type", f.EventType, "filter_aggregate_id", f.AggregateID,
+	res, err := t.s.ReplayParkedMatching(r.Context(), f, req.ContinueOnError)
+	h.audit(r, caller, Replay, t.key, err, "filter_event_type", f.EventType, "filter_aggregate_id", f.AggregateID,
 		"continue_on_error", req.ContinueOnError, "replayed", len(res.Replayed), "failed", len(res.Failed))
 	status := http.StatusOK
 	if err != nil {
@@ -306,10 +343,10 @@ func (h *Handler) apiReplayMatching(w http.ResponseWriter, r *http.Request, s *s
 	writeJSON(w, status, res)
 }
 
-func (h *Handler) apiDiscard(w http.ResponseWriter, r *http.Request, s *subscriptions.Subscriber, caller string) {
+func (h *Handler) apiDiscard(w http.ResponseWriter, r *http.Request, t target, caller string) {
 	id := r.PathValue("id")
-	p, err := s.DiscardParked(r.Context(), id, caller)
-	h.audit(r, caller, Discard, s.Name(), err, "event_id", id, "event_type", p.EventType, "position", p.Position, "parked_error", p.Error)
+	p, err := t.s.DiscardParked(r.Context(), id, caller)
+	h.audit(r, caller, Discard, t.key, err, "event_id", id, "event_type", p.EventType, "position", p.Position, "parked_error", p.Error)
 	if err != nil {
 		writeJSONError(w, errorStatus(err, false), err.Error())
 		return
@@ -322,7 +359,7 @@ type resetRequest struct {
 	Position *int64 `json:"position"`
 }
 
-func (h *Handler) apiReset(w http.ResponseWriter, r *http.Request, s *subscriptions.Subscriber, caller string) {
+func (h *Handler) apiReset(w http.ResponseWriter, r *http.Request, t target, caller string) {
 	var req resetRequest
 	if err := decodeBody(r, &req); err != nil {
 		writeJSONError(w, http.StatusBadRequest, err.Error())
@@ -333,21 +370,25 @@ func (h *Handler) apiReset(w http.ResponseWriter, r *http.Request, s *subscripti
 		return
 	}
 	var beyond *BeyondHeadError
-	err := CheckReset(r.Context(), s, *req.Position)
+	err := CheckReset(r.Context(), t.s, *req.Position)
 	switch {
 	case errors.As(err, &beyond):
 		writeJSONError(w, http.StatusBadRequest, "position: "+err.Error())
 		return
 	case err != nil:
-		h.audit(r, caller, Reset, s.Name(), err, "position", *req.Position)
+		h.audit(r, caller, Reset, t.key, err, "position", *req.Position)
 		writeJSONError(w, errorStatus(err, false), err.Error())
 		return
 	}
-	err = s.ResetCheckpoint(r.Context(), *req.Position)
-	h.audit(r, caller, Reset, s.Name(), err, "position", *req.Position)
+	err = t.s.ResetCheckpoint(r.Context(), *req.Position)
+	h.audit(r, caller, Reset, t.key, err, "position", *req.Position)
 	if err != nil {
 		writeJSONError(w, errorStatus(err, false), err.Error())
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"subscriber": s.Name(), "position": *req.Position})
+	out := map[string]any{"subscriber": t.name, "position": *req.Position}
+	if t.tenant != "" {
+		out["tenant"] = t.tenant
+	}
+	writeJSON(w, http.StatusOK, out)
 }

@@ -38,21 +38,21 @@ func TestHistoryKeepsOneHour(t *testing.T) {
 	var last time.Time
 	for i := range 2 * 240 {
 		last = t0.Add(time.Duration(i) * 15 * time.Second)
-		h.record("s", sample{at: last, ok: true, lag: int64(i)})
+		h.record(key{name: "s"}, sample{at: last, ok: true, lag: int64(i)})
 	}
-	got := h.samples("s", last)
+	got := h.samples(key{name: "s"}, last)
 	require.Len(t, got, 241, "an hour at 15 s, both ends included")
 	require.Equal(t, last.Add(-window), got[0].at)
 	require.Equal(t, last, got[len(got)-1].at)
-	require.Len(t, h.series["s"], 241, "older samples are dropped, not only hidden")
-	require.Len(t, h.samples("s", last.Add(30*time.Minute)), 121, "half an hour later, half of them")
-	require.Empty(t, h.samples("other", last))
+	require.Len(t, h.series[key{name: "s"}], 241, "older samples are dropped, not only hidden")
+	require.Len(t, h.samples(key{name: "s"}, last.Add(30*time.Minute)), 121, "half an hour later, half of them")
+	require.Empty(t, h.samples(key{name: "other"}, last))
 
 	// A clock that stands still keeps at most max samples.
 	for range 3 * h.max {
-		h.record("still", sample{at: t0, ok: true})
+		h.record(key{name: "still"}, sample{at: t0, ok: true})
 	}
-	require.Len(t, h.series["still"], h.max)
+	require.Len(t, h.series[key{name: "still"}], h.max)
 }
 
 // TestBuildCharts: the three sparklines of a known series: lag and lag
@@ -131,4 +131,18 @@ func TestBuildChartsMergesColumns(t *testing.T) {
 	require.Equal(t, 1, top, "one column holds the peak")
 	require.Equal(t, "60/min", c.Rate)
 	require.Contains(t, c.Lag.Title, "last hour")
+}
+
+// TestHistoryKeep: the samples of a row no longer served (a tenant removed
+// from the group) are dropped; the others stay.
+func TestHistoryKeep(t *testing.T) {
+	h := newHistory(15 * time.Second)
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	a, b := key{tenant: "t1", name: "orders"}, key{tenant: "t2", name: "orders"}
+	h.record(a, sample{at: now, ok: true})
+	h.record(b, sample{at: now, ok: true})
+	h.keep([]key{a})
+	require.Len(t, h.samples(a, now), 1)
+	require.Empty(t, h.samples(b, now))
+	require.NotContains(t, h.series, b)
 }

@@ -20,10 +20,13 @@ type pauseRequest struct {
 // it, read by ReadPause: whether the name is paused everywhere, since when
 // and why (Status.Paused, PausedAt, PauseReason).
 type PauseState struct {
-	Subscriber string    `json:"subscriber"`
-	Paused     bool      `json:"paused"`
-	PausedAt   time.Time `json:"paused_at,omitzero"`
-	Reason     string    `json:"reason,omitempty"`
+	Subscriber string `json:"subscriber"`
+	// Tenant is the tenant of a Group's subscriber (Status.Tenant), or
+	// the schema the CLI was given; "" otherwise.
+	Tenant   string    `json:"tenant,omitempty"`
+	Paused   bool      `json:"paused"`
+	PausedAt time.Time `json:"paused_at,omitzero"`
+	Reason   string    `json:"reason,omitempty"`
 }
 
 // ReadPause reads s's pause through Subscriber.Status, as both surfaces
@@ -36,7 +39,7 @@ func ReadPause(ctx context.Context, s *subscriptions.Subscriber) (PauseState, er
 	if err != nil && !errors.Is(err, subscriptions.ErrCheckpointAhead) {
 		return PauseState{}, fmt.Errorf("admin: read the pause of %q: %w", s.Name(), err)
 	}
-	return PauseState{Subscriber: s.Name(), Paused: st.Paused, PausedAt: st.PausedAt, Reason: st.PauseReason}, nil
+	return PauseState{Subscriber: s.Name(), Tenant: st.Tenant, Paused: st.Paused, PausedAt: st.PausedAt, Reason: st.PauseReason}, nil
 }
 
 // setPaused is the pause (or resume) of both the API and the page:
@@ -45,40 +48,41 @@ func ReadPause(ctx context.Context, s *subscriptions.Subscriber) (PauseState, er
 // an audit line, then the pause read back (ReadPause). status is the
 // HTTP status of a failure. It runs on the request's goroutine; Pause
 // returns once the name's batch in flight, if any, has ended.
-func (h *Handler) setPaused(r *http.Request, s *subscriptions.Subscriber, caller string, pause bool, reason string) (st PauseState, status int, err error) {
+func (h *Handler) setPaused(r *http.Request, t target, caller string, pause bool, reason string) (st PauseState, status int, err error) {
 	action, attrs := Resume, []any{}
 	if pause {
 		action, attrs = Pause, []any{"reason", reason}
-		err = s.Pause(r.Context(), reason)
+		err = t.s.Pause(r.Context(), reason)
 	} else {
-		err = s.Resume(r.Context())
+		err = t.s.Resume(r.Context())
 	}
-	h.audit(r, caller, action, s.Name(), err, attrs...)
+	h.audit(r, caller, action, t.key, err, attrs...)
 	if err != nil {
 		return st, errorStatus(err, false), err
 	}
-	if st, err = ReadPause(r.Context(), s); err != nil {
+	if st, err = ReadPause(r.Context(), t.s); err != nil {
 		return st, http.StatusInternalServerError, fmt.Errorf("the %s is done, but: %w", action, err)
 	}
+	st.Tenant = t.tenant
 	return st, http.StatusOK, nil
 }
 
-func (h *Handler) apiPause(w http.ResponseWriter, r *http.Request, s *subscriptions.Subscriber, caller string) {
+func (h *Handler) apiPause(w http.ResponseWriter, r *http.Request, t target, caller string) {
 	var req pauseRequest
 	if err := decodeBody(r, &req); err != nil {
 		writeJSONError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	h.writePaused(w, r, s, caller, true, req.Reason)
+	h.writePaused(w, r, t, caller, true, req.Reason)
 }
 
 // apiResume takes no body (one is ignored), as a replay of one event.
-func (h *Handler) apiResume(w http.ResponseWriter, r *http.Request, s *subscriptions.Subscriber, caller string) {
-	h.writePaused(w, r, s, caller, false, "")
+func (h *Handler) apiResume(w http.ResponseWriter, r *http.Request, t target, caller string) {
+	h.writePaused(w, r, t, caller, false, "")
 }
 
-func (h *Handler) writePaused(w http.ResponseWriter, r *http.Request, s *subscriptions.Subscriber, caller string, pause bool, reason string) {
-	st, status, err := h.setPaused(r, s, caller, pause, reason)
+func (h *Handler) writePaused(w http.ResponseWriter, r *http.Request, t target, caller string, pause bool, reason string) {
+	st, status, err := h.setPaused(r, t, caller, pause, reason)
 	if err != nil {
 		writeJSONError(w, status, err.Error())
 		return

@@ -72,22 +72,38 @@ type sample struct {
 	handled int64
 }
 
-// history is the samples of every subscriber, oldest first, each kept for
-// window. It is safe for concurrent use: the sampler records while pages
-// read, under mu.
+// history is the samples of every row (subscriber, and tenant), oldest
+// first, each kept for window. It is safe for concurrent use: the sampler
+// records while pages read, under mu.
 type history struct {
 	mu     sync.Mutex
-	max    int // samples kept per subscriber at most
-	series map[string][]sample
+	max    int // samples kept per row at most
+	series map[key][]sample
 }
 
 func newHistory(every time.Duration) *history {
-	return &history{max: int(window/every) + 2, series: map[string][]sample{}}
+	return &history{max: int(window/every) + 2, series: map[key][]sample{}}
+}
+
+// keep drops the samples of every row but keys: a tenant removed from the
+// group takes its history with it.
+func (h *history) keep(keys []key) {
+	live := make(map[key]bool, len(keys))
+	for _, k := range keys {
+		live[k] = true
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for k := range h.series {
+		if !live[k] {
+			delete(h.series, k)
+		}
+	}
 }
 
 // record appends s to name's samples and drops those older than window
 // before it (and the oldest beyond max, should the clock stand still).
-func (h *history) record(name string, s sample) {
+func (h *history) record(name key, s sample) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	ss := append(h.series[name], s)
@@ -103,7 +119,7 @@ func (h *history) record(name string, s sample) {
 }
 
 // samples returns a copy of name's samples taken within window before now.
-func (h *history) samples(name string, now time.Time) []sample {
+func (h *history) samples(name key, now time.Time) []sample {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var out []sample
@@ -153,13 +169,20 @@ func (h *Handler) startSampler() {
 	}()
 }
 
-// sampleAll records one sample of each subscriber, one Status call at a
-// time, each bounded by the interval so that a database that hangs does
-// not pile the samples up (the timed-out read is a gap).
+// sampleAll records one sample of each row (of the tenants the source has
+// now), one Status call at a time, each bounded by the interval so that a
+// database that hangs does not pile the samples up (the timed-out read is
+// a gap).
 func (h *Handler) sampleAll(ctx context.Context) {
-	for _, name := range h.names {
+	keys := h.src.keys()
+	h.history.keep(keys)
+	for _, name := range keys {
+		sub, ref := h.src.lookup(name)
+		if ref != nil {
+			continue // removed since keys
+		}
 		rctx, cancel := context.WithTimeout(ctx, h.cfg.sampleEvery)
-		st, err := h.subs[name].Status(rctx)
+		st, err := sub.Status(rctx)
 		cancel()
 		if ctx.Err() != nil {
 			return // Close: not a gap, the end
@@ -168,7 +191,7 @@ func (h *Handler) sampleAll(ctx context.Context) {
 		if err == nil {
 			s = sampleOf(s.at, st)
 		} else {
-			h.cfg.logger.Debug("admin sampler: status read failed", "subscriber", name, "error", err)
+			h.cfg.logger.Debug("admin sampler: status read failed", append(name.logAttrs(), "error", err)...)
 		}
 		h.history.record(name, s)
 	}

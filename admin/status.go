@@ -31,14 +31,16 @@ type statusRow struct {
 	stuckFor map[int]time.Duration
 }
 
-// readStatus reads s's status for the admin surfaces, with the stuck
-// partitions by the root's own rule (Subscriber.StatusStuck, Healthy's).
-func readStatus(ctx context.Context, s *subscriptions.Subscriber) statusRow {
-	st, stuck, err := s.StatusStuck(ctx)
-	out := statusRow{Status: st, PartitionCount: s.Partitions()}
+// readStatus reads t's status for the admin surfaces, with the stuck
+// partitions by the root's own rule (Subscriber.StatusStuck, Healthy's),
+// and its row's tenant.
+func readStatus(ctx context.Context, t target) statusRow {
+	st, stuck, err := t.s.StatusStuck(ctx)
+	out := statusRow{Status: st, PartitionCount: t.s.Partitions()}
 	if err != nil {
-		out.Subscriber, out.Error = s.Name(), err.Error()
+		out.Subscriber, out.Error = t.name, err.Error()
 	}
+	out.Tenant = t.tenant
 	for _, c := range stuck {
 		if c.Partition < 0 {
 			continue // an unpartitioned subscriber's checkpoint
@@ -79,10 +81,15 @@ func (a statusRow) PartitionsNeedAttention() bool {
 	return len(a.StuckPartitions) > 0 || a.FailingPartitions() > 0
 }
 
-func (h *Handler) statuses(ctx context.Context) []statusRow {
-	out := make([]statusRow, 0, len(h.names))
-	for _, name := range h.names {
-		out = append(out, readStatus(ctx, h.subs[name]))
+// statuses reads the rows keys, one after another. A row whose
+// subscriber is gone (a tenant removed since keys were listed) is left
+// out.
+func (h *Handler) statuses(ctx context.Context, keys []key) []statusRow {
+	out := make([]statusRow, 0, len(keys))
+	for _, k := range keys {
+		if s, ref := h.src.lookup(k); ref == nil {
+			out = append(out, readStatus(ctx, target{k, s}))
+		}
 	}
 	return out
 }
