@@ -144,3 +144,48 @@ func openInBrowser(t *testing.T, url string) (context.Context, func(sel string) 
 		return strings.TrimSpace(v)
 	}
 }
+
+// TestAdminPageTenantsInBrowser opens a Group's admin page in headless
+// Chromium with JavaScript disabled (SUBSCRIPTIONS_BROWSER=1): every row
+// shows its tenant; the filter box narrows the table to one tenant; a
+// row's link selects that tenant's subscriber, and its Pause form pauses
+// that tenant's subscriber only.
+func TestAdminPageTenantsInBrowser(t *testing.T) {
+	requireBrowser(t)
+	f := newGroupFixture(t, envBackends()[0])
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Header.Set("X-User", "browser") // the fixture's authorizer
+		f.handler.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	ctx, text := openInBrowser(t, srv.URL+"/")
+	rows := func() []string {
+		t.Helper()
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`Array.from(document.querySelectorAll('#subscribers tr[data-subscriber]')).map(r => r.querySelector('td.tenant').textContent + '/' + r.dataset.subscriber)`))
+		require.NoError(t, err)
+		return v
+	}
+	require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(`#tenant-filter input[name="tenant"]`))))
+	require.Equal(t, []string{"t1/orders", "t1/emails", "t2/orders", "t2/emails"}, rows())
+
+	require.NoError(t, chromedp.Do(ctx, chromedp.SendKeys(chromedp.CSS(`#tenant-filter input[name="tenant"]`), "t2")))
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#tenant-filter button`))))
+	require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(`#tenant-filter a[href="./"]`))))
+	require.Equal(t, []string{"t2/orders", "t2/emails"}, rows())
+
+	row := `#subscribers tr[data-subscriber="orders"][data-tenant="t2"]`
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(row+` td:nth-child(2) a`))))
+	require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(`#no-parked`))))
+	require.Equal(t, "Parked events of orders (tenant t2)", text(`h2`))
+
+	require.NoError(t, chromedp.Do(ctx, chromedp.SendKeys(chromedp.CSS(row+` input[name="reason"]`), "browser pause")))
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(row+` input[name="confirm"]`))))
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(row+` button[name="pause"]`))))
+	require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(`p.notice`))))
+	require.Contains(t, text(row+` .paused`), "browser pause")
+	for tenant, want := range map[string]bool{"t1": false, "t2": true} {
+		st, err := f.sub(t, tenant, "orders").Status(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, want, st.Paused, "tenant %s", tenant)
+	}
+}

@@ -7,11 +7,14 @@ import (
 	"fmt"
 	"log/slog"
 	"os/user"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/admin"
+	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/migrations"
 )
 
@@ -51,11 +54,90 @@ type dbStatus struct {
 
 // status prints every subscriber's status (Subscriber.Status, read from
 // the database), a partitioned subscriber's partitions with -partitions
-// or -json.
-func (c *cli) status(ctx context.Context, d *database) error {
-	groups, err := d.groups(ctx)
+// or -json; over tenants (-schemas, -tenant) every tenant's, with a TENANT
+// column.
+func (c *cli) status(ctx context.Context) error {
+	out := []dbStatus{}
+	err := c.each(ctx, func(d *database) error {
+		rows, err := c.statuses(ctx, d)
+		out = append(out, rows...)
+		return err
+	})
 	if err != nil {
 		return err
+	}
+	if c.json {
+		return c.printJSON(map[string]any{"subscribers": out})
+	}
+	if len(out) == 0 {
+		fmt.Fprintln(c.stdout, map[bool]string{false: "no subscribers in this database", true: "no subscribers in these tenants"}[c.tenantMode()])
+		return nil
+	}
+	rows := make([][]string, 0, len(out))
+	var notes []string
+	for _, s := range out {
+		state := s.State
+		if s.Error != "" {
+			state += ": " + s.Error
+		}
+		who := s.Subscriber // the notes' name for it, as the table shows it
+		if s.Tenant != "" {
+			who += " of tenant " + s.Tenant
+		}
+		if s.Paused {
+			state = "paused, " + state
+			p := admin.PauseState{PausedAt: s.PausedAt, Reason: s.PauseReason}
+			notes = append(notes, fmt.Sprintf("paused: %s everywhere %s (`subscriptions resume %s%s` lifts it)", who, pausedSince(p), tenantArgs(s.Tenant), s.Subscriber))
+		}
+		parts := "-"
+		if s.Partitions > 0 {
+			parts = strconv.Itoa(s.Partitions)
+		}
+		parked := strconv.Itoa(s.Parked)
+		if s.Held > 0 {
+			parked += fmt.Sprintf(" (%d held)", s.Held)
+		}
+		rows = append(rows, c.tenantCell(s.Tenant, []string{s.Subscriber, strconv.FormatInt(s.Position, 10), strconv.FormatInt(s.Head, 10),
+			strconv.FormatInt(s.Lag, 10), seconds(s.LagSeconds), parked, parts, state}))
+		for _, p := range s.PartitionCheckpoints {
+			pstate := "caught up"
+			switch {
+			case p.Position > s.Head:
+				pstate = "checkpoint ahead of head"
+			case p.Lag > 0:
+				pstate = "behind"
+			}
+			rows = append(rows, c.tenantCell(s.Tenant, []string{p.Checkpoint, strconv.FormatInt(p.Position, 10), strconv.FormatInt(s.Head, 10),
+				strconv.FormatInt(p.Lag, 10), seconds(p.LagSeconds), "-", fmt.Sprintf("%d of %d", p.Partition, s.Partitions), pstate}))
+		}
+		if len(s.OtherCheckpoints) > 0 {
+			notes = append(notes, fmt.Sprintf("note: %s also has checkpoints of another partition count (%s ...), retired by a repartition or left by an earlier count, not used while it runs with %d (docs/partitions.md)",
+				who, s.OtherCheckpoints[0], s.Partitions))
+		}
+	}
+	if err := c.table(c.tenantCell("TENANT", []string{"SUBSCRIBER", "POSITION", "HEAD", "LAG", "LAG_TIME", "PARKED", "PARTITIONS", "STATE"}), rows); err != nil {
+		return err
+	}
+	for _, n := range notes {
+		fmt.Fprintln(c.stdout, n)
+	}
+	return nil
+}
+
+// tenantCell puts tenant in front of a table row over tenants (-schemas,
+// -tenant); row as it is otherwise.
+func (c *cli) tenantCell(tenant string, row []string) []string {
+	if !c.tenantMode() {
+		return row
+	}
+	return append([]string{tenant}, row...)
+}
+
+// statuses reads the status of every subscriber of d.
+func (c *cli) statuses(ctx context.Context, d *database) ([]dbStatus, error) {
+	groups, err := d.groups(ctx)
+	if err != nil {
+		return nil, err
 	}
 	out := make([]dbStatus, 0, len(groups))
 	for _, g := range groups {
@@ -63,10 +145,11 @@ func (c *cli) status(ctx context.Context, d *database) error {
 		if err != nil {
 			// A name this version refuses (written by hand?): its row says
 			// why, the others are still shown.
-			out = append(out, dbStatus{Status: subscriptions.Status{Subscriber: g.name}, State: "error", Error: err.Error(), Partitions: g.partitions})
+			out = append(out, dbStatus{Status: subscriptions.Status{Subscriber: g.name, Tenant: d.tenant}, State: "error", Error: err.Error(), Partitions: g.partitions})
 			continue
 		}
 		st, err := sub.Status(ctx)
+		st.Tenant = d.tenant
 		row := dbStatus{Status: st, Partitions: g.partitions, OtherCheckpoints: g.other}
 		switch {
 		case errors.Is(err, subscriptions.ErrCheckpointAhead):
@@ -85,58 +168,7 @@ func (c *cli) status(ctx context.Context, d *database) error {
 		}
 		out = append(out, row)
 	}
-	if c.json {
-		return c.printJSON(map[string]any{"subscribers": out})
-	}
-	if len(out) == 0 {
-		fmt.Fprintln(c.stdout, "no subscribers in this database")
-		return nil
-	}
-	rows := make([][]string, 0, len(out))
-	var notes []string
-	for _, s := range out {
-		state := s.State
-		if s.Error != "" {
-			state += ": " + s.Error
-		}
-		if s.Paused {
-			state = "paused, " + state
-			p := admin.PauseState{PausedAt: s.PausedAt, Reason: s.PauseReason}
-			notes = append(notes, fmt.Sprintf("paused: %s everywhere %s (`subscriptions resume %s` lifts it)", s.Subscriber, pausedSince(p), s.Subscriber))
-		}
-		parts := "-"
-		if s.Partitions > 0 {
-			parts = strconv.Itoa(s.Partitions)
-		}
-		parked := strconv.Itoa(s.Parked)
-		if s.Held > 0 {
-			parked += fmt.Sprintf(" (%d held)", s.Held)
-		}
-		rows = append(rows, []string{s.Subscriber, strconv.FormatInt(s.Position, 10), strconv.FormatInt(s.Head, 10),
-			strconv.FormatInt(s.Lag, 10), seconds(s.LagSeconds), parked, parts, state})
-		for _, p := range s.PartitionCheckpoints {
-			pstate := "caught up"
-			switch {
-			case p.Position > s.Head:
-				pstate = "checkpoint ahead of head"
-			case p.Lag > 0:
-				pstate = "behind"
-			}
-			rows = append(rows, []string{p.Checkpoint, strconv.FormatInt(p.Position, 10), strconv.FormatInt(s.Head, 10),
-				strconv.FormatInt(p.Lag, 10), seconds(p.LagSeconds), "-", fmt.Sprintf("%d of %d", p.Partition, s.Partitions), pstate})
-		}
-		if len(s.OtherCheckpoints) > 0 {
-			notes = append(notes, fmt.Sprintf("note: %s also has checkpoints of another partition count (%s ...), retired by a repartition or left by an earlier count, not used while it runs with %d (docs/partitions.md)",
-				s.Subscriber, s.OtherCheckpoints[0], s.Partitions))
-		}
-	}
-	if err := c.table([]string{"SUBSCRIBER", "POSITION", "HEAD", "LAG", "LAG_TIME", "PARKED", "PARTITIONS", "STATE"}, rows); err != nil {
-		return err
-	}
-	for _, n := range notes {
-		fmt.Fprintln(c.stdout, n)
-	}
-	return nil
+	return out, nil
 }
 
 // subscribersFor returns -subscriber's subscriber (checked to exist; the
@@ -157,27 +189,35 @@ func (c *cli) subscribersFor(ctx context.Context, d *database) ([]*group, error)
 	return []*group{g}, nil
 }
 
-func (c *cli) parkedList(ctx context.Context, d *database) error {
-	groups, err := c.subscribersFor(ctx, d)
-	if err != nil {
-		return err
-	}
+// parkedList lists parked events, per subscriber (and tenant).
+func (c *cli) parkedList(ctx context.Context) error {
 	filter := subscriptions.ParkedFilter{EventType: c.eventType, AggregateID: c.aggregate, AfterPosition: c.after, Limit: c.limit}
 	type listed struct {
+		Tenant     string                   `json:"tenant,omitempty"`
 		Subscriber string                   `json:"subscriber"`
 		Page       subscriptions.ParkedPage `json:"page"`
 	}
 	all := []listed{}
-	for _, g := range groups {
-		sub, err := d.subscriber(g, c.logger())
+	err := c.each(ctx, func(d *database) error {
+		groups, err := c.subscribersFor(ctx, d)
 		if err != nil {
 			return err
 		}
-		page, err := sub.ListParkedPage(ctx, filter)
-		if err != nil {
-			return err
+		for _, g := range groups {
+			sub, err := d.subscriber(g, c.logger())
+			if err != nil {
+				return err
+			}
+			page, err := sub.ListParkedPage(ctx, filter)
+			if err != nil {
+				return err
+			}
+			all = append(all, listed{d.tenant, g.name, page})
 		}
-		all = append(all, listed{g.name, page})
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if c.json {
 		return c.printJSON(map[string]any{"parked": all})
@@ -190,18 +230,18 @@ func (c *cli) parkedList(ctx context.Context, d *database) error {
 			if p.HeldBy != "" {
 				why = "held behind " + p.HeldBy
 			}
-			rows = append(rows, []string{p.Subscriber, strconv.FormatInt(p.Position, 10), p.EventID, p.EventType, p.AggregateID,
-				strconv.Itoa(p.Attempts), p.ParkedAt.UTC().Format(time.RFC3339), why})
+			rows = append(rows, c.tenantCell(l.Tenant, []string{p.Subscriber, strconv.FormatInt(p.Position, 10), p.EventID, p.EventType, p.AggregateID,
+				strconv.Itoa(p.Attempts), p.ParkedAt.UTC().Format(time.RFC3339), why}))
 		}
 		if l.Page.More {
-			more = append(more, fmt.Sprintf("more parked events of %s: add -after %d", l.Subscriber, l.Page.NextAfter))
+			more = append(more, fmt.Sprintf("more parked events of %s: add -after %d", subject(l.Tenant, l.Subscriber), l.Page.NextAfter))
 		}
 	}
 	if len(rows) == 0 {
 		fmt.Fprintln(c.stdout, "no parked events")
 		return nil
 	}
-	if err := c.table([]string{"SUBSCRIBER", "POSITION", "EVENT_ID", "TYPE", "AGGREGATE", "ATTEMPTS", "LAST_FAILURE", "ERROR"}, rows); err != nil {
+	if err := c.table(c.tenantCell("TENANT", []string{"SUBSCRIBER", "POSITION", "EVENT_ID", "TYPE", "AGGREGATE", "ATTEMPTS", "LAST_FAILURE", "ERROR"}), rows); err != nil {
 		return err
 	}
 	for _, m := range more {
@@ -210,49 +250,86 @@ func (c *cli) parkedList(ctx context.Context, d *database) error {
 	return nil
 }
 
-// findParked finds the one subscriber that parked eventID (or checks
-// -subscriber's).
-func (c *cli) findParked(ctx context.Context, d *database, eventID string) (*subscriptions.Subscriber, subscriptions.ParkedEvent, error) {
+// parkedHit is a subscriber (of a tenant) that parked an event, with the
+// entry and, for show, the stored event.
+type parkedHit struct {
+	tenant string
+	sub    *subscriptions.Subscriber
+	entry  subscriptions.ParkedEvent
+	ev     domain.EventEnvelope[any]
+	evErr  error
+}
+
+// findParked returns the subscribers of d that parked eventID (only
+// -subscriber's, checked to exist, when given).
+func (c *cli) findParked(ctx context.Context, d *database, eventID string) ([]parkedHit, error) {
 	groups, err := c.subscribersFor(ctx, d)
 	if err != nil {
-		return nil, subscriptions.ParkedEvent{}, err
+		return nil, err
 	}
-	var (
-		found []*subscriptions.Subscriber
-		entry subscriptions.ParkedEvent
-	)
+	var found []parkedHit
 	for _, g := range groups {
 		sub, err := d.subscriber(g, c.logger())
 		if err != nil {
-			return nil, entry, err
+			return nil, err
 		}
 		p, err := sub.GetParked(ctx, eventID)
 		if errors.Is(err, subscriptions.ErrEventNotParked) {
 			continue
 		}
 		if err != nil {
-			return nil, entry, err
+			return nil, err
 		}
-		found, entry = append(found, sub), p
+		found = append(found, parkedHit{tenant: d.tenant, sub: sub, entry: p})
 	}
-	switch len(found) {
-	case 0:
-		if c.subscriber != "" {
-			return nil, entry, fmt.Errorf("event %q is not parked for subscriber %q (parked list shows what is)", eventID, c.subscriber)
-		}
-		return nil, entry, fmt.Errorf("event %q is not parked for any subscriber (parked list shows what is)", eventID)
-	case 1:
-		return found[0], entry, nil
-	}
-	return nil, entry, fmt.Errorf("event %q is parked for %d subscribers: choose one with -subscriber", eventID, len(found))
+	return found, nil
 }
 
-func (c *cli) parkedShow(ctx context.Context, d *database, eventID string) error {
-	sub, p, err := c.findParked(ctx, d, eventID)
+// oneParked is the one hit of found, or why there is not one.
+func (c *cli) oneParked(found []parkedHit, eventID string) (parkedHit, error) {
+	switch len(found) {
+	case 0:
+		where := "any subscriber"
+		if c.subscriber != "" {
+			where = fmt.Sprintf("subscriber %q", c.subscriber)
+		}
+		if c.tenantMode() && len(c.targets) > 1 {
+			where += fmt.Sprintf(" of the %d tenants", len(c.targets))
+		}
+		return parkedHit{}, fmt.Errorf("event %q is not parked for %s (parked list shows what is)", eventID, where)
+	case 1:
+		return found[0], nil
+	}
+	var tenants []string
+	for _, h := range found {
+		if h.tenant != "" && !slices.Contains(tenants, h.tenant) {
+			tenants = append(tenants, h.tenant)
+		}
+	}
+	if len(tenants) > 1 {
+		return parkedHit{}, fmt.Errorf("event %q is parked in %d tenants (%s): choose one with -tenant", eventID, len(tenants), strings.Join(tenants, ", "))
+	}
+	return parkedHit{}, fmt.Errorf("event %q is parked for %d subscribers: choose one with -subscriber", eventID, len(found))
+}
+
+func (c *cli) parkedShow(ctx context.Context, eventID string) error {
+	var found []parkedHit
+	err := c.each(ctx, func(d *database) error {
+		hits, err := c.findParked(ctx, d, eventID)
+		for i := range hits {
+			hits[i].ev, hits[i].evErr = hits[i].sub.Event(ctx, eventID)
+		}
+		found = append(found, hits...)
+		return err
+	})
 	if err != nil {
 		return err
 	}
-	ev, evErr := sub.Event(ctx, eventID)
+	hit, err := c.oneParked(found, eventID)
+	if err != nil {
+		return err
+	}
+	p, ev, evErr := hit.entry, hit.ev, hit.evErr
 	if c.json {
 		out := map[string]any{"parked": p}
 		if evErr != nil {
@@ -260,12 +337,16 @@ func (c *cli) parkedShow(ctx context.Context, d *database, eventID string) error
 		} else {
 			out["event"] = ev
 		}
-		return c.printJSON(out)
+		return c.printJSON(withTenant(hit.tenant, out))
 	}
-	rows := [][]string{
-		{"subscriber", p.Subscriber}, {"event", p.EventID}, {"type", p.EventType}, {"position", strconv.FormatInt(p.Position, 10)},
-		{"aggregate", p.AggregateID}, {"attempts", strconv.Itoa(p.Attempts)}, {"last failure", p.ParkedAt.UTC().Format(time.RFC3339Nano)},
+	var rows [][]string
+	if hit.tenant != "" {
+		rows = append(rows, []string{"tenant", hit.tenant})
 	}
+	rows = append(rows,
+		[]string{"subscriber", p.Subscriber}, []string{"event", p.EventID}, []string{"type", p.EventType}, []string{"position", strconv.FormatInt(p.Position, 10)},
+		[]string{"aggregate", p.AggregateID}, []string{"attempts", strconv.Itoa(p.Attempts)}, []string{"last failure", p.ParkedAt.UTC().Format(time.RFC3339Nano)},
+	)
 	if p.HeldBy != "" {
 		rows = append(rows, []string{"held behind", p.HeldBy + " (replay or discard that one first)"})
 	}
@@ -294,21 +375,26 @@ func operator() string {
 }
 
 func (c *cli) parkedDiscard(ctx context.Context, d *database, eventID string) error {
-	sub, p, err := c.findParked(ctx, d, eventID)
+	found, err := c.findParked(ctx, d, eventID)
 	if err != nil {
 		return err
 	}
-	if err := c.confirm(fmt.Sprintf("Discard parked event %s (%s, position %d) of subscriber %q? It will never be processed.",
-		p.EventID, p.EventType, p.Position, p.Subscriber)); err != nil {
+	hit, err := c.oneParked(found, eventID)
+	if err != nil {
+		return err
+	}
+	sub, p := hit.sub, hit.entry
+	if err := c.confirm(fmt.Sprintf("Discard parked event %s (%s, position %d) of %s? It will never be processed.",
+		p.EventID, p.EventType, p.Position, subject(d.tenant, p.Subscriber))); err != nil {
 		return err
 	}
 	if _, err := sub.DiscardParked(ctx, eventID, operator()); err != nil {
 		return err
 	}
 	if c.json {
-		return c.printJSON(map[string]any{"discarded": p})
+		return c.printJSON(withTenant(d.tenant, map[string]any{"discarded": p}))
 	}
-	fmt.Fprintf(c.stdout, "discarded: event %s of subscriber %q\n", p.EventID, p.Subscriber)
+	fmt.Fprintf(c.stdout, "discarded: event %s of %s\n", p.EventID, subject(d.tenant, p.Subscriber))
 	return nil
 }
 
@@ -352,8 +438,8 @@ func (c *cli) reset(ctx context.Context, d *database, name, positionArg string) 
 		}
 		from = fmt.Sprintf("position %d", current)
 	}
-	if err := c.confirm(fmt.Sprintf("Reset subscriber %q from %s to %d? Events after %d will be processed again.",
-		name, from, position, position)); err != nil {
+	if err := c.confirm(fmt.Sprintf("Reset %s from %s to %d? Events after %d will be processed again.",
+		subject(d.tenant, name), from, position, position)); err != nil {
 		return err
 	}
 	if err := sub.ResetCheckpoint(ctx, position); err != nil {
@@ -364,9 +450,9 @@ func (c *cli) reset(ctx context.Context, d *database, name, positionArg string) 
 		if g.partitions > 0 {
 			out["partitions"] = g.partitions
 		}
-		return c.printJSON(out)
+		return c.printJSON(withTenant(d.tenant, out))
 	}
-	fmt.Fprintf(c.stdout, "reset: subscriber %q from %s to %d\n", name, from, position)
+	fmt.Fprintf(c.stdout, "reset: %s from %s to %d\n", subject(d.tenant, name), from, position)
 	return nil
 }
 
@@ -374,30 +460,56 @@ func (c *cli) reset(ctx context.Context, d *database, name, positionArg string) 
 // (migrations.Migrate), or with -verify only checks that they are applied
 // (migrations.Verify): the step a deployment runs, with a role allowed to
 // create tables, before applications start with WithSchemaVerifyOnly.
+// With -tenant it works in that schema (which must exist); -verify also
+// checks every tenant -schemas selects, one after another.
+// Over tenants -json prints {"schemas": [{"tenant", "schema"}...]}.
 func (c *cli) migrate(ctx context.Context) error {
-	db, _, closeDB, err := openHandle(ctx, c.dsn)
+	if !c.tenantMode() {
+		state, err := c.migrateOne(ctx, "")
+		if err != nil {
+			return err
+		}
+		if c.json {
+			return c.printJSON(map[string]any{"schema": state})
+		}
+		fmt.Fprintln(c.stdout, map[string]string{"current": "schema is current", "migrated": "schema migrated"}[state])
+		return nil
+	}
+	var out []map[string]any
+	for _, tenant := range c.targets {
+		state, err := c.migrateOne(ctx, tenant)
+		if err != nil {
+			return tenantError{tenant, err}
+		}
+		out = append(out, map[string]any{"tenant": tenant, "schema": state})
+		if !c.json {
+			fmt.Fprintf(c.stdout, "tenant %q: %s\n", tenant, map[string]string{"current": "schema is current", "migrated": "schema migrated"}[state])
+		}
+	}
+	if c.json {
+		return c.printJSON(map[string]any{"schemas": out})
+	}
+	return nil
+}
+
+// migrateOne migrates (or verifies) the DSN's database, or tenant's
+// schema: "migrated" or "current".
+func (c *cli) migrateOne(ctx context.Context, tenant string) (string, error) {
+	db, _, closeDB, err := openHandle(ctx, c.dsn, tenant)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer closeDB()
 	if c.verify {
 		if err := migrations.Verify(ctx, db); errors.Is(err, migrations.ErrSchemaMismatch) {
-			return fmt.Errorf("%w\n-verify changed nothing: `subscriptions migrate` applies the migrations", err)
+			return "", fmt.Errorf("%w\n-verify changed nothing: `subscriptions migrate` applies the migrations", err)
 		} else if err != nil {
-			return err
+			return "", err
 		}
-		if c.json {
-			return c.printJSON(map[string]any{"schema": "current"})
-		}
-		fmt.Fprintln(c.stdout, "schema is current")
-		return nil
+		return "current", nil
 	}
 	if err := migrations.Migrate(ctx, db); err != nil {
-		return err
+		return "", err
 	}
-	if c.json {
-		return c.printJSON(map[string]any{"schema": "migrated"})
-	}
-	fmt.Fprintln(c.stdout, "schema migrated")
-	return nil
+	return "migrated", nil
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/secret"
 	"github.com/eventfeed/subscriptions/migrations"
+	migschema "github.com/eventfeed/subscriptions/migrations/schema"
 )
 
 // connectTimeout bounds connecting to Postgres.
@@ -27,8 +28,11 @@ const connectTimeout = 10 * time.Second
 
 // database is an opened database with the module's stores on it.
 type database struct {
-	db          *gorm.DB
-	kind        string // "postgres" or "sqlite"
+	db   *gorm.DB
+	kind string // "postgres" or "sqlite"
+	// tenant is the schema the stores are on, given by -schemas or
+	// -tenant ("" without: the DSN's search_path).
+	tenant      string
 	events      *infrastructure.GormEventStore
 	checkpoints *subscriptions.GormCheckpointStore
 	parking     *subscriptions.GormParkingLot
@@ -69,17 +73,26 @@ func (c *cli) scrub(msg string) string { return secret.Scrub(msg, c.secrets) }
 // migrate creates tables; a read-only command run by an operator, maybe
 // with a role that may not create tables, must not migrate a database
 // behind the application's back).
-func openDatabase(ctx context.Context, d string) (*database, error) {
-	db, kind, close, err := openHandle(ctx, d)
+//
+// With tenant (a Postgres schema: -schemas, -tenant) the stores are the
+// schema's, whatever the DSN's search_path.
+func openDatabase(ctx context.Context, d, tenant string) (*database, error) {
+	db, kind, close, err := openHandle(ctx, d, tenant)
 	if err != nil {
 		return nil, err
 	}
-	return withStores(ctx, db, kind, close)
+	out, err := withStores(ctx, db, kind, close)
+	if err != nil {
+		return nil, err
+	}
+	out.tenant = tenant
+	return out, nil
 }
 
 // openHandle opens d without reading or creating any table. A SQLite file
-// must exist: a mistyped path must not create one.
-func openHandle(ctx context.Context, d string) (db *gorm.DB, kind string, close func(), err error) {
+// must exist: a mistyped path must not create one. A non-empty schema (a
+// Postgres one) becomes the search_path of every connection.
+func openHandle(ctx context.Context, d, schema string) (db *gorm.DB, kind string, close func(), err error) {
 	cfg := &gorm.Config{Logger: logger.Discard}
 	if isPostgres(d) {
 		kind = "postgres"
@@ -94,6 +107,9 @@ func openHandle(ctx context.Context, d string) (db *gorm.DB, kind string, close 
 		}
 		if pgcfg.ConnectTimeout <= 0 || pgcfg.ConnectTimeout > connectTimeout {
 			pgcfg.ConnectTimeout = connectTimeout
+		}
+		if schema != "" {
+			pgcfg.RuntimeParams["search_path"] = migschema.QuoteIdent(schema)
 		}
 		target := fmt.Sprintf("Postgres at %s:%d (database %q, user %q)", pgcfg.Host, pgcfg.Port, pgcfg.Database, pgcfg.User)
 		pool := stdlib.OpenDB(*pgcfg)
@@ -111,6 +127,9 @@ func openHandle(ctx context.Context, d string) (db *gorm.DB, kind string, close 
 		}
 		close = func() { pool.Close() }
 	} else {
+		if schema != "" {
+			return nil, "", nil, fmt.Errorf("tenant %q: SQLite has no schemas (give each tenant a database file of its own)", schema)
+		}
 		kind = "sqlite"
 		path, full := d, d
 		if strings.HasPrefix(d, "sqlite:") {
@@ -194,10 +213,14 @@ func hasTable(ctx context.Context, db *gorm.DB, kind, table string) (bool, error
 
 // subscriber is a Subscriber for g over the database's stores, with g's
 // partitions. Its handler refuses to run: the CLI never processes events.
-// Its log lines (the audit line of a discard, a reset) go to stderr.
+// Its log lines (the audit line of a discard, a reset) go to stderr, with
+// the tenant when there is one.
 func (d *database) subscriber(g *group, log *slog.Logger) (*subscriptions.Subscriber, error) {
 	// WithOrderedParking: Status then counts held entries, whatever the
 	// application's option (this Subscriber never runs).
+	if d.tenant != "" {
+		log = log.With("tenant", d.tenant)
+	}
 	opts := []subscriptions.SubscriberOption{subscriptions.WithParkingLot(d.parking), subscriptions.WithOrderedParking(), subscriptions.WithLogger(log)}
 	if g.partitions > 0 {
 		opts = append(opts, subscriptions.WithPartitions(g.partitions))

@@ -26,6 +26,15 @@
 // tables; -yes skips the confirmations. Flags may come before or after
 // the command's arguments.
 //
+// Tenants kept as schemas of one Postgres database (subscriptions.Group,
+// docs/tenants.md): -schemas PATTERN runs a command over every schema
+// matching PATTERN (path.Match) that has the checkpoint table, one
+// schema at a time, with a TENANT column (and "tenant" in JSON);
+// -tenant NAME picks one schema. A write (parked discard, reset, pause,
+// resume, repartition, migrate) needs -tenant: a pattern never selects
+// what a write changes. A pattern that matches no such schema is an
+// error.
+//
 // Replaying a parked event needs the application's handler, so the CLI
 // cannot do it: use the admin handler (admin.NewHandler)
 // mounted in the application, or Subscriber.ReplayParked.
@@ -84,6 +93,9 @@ flags (anywhere on the line):
                default $SUBSCRIPTIONS_DSN. The password is never printed.
   -json        print JSON for scripts instead of tables
   -yes         do not ask for confirmation
+  -schemas P   tenants as Postgres schemas: each schema matching P (* ? [a-z]) that has a
+               subscriber_checkpoints table, in turn, with a TENANT column; a write needs -tenant
+  -tenant T    the schema T only; required by parked discard, reset, pause, resume, repartition, migrate
 
 Replaying a parked event runs the application's handler, which this program does not have:
 mount the admin handler (admin.NewHandler) in the application, or call
@@ -108,9 +120,14 @@ var errDeclined = errors.New("not confirmed; nothing was changed (pass -yes to s
 
 // cli is one invocation: its flags, streams and, once opened, database.
 type cli struct {
-	dsn        string
-	json       bool
-	yes        bool
+	dsn  string
+	json bool
+	yes  bool
+	// schemas and tenant are -schemas and -tenant; targets the schemas
+	// they select (resolveTenants).
+	schemas    string
+	tenant     string
+	targets    []string
 	subscriber string
 	eventType  string
 	aggregate  string
@@ -158,6 +175,8 @@ func (c *cli) flags(name string, args []string, extra func(*flag.FlagSet)) ([]st
 	fs.StringVar(&c.dsn, "dsn", c.dsn, "")
 	fs.BoolVar(&c.json, "json", c.json, "")
 	fs.BoolVar(&c.yes, "yes", c.yes, "")
+	fs.StringVar(&c.schemas, "schemas", c.schemas, "")
+	fs.StringVar(&c.tenant, "tenant", c.tenant, "")
 	if extra != nil {
 		extra(fs)
 	}
@@ -286,32 +305,37 @@ func (c *cli) dispatch(ctx context.Context, args []string, getenv func(string) s
 		return usageError{"no database: pass -dsn DSN or set SUBSCRIPTIONS_DSN"}
 	}
 	c.secrets = secretsOf(c.dsn)
-	if cmd == "migrate" {
-		return c.migrate(ctx)
-	}
-	db, err := openDatabase(ctx, c.dsn)
-	if err != nil {
+	if err := c.checkTenantFlags(cmd); err != nil {
 		return err
 	}
-	defer db.close()
-	switch cmd {
-	case "status":
-		return c.status(ctx, db)
-	case "parked list":
-		return c.parkedList(ctx, db)
-	case "parked show":
-		return c.parkedShow(ctx, db, pos[0])
-	case "parked discard":
-		return c.parkedDiscard(ctx, db, pos[0])
-	case "pause":
-		return c.pause(ctx, db, pos[0], c.reason)
-	case "resume":
-		return c.resume(ctx, db, pos[0])
-	case "repartition":
-		return c.repartition(ctx, db, pos[0], c.repartitionTo)
-	default: // reset
-		return c.reset(ctx, db, pos[0], pos[1])
+	if err := c.resolveTenants(ctx, cmd); err != nil {
+		return err
 	}
+	switch cmd {
+	case "migrate":
+		return c.migrate(ctx)
+	case "status":
+		return c.status(ctx)
+	case "parked list":
+		return c.parkedList(ctx)
+	case "parked show":
+		return c.parkedShow(ctx, pos[0])
+	}
+	// The writes: one database (one tenant, checkTenantFlags).
+	return c.each(ctx, func(db *database) error {
+		switch cmd {
+		case "parked discard":
+			return c.parkedDiscard(ctx, db, pos[0])
+		case "pause":
+			return c.pause(ctx, db, pos[0], c.reason)
+		case "resume":
+			return c.resume(ctx, db, pos[0])
+		case "repartition":
+			return c.repartition(ctx, db, pos[0], c.repartitionTo)
+		default: // reset
+			return c.reset(ctx, db, pos[0], pos[1])
+		}
+	})
 }
 
 // leadingFlags parses the common flags before the command.
@@ -321,6 +345,8 @@ func (c *cli) leadingFlags(args []string) ([]string, error) {
 	fs.StringVar(&c.dsn, "dsn", "", "")
 	fs.BoolVar(&c.json, "json", false, "")
 	fs.BoolVar(&c.yes, "yes", false, "")
+	fs.StringVar(&c.schemas, "schemas", "", "")
+	fs.StringVar(&c.tenant, "tenant", "", "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err

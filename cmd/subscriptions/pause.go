@@ -27,8 +27,15 @@ func (c *cli) pausedSubscriber(ctx context.Context, d *database, name string) (*
 	if err != nil {
 		return nil, nil, admin.PauseState{}, err
 	}
-	st, err := admin.ReadPause(ctx, sub)
+	st, err := c.readPause(ctx, d, sub)
 	return sub, g, st, err
+}
+
+// readPause is admin.ReadPause with d's tenant.
+func (c *cli) readPause(ctx context.Context, d *database, sub *subscriptions.Subscriber) (admin.PauseState, error) {
+	st, err := admin.ReadPause(ctx, sub)
+	st.Tenant = d.tenant
+	return st, err
 }
 
 // pausedSince describes a pause for the terminal: since when, and why if
@@ -54,22 +61,22 @@ func (c *cli) pause(ctx context.Context, d *database, name, reason string) error
 		if c.json {
 			return c.printJSON(st)
 		}
-		fmt.Fprintf(c.stdout, "subscriber %q is already paused %s\n", name, pausedSince(st))
+		fmt.Fprintf(c.stdout, "%s is already paused %s\n", subject(d.tenant, name), pausedSince(st))
 		return nil
 	}
-	what := fmt.Sprintf("subscriber %q", name)
+	what := subject(d.tenant, name)
 	if g.partitions > 0 {
 		what += fmt.Sprintf(" (its %d partitions)", g.partitions)
 	}
-	if err := c.confirm(fmt.Sprintf("Pause %s everywhere? Every replica, in every process, stops at its next batch and handles nothing until `subscriptions resume %s`.",
-		what, name)); err != nil {
+	if err := c.confirm(fmt.Sprintf("Pause %s everywhere? Every replica, in every process, stops at its next batch and handles nothing until `subscriptions resume %s%s`.",
+		what, tenantArgs(d.tenant), name)); err != nil {
 		return err
 	}
 	if err := sub.Pause(ctx, reason); err != nil {
 		return err
 	}
-	if st, err = admin.ReadPause(ctx, sub); err != nil {
-		return fmt.Errorf("subscriber %q is paused, but: %w", name, err)
+	if st, err = c.readPause(ctx, d, sub); err != nil {
+		return fmt.Errorf("%s is paused, but: %w", subject(d.tenant, name), err)
 	}
 	if c.json {
 		return c.printJSON(st)
@@ -90,22 +97,22 @@ func (c *cli) resume(ctx context.Context, d *database, name string) error {
 		if c.json {
 			return c.printJSON(st)
 		}
-		fmt.Fprintf(c.stdout, "subscriber %q is not paused\n", name)
+		fmt.Fprintf(c.stdout, "%s is not paused\n", subject(d.tenant, name))
 		return nil
 	}
-	if err := c.confirm(fmt.Sprintf("Resume subscriber %q, paused %s? Its replicas, in every process, go on from their checkpoints.",
-		name, pausedSince(st))); err != nil {
+	if err := c.confirm(fmt.Sprintf("Resume %s, paused %s? Its replicas, in every process, go on from their checkpoints.",
+		subject(d.tenant, name), pausedSince(st))); err != nil {
 		return err
 	}
 	if err := sub.Resume(ctx); err != nil {
 		return err
 	}
-	if st, err = admin.ReadPause(ctx, sub); err != nil {
-		return fmt.Errorf("subscriber %q is resumed, but: %w", name, err)
+	if st, err = c.readPause(ctx, d, sub); err != nil {
+		return fmt.Errorf("%s is resumed, but: %w", subject(d.tenant, name), err)
 	}
 	if c.json {
 		return c.printJSON(st)
 	}
-	fmt.Fprintf(c.stdout, "resumed: subscriber %q\n", name)
+	fmt.Fprintf(c.stdout, "resumed: %s\n", subject(d.tenant, name))
 	return nil
 }

@@ -36,14 +36,14 @@ func (c *cli) repartition(ctx context.Context, d *database, name string, n int) 
 		return err
 	}
 	if g.partitions == n {
-		return fmt.Errorf("repartition: subscriber %q is %s already; nothing was changed", name, layout(n))
+		return fmt.Errorf("repartition: %s is %s already; nothing was changed", subject(d.tenant, name), layout(n))
 	}
 	sub, err := d.subscriber(g, c.auditLogger())
 	if err != nil {
 		return err
 	}
-	if err := c.confirm(fmt.Sprintf("Repartition subscriber %q from %s to %s? Processes running it with the old count stop at their next batch "+
-		"(ErrPartitionsChanged): start them again with the new one.", name, layout(g.partitions), layout(n))); err != nil {
+	if err := c.confirm(fmt.Sprintf("Repartition %s from %s to %s? Processes running it with the old count stop at their next batch "+
+		"(ErrPartitionsChanged): start them again with the new one.", subject(d.tenant, name), layout(g.partitions), layout(n))); err != nil {
 		return err
 	}
 	if err := sub.Repartition(ctx, n); err != nil {
@@ -62,8 +62,8 @@ func (c *cli) repartition(ctx context.Context, d *database, name string, n int) 
 		return err
 	}
 	if c.json {
-		return c.printJSON(map[string]any{"subscriber": name, "from": g.partitions, "partitions": n, "position": position})
+		return c.printJSON(withTenant(d.tenant, map[string]any{"subscriber": name, "from": g.partitions, "partitions": n, "position": position}))
 	}
-	fmt.Fprintf(c.stdout, "repartitioned: subscriber %q from %s to %s at position %d\n", name, layout(g.partitions), layout(n), position)
+	fmt.Fprintf(c.stdout, "repartitioned: %s from %s to %s at position %d\n", subject(d.tenant, name), layout(g.partitions), layout(n), position)
 	return nil
 }
