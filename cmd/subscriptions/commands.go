@@ -56,16 +56,33 @@ type dbStatus struct {
 // the database), a partitioned subscriber's partitions with -partitions
 // or -json; over tenants (-schemas, -tenant) every tenant's, with a TENANT
 // column.
-func (c *cli) status(ctx context.Context) error {
+func (c *cli) status(ctx context.Context) (err error) {
 	out := []dbStatus{}
-	err := c.each(ctx, func(d *database) error {
+	// Over tenants, one that cannot be read (a schema not migrated yet,
+	// say) is a row of its own, and the others are still shown; the
+	// command then fails.
+	var failed []error
+	read := func(d *database) error {
 		rows, err := c.statuses(ctx, d)
 		out = append(out, rows...)
 		return err
-	})
-	if err != nil {
-		return err
 	}
+	if !c.tenantMode() {
+		if err := c.each(ctx, read); err != nil {
+			return err
+		}
+	}
+	for _, tenant := range c.targets {
+		if err := c.inTenant(ctx, tenant, read); err != nil {
+			out = append(out, dbStatus{Status: subscriptions.Status{Subscriber: "-", Tenant: tenant}, State: "error", Error: err.Error()})
+			failed = append(failed, tenantError{tenant, err})
+		}
+	}
+	defer func() {
+		if len(failed) > 0 && err == nil {
+			err = fmt.Errorf("status: %d of %d tenants could not be read:\n%w", len(failed), len(c.targets), errors.Join(failed...))
+		}
+	}()
 	if c.json {
 		return c.printJSON(map[string]any{"subscribers": out})
 	}

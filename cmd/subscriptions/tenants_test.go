@@ -252,4 +252,16 @@ func TestTenantSchemas(t *testing.T) {
 	r = run("", "migrate", "-tenant", prefix+"_none")
 	require.Equal(t, 1, r.code, r.stdout)
 	require.Contains(t, r.stderr, "no such schema in this database")
+
+	// A tenant that cannot be read (only the original module's checkpoint
+	// table): status shows the others and a row saying why, and fails.
+	old := prefix + "_old"
+	require.NoError(t, tenantSchema(t, old, true).Exec("CREATE TABLE subscriber_checkpoints (subscriber text NOT NULL PRIMARY KEY, position bigint NOT NULL, updated_at timestamptz)").Error)
+	r = run("", "status", "-schemas", all)
+	require.Equal(t, 1, r.code, r.stderr)
+	require.Regexp(t, row(ta, `orders\s+1\s+3\s+2\s+`), r.stdout)
+	require.Regexp(t, row(old, `-\s+0\s+0\s+0\s+0s\s+0\s+-\s+error: migrations: database schema is not the one`), r.stdout)
+	require.Contains(t, r.stderr, "status: 1 of 5 tenants could not be read")
+	require.Contains(t, r.stderr, fmt.Sprintf("tenant %q: ", old))
+	require.Contains(t, r.stderr, "missing table events", "the reason, whole")
 }
