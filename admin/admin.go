@@ -1,6 +1,7 @@
 // Package admin is the operator surface of package subscriptions: an
 // http.Handler (NewHandler) with a JSON API and one server-rendered page
-// over the public API of a set of Subscribers, behind the application's
+// over the public API of a set of Subscribers (NewHandler) or of a
+// Group's tenants (NewGroupHandler), behind the application's
 // own authorization.
 package admin
 
