@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/eventfeed/subscriptions"
+	migschema "github.com/eventfeed/subscriptions/migrations/schema"
 )
 
 // A partitioned subscriber (subscriptions.WithPartitions) keeps one
@@ -42,8 +43,10 @@ func (d *database) groups(ctx context.Context) ([]*group, error) {
 		Subscriber string
 		Position   int64
 	}
-	err := d.db.WithContext(ctx).Raw(`SELECT subscriber, position FROM subscriber_checkpoints
-		UNION SELECT DISTINCT subscriber, -1 FROM parked_events`).Scan(&rows).Error
+	// A tenant's tables are named in its schema (Qualified: the table
+	// alone without a tenant, for the search_path to select).
+	err := d.db.WithContext(ctx).Raw(`SELECT subscriber, position FROM ` + migschema.Qualified(d.tenant, "subscriber_checkpoints") + `
+		UNION SELECT DISTINCT subscriber, -1 FROM ` + migschema.Qualified(d.tenant, "parked_events")).Scan(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("list subscribers: %w", err)
 	}
