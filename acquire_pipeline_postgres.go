@@ -22,12 +22,14 @@ var errNoPipeline = errors.New("pipelined acquire not available")
 var _ FeedAcquirer = (*GormCheckpointStore)(nil)
 
 // SharesFeed reports whether events is a GormEventStore on this store's
-// own pool: its batches then read that feed in their transaction
-// (BatchFeedReader), and on Postgres with pgx AcquireAfter reads it in
-// the acquisition's round trip.
+// own pool and schema (WithSchema): its batches then read that feed in
+// their transaction (BatchFeedReader), and on Postgres with pgx
+// AcquireAfter reads it in the acquisition's round trip. Tenants sharing
+// one pool share no feed: each batch reads the events table of its
+// store's schema.
 func (g *GormCheckpointStore) SharesFeed(events domain.EventStore) bool {
 	db, ok := eventrow.StoreDB(events)
-	if !ok {
+	if !ok || eventrow.StoreSchema(events) != g.schema {
 		return false
 	}
 	pool, err := db.DB()
@@ -48,10 +50,6 @@ func (g *GormCheckpointStore) AcquireAfter(ctx context.Context, subscriber strin
 	}
 	return batch, events, err == nil, err
 }
-
-// pipelinedFeedQuery is the ordinary feed read (GormEventStore.ReadAfter)
-// with pgx's placeholders.
-const pipelinedFeedQuery = eventrow.Select + "WHERE position > $1 ORDER BY position LIMIT $2"
 
 // acquireAndRead sends BEGIN, the checkpoint lock, the read of the
 // attempt record and the feed read as one pgx batch on a connection
@@ -77,7 +75,7 @@ func (g *GormCheckpointStore) acquireAndRead(ctx context.Context, subscriber str
 		if !ok {
 			return errNoPipeline
 		}
-		locked, err = sendAcquireBatch(ctx, pc, subscriber, after, limit)
+		locked, err = sendAcquireBatch(ctx, pc, g.sql, subscriber, after, limit)
 		if err != nil || locked == nil {
 			return pgxconn.EndSession(ctx, pc, err)
 		}
@@ -108,11 +106,6 @@ func (g *GormCheckpointStore) acquireAndRead(ctx context.Context, subscriber str
 	return b, locked.events, nil
 }
 
-// pipelinedAttemptQuery reads the position of the subscriber's attempt
-// record, in the batch's transaction once the row is locked, for the
-// batch's first HasAttempt (see prefetchedAttempt).
-const pipelinedAttemptQuery = "SELECT position FROM subscriber_attempts WHERE subscriber = $1"
-
 // pipelined is what sendAcquireBatch read once it locked the row.
 type pipelined struct {
 	row     lockedRow
@@ -121,14 +114,18 @@ type pipelined struct {
 }
 
 // sendAcquireBatch returns what it read with the row it locked, nil when
-// it locked none. A stored event that does not decode fails it with an
+// it locked none, with the statements q: the lock (lockRowPgx), then the
+// position of the subscriber's attempt record, for the batch's first
+// HasAttempt (pipelinedAttempt, see prefetchedAttempt), then the ordinary
+// feed read (GormEventStore.ReadAfter) with pgx's placeholders
+// (pipelinedFeed). A stored event that does not decode fails it with an
 // *eventrow.DecodeError.
-func sendAcquireBatch(ctx context.Context, pc *pgx.Conn, subscriber string, after int64, limit int) (*pipelined, error) {
+func sendAcquireBatch(ctx context.Context, pc *pgx.Conn, q *checkpointSQL, subscriber string, after int64, limit int) (*pipelined, error) {
 	batch := &pgx.Batch{}
 	batch.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
-	batch.Queue(lockRowPgx, subscriber, PauseKey(subscriber))
-	batch.Queue(pipelinedAttemptQuery, subscriber)
-	batch.Queue(pipelinedFeedQuery, after, limit)
+	batch.Queue(q.lockRowPgx, subscriber, PauseKey(subscriber))
+	batch.Queue(q.pipelinedAttempt, subscriber)
+	batch.Queue(q.pipelinedFeed, after, limit)
 	br := pc.SendBatch(ctx, batch)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {

@@ -53,6 +53,10 @@ type GormCheckpointStore struct {
 	db      *gorm.DB
 	pool    *sql.DB
 	dialect *dialect.Dialect
+	// schema is WithSchema's, "" when the pool's search_path selects the
+	// tables; sql is the store's statements with its tables named.
+	schema string
+	sql    *checkpointSQL
 
 	// Without row locks (SQLite) only, nil otherwise: the batches in
 	// flight on this pool, shared by every store built on it, so that Reset
@@ -112,10 +116,11 @@ var (
 // schema migrations if the database lacks any (migrations.Migrate: safe
 // while other processes use the tables; no lock once the schema is up to
 // date). With WithSchemaVerifyOnly it runs no DDL and only checks the
-// schema. Like the event feed itself, it supports Postgres and SQLite:
-// replica coordination relies on row locking (Postgres) or serialized
-// writers (SQLite), and other engines would silently double-process
-// events.
+// schema; with WithSchema it uses, and migrates, the tables of that
+// Postgres schema. Like the event feed itself, it supports Postgres and
+// SQLite: replica coordination relies on row locking (Postgres) or
+// serialized writers (SQLite), and other engines would silently
+// double-process events.
 //
 // A batch holds one connection of db's pool for its life and never waits
 // for a second (its attempt record is written on it): a pool of any size
@@ -128,10 +133,11 @@ func NewGormCheckpointStore(db *gorm.DB, opts ...GormStoreOption) (*GormCheckpoi
 	if err != nil {
 		return nil, err
 	}
-	if err := ensureSchema("NewGormCheckpointStore", db, opts); err != nil {
+	schemaName, err := ensureSchema("NewGormCheckpointStore", db, opts)
+	if err != nil {
 		return nil, err
 	}
-	g := &GormCheckpointStore{db: db, pool: pool, dialect: d}
+	g := &GormCheckpointStore{db: db, pool: pool, dialect: d, schema: schemaName, sql: newCheckpointSQL(tablesIn(schemaName), d)}
 	if !d.RowLocks {
 		g.reg = registryFor(pool)
 	}
@@ -199,7 +205,7 @@ func (g *GormCheckpointStore) begin(ctx context.Context, b *gormBatch) (bool, er
 	// No row yet. Create it in a statement of its own, committed at once:
 	// created inside a batch, the uncommitted row would make every other
 	// replica's first Acquire wait for that whole batch instead of skipping.
-	if err := g.db.WithContext(ctx).Exec(createRow, b.subscriber, time.Now().UTC()).Error; err != nil {
+	if err := g.db.WithContext(ctx).Exec(g.sql.createRow, b.subscriber, time.Now().UTC()).Error; err != nil {
 		return false, fmt.Errorf("subscriptions: acquire checkpoint of %q: create row: %w", b.subscriber, err)
 	}
 	acquired, _, err = g.lockPostgres(ctx, b)
@@ -231,7 +237,7 @@ func (g *GormCheckpointStore) lockPostgres(ctx context.Context, b *gormBatch) (a
 		_ = conn.Close()
 	}
 	var row lockedRow
-	if err := tx.Raw(lockRow, lockRowArgs(b.subscriber)...).Scan(&row).Error; err != nil {
+	if err := tx.Raw(g.sql.lockRow, lockRowArgs(b.subscriber)...).Scan(&row).Error; err != nil {
 		end()
 		return false, false, fmt.Errorf("subscriptions: acquire checkpoint of %q: lock row: %w", b.subscriber, err)
 	}
@@ -284,11 +290,11 @@ func (g *GormCheckpointStore) beginSQLite(ctx context.Context, b *gormBatch) (bo
 	}
 	// The insert comes first so that the batch takes SQLite's write lock at
 	// once, whatever the DSN's transaction mode.
-	if err := tx.Exec(createRow, b.subscriber, time.Now().UTC()).Error; err != nil {
+	if err := tx.Exec(g.sql.createRow, b.subscriber, time.Now().UTC()).Error; err != nil {
 		return fail("create row", err)
 	}
 	var row lockedRow
-	if err := tx.Raw(readLockedRow, lockRowArgs(b.subscriber)...).Scan(&row).Error; err != nil {
+	if err := tx.Raw(g.sql.readLockedRow, lockRowArgs(b.subscriber)...).Scan(&row).Error; err != nil {
 		return fail("read row", err)
 	}
 	if row.Position == nil {
@@ -313,7 +319,7 @@ func (g *GormCheckpointStore) txOptions() *sql.TxOptions { return g.dialect.TxOp
 // It is one indexed read, without a transaction or lock.
 func (g *GormCheckpointStore) Position(ctx context.Context, subscriber string) (int64, error) {
 	var positions []int64
-	if err := g.db.WithContext(ctx).Raw("SELECT position FROM subscriber_checkpoints WHERE subscriber = ?", subscriber).Scan(&positions).Error; err != nil {
+	if err := g.db.WithContext(ctx).Raw(g.sql.position, subscriber).Scan(&positions).Error; err != nil {
 		return 0, fmt.Errorf("subscriptions: read checkpoint of %q: %w", subscriber, err)
 	}
 	if len(positions) == 0 {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/eventfeed/subscriptions/internal/dialect"
 )
 
 // GormCheckpointStore's attempt records (see AttemptCounter) are rows of
@@ -40,16 +42,16 @@ const attemptClaimLease = 10 * time.Second
 
 var _ AttemptCounter = (*GormCheckpointStore)(nil)
 
-// attemptUpsert writes a whole record, with the claim where the dialect
-// has claims; its arguments are attemptValues'.
-func (g *GormCheckpointStore) attemptUpsert() string {
+// attemptUpsertQuery writes a whole record into t's attempts, with the
+// claim where the dialect d has claims; its arguments are attemptValues'.
+func attemptUpsertQuery(t gormTables, d *dialect.Dialect) string {
 	columns, values, set := "", "", ""
-	if g.dialect.Claims {
-		pid, now := g.dialect.ClaimValues()
+	if d.Claims {
+		pid, now := d.ClaimValues()
 		columns, values = ", holder, holder_pid, claimed_at", ", ?, "+pid+", "+now
 		set = ", holder = excluded.holder, holder_pid = excluded.holder_pid, claimed_at = excluded.claimed_at"
 	}
-	return `INSERT INTO subscriber_attempts (subscriber, position, event_id, through, attempts, last_error, updated_at` + columns + `)
+	return `INSERT INTO ` + t.attempts + ` (subscriber, position, event_id, through, attempts, last_error, updated_at` + columns + `)
 	VALUES (?, ?, ?, ?, ?, ?, ?` + values + `)
 	ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, event_id = excluded.event_id, through = excluded.through,
 		attempts = excluded.attempts, last_error = excluded.last_error, updated_at = excluded.updated_at` + set
@@ -89,7 +91,7 @@ func (g *GormCheckpointStore) BeginAttempt(ctx context.Context, batch Batch, sub
 		// runner's live claim is there.
 		live, liveArgs := g.liveClaim(rec.Holder, checkpoint)
 		var wrote []int
-		if err := db.Raw(g.attemptUpsert()+`
+		if err := db.Raw(g.sql.attemptUpsert+`
 			WHERE NOT ((subscriber_attempts.position = excluded.position
 				AND (subscriber_attempts.event_id = excluded.event_id OR subscriber_attempts.attempts = 0)) OR `+live+`)
 			RETURNING attempts`, append(g.attemptValues(subscriber, rec), liveArgs...)...).Scan(&wrote).Error; err != nil {
@@ -103,7 +105,7 @@ func (g *GormCheckpointStore) BeginAttempt(ctx context.Context, batch Batch, sub
 			holder = "holder"
 		}
 		var rows []attemptRow
-		if err := db.Raw("SELECT position, event_id, through, attempts, last_error, "+holder+" AS holder, "+live+" AS claimed FROM subscriber_attempts WHERE subscriber = ?",
+		if err := db.Raw("SELECT position, event_id, through, attempts, last_error, "+holder+" AS holder, "+live+" AS claimed FROM "+g.sql.attempts+" WHERE subscriber = ?",
 			append(liveArgs, subscriber)...).Scan(&rows).Error; err != nil {
 			return fmt.Errorf("read: %w", err)
 		}
@@ -129,7 +131,7 @@ var errNothingToWrite = errors.New("nothing to write")
 func (g *GormCheckpointStore) PutAttempt(ctx context.Context, batch Batch, subscriber string, rec AttemptRecord) error {
 	return g.attemptWrite(ctx, batch, subscriber, rec.Holder, func(db *gorm.DB, checkpoint int64) error {
 		live, liveArgs := g.liveClaim(rec.Holder, checkpoint)
-		res := db.Exec(g.attemptUpsert()+" WHERE NOT "+live, append(g.attemptValues(subscriber, rec), liveArgs...)...)
+		res := db.Exec(g.sql.attemptUpsert+" WHERE NOT "+live, append(g.attemptValues(subscriber, rec), liveArgs...)...)
 		if res.Error != nil {
 			return res.Error
 		}
@@ -216,7 +218,7 @@ func (g *GormCheckpointStore) failAttemptRow(db *gorm.DB, subscriber string, rec
 	if g.dialect.Claims {
 		unclaim = ", holder = '', holder_pid = 0, claimed_at = NULL"
 	}
-	err := db.Exec(`INSERT INTO subscriber_attempts (subscriber, position, event_id, through, attempts, last_error, updated_at)
+	err := db.Exec(`INSERT INTO `+g.sql.attempts+` (subscriber, position, event_id, through, attempts, last_error, updated_at)
 		VALUES (?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (subscriber) DO UPDATE SET last_error = excluded.last_error, updated_at = excluded.updated_at,
 			attempts = CASE WHEN subscriber_attempts.position = excluded.position AND subscriber_attempts.event_id = excluded.event_id
@@ -230,6 +232,12 @@ func (g *GormCheckpointStore) failAttemptRow(db *gorm.DB, subscriber string, rec
 	return nil
 }
 
+// releaseClaimQuery gives up the claim of a holder (the second argument)
+// on the subscriber's record (the first), in t's attempts.
+func releaseClaimQuery(t gormTables) string {
+	return "UPDATE " + t.attempts + " SET holder = '' WHERE subscriber = ? AND holder = ?"
+}
+
 // releaseClaim (Postgres) gives up the claim holder wrote for the batch
 // on conn, once the batch's transaction has rolled back: the record stays,
 // an attempt that did not complete, and the next replica counts on from
@@ -239,7 +247,7 @@ func (g *GormCheckpointStore) releaseClaim(conn *sql.Conn, subscriber, holder st
 	defer cancel()
 	db := g.db.Session(&gorm.Session{NewDB: true, Context: ctx})
 	db.Statement.ConnPool = conn
-	if err := db.Exec("UPDATE subscriber_attempts SET holder = '' WHERE subscriber = ? AND holder = ?", subscriber, holder).Error; err != nil {
+	if err := db.Exec(g.sql.releaseClaim, subscriber, holder).Error; err != nil {
 		return fmt.Errorf("subscriptions: release the attempt claim of %q: %w", subscriber, err)
 	}
 	return nil
@@ -254,7 +262,7 @@ func (g *GormCheckpointStore) HasAttempt(ctx context.Context, batch Batch, subsc
 		return has, nil
 	}
 	var found []int
-	if err := b.tx.WithContext(ctx).Raw("SELECT 1 FROM subscriber_attempts WHERE subscriber = ? AND position = ?", subscriber, position).Scan(&found).Error; err != nil {
+	if err := b.tx.WithContext(ctx).Raw("SELECT 1 FROM "+g.sql.attempts+" WHERE subscriber = ? AND position = ?", subscriber, position).Scan(&found).Error; err != nil {
 		return false, fmt.Errorf("subscriptions: read the attempt record of %q: %w", subscriber, err)
 	}
 	return len(found) > 0, nil
@@ -266,7 +274,7 @@ func (g *GormCheckpointStore) ClearAttempt(ctx context.Context, batch Batch, sub
 		return fmt.Errorf("subscriptions: clear the attempt count of %q: not a batch of this store", subscriber)
 	}
 	b.attempt = prefetchedAttempt{}
-	if err := b.tx.WithContext(ctx).Exec("DELETE FROM subscriber_attempts WHERE subscriber = ?", subscriber).Error; err != nil {
+	if err := b.tx.WithContext(ctx).Exec("DELETE FROM "+g.sql.attempts+" WHERE subscriber = ?", subscriber).Error; err != nil {
 		return fmt.Errorf("subscriptions: clear the attempt count of %q: %w", subscriber, err)
 	}
 	return nil
@@ -298,8 +306,8 @@ func (p *prefetchedAttempt) take(own bool, position int64) (has, ok bool) {
 
 // clearAttemptsIn deletes the names' records in tx (Reset, ResetWith,
 // Delete and their partitioned forms).
-func clearAttemptsIn(tx *gorm.DB, names ...string) error {
-	if err := tx.Exec("DELETE FROM subscriber_attempts WHERE subscriber IN ?", names).Error; err != nil {
+func (t gormTables) clearAttemptsIn(tx *gorm.DB, names ...string) error {
+	if err := tx.Exec("DELETE FROM "+t.attempts+" WHERE subscriber IN ?", names).Error; err != nil {
 		return fmt.Errorf("clear the attempt count: %w", err)
 	}
 	return nil
@@ -312,15 +320,15 @@ func clearAttemptsIn(tx *gorm.DB, names ...string) error {
 func (b *gormBatch) relock(tx *gorm.DB) (lockedRow, error) {
 	var row lockedRow
 	if !b.store.dialect.RowLocks {
-		if err := tx.Exec(takeWriteLock, b.subscriber).Error; err != nil {
+		if err := tx.Exec(b.store.sql.takeWriteLock, b.subscriber).Error; err != nil {
 			return row, err
 		}
-		return row, tx.Raw(readLockedRow, lockRowArgs(b.subscriber)...).Scan(&row).Error
+		return row, tx.Raw(b.store.sql.readLockedRow, lockRowArgs(b.subscriber)...).Scan(&row).Error
 	}
 	if err := tx.Exec("SET LOCAL lock_timeout = '" + relockTimeout + "'").Error; err != nil {
 		return row, err
 	}
-	if err := tx.Raw(relockRow, lockRowArgs(b.subscriber)...).Scan(&row).Error; err != nil {
+	if err := tx.Raw(b.store.sql.relockRow, lockRowArgs(b.subscriber)...).Scan(&row).Error; err != nil {
 		return row, err
 	}
 	return row, tx.Exec("SET LOCAL lock_timeout TO DEFAULT").Error

@@ -221,12 +221,12 @@ func (b *gormBatch) Commit(ctx context.Context, position int64) error {
 	// The compare-and-set also refuses while the name is paused: a batch
 	// that locked its row before a Pause committed never moves the
 	// checkpoint after Pause returned (see GormCheckpointStore.pause).
-	update, args := commitUpdate, []any{position, time.Now().UTC(), b.subscriber, b.position, PauseKey(b.subscriber)}
+	update, args := b.store.sql.commitUpdate, []any{position, time.Now().UTC(), b.subscriber, b.position, PauseKey(b.subscriber)}
 	if b.claim != "" && b.store.dialect.Claims {
 		// The batch's attempt claim goes in the same statement (see
 		// AttemptCounter): once the commit lands, its record is a plain
 		// record of the position it committed.
-		update = commitUpdateClaim
+		update = b.store.sql.commitUpdateClaim
 		args = append([]any{b.subscriber, b.claim}, args...)
 	}
 	var (
@@ -276,14 +276,15 @@ func newStatement(sql string) statement {
 	return statement{gorm: sql, pgx: b.String()}
 }
 
-var (
-	// commitUpdate is Commit's compare-and-set of the checkpoint: the new
-	// position, the time, the row, the batch's start and the pause key.
-	commitUpdate = newStatement("UPDATE subscriber_checkpoints SET position = ?, updated_at = ? WHERE subscriber = ? AND position = ? AND NOT " + pausedClause)
-	// commitUpdateClaim is commitUpdate releasing the batch's attempt
-	// claim (the subscriber and the holder first).
-	commitUpdateClaim = newStatement("WITH released AS (UPDATE subscriber_attempts SET holder = '' WHERE subscriber = ? AND holder = ?) " + commitUpdate.gorm)
-)
+// commitStatements are Commit's compare-and-set of the checkpoint on the
+// tables t, update: the new position, the time, the row, the batch's
+// start and the pause key; and claim, update releasing the batch's
+// attempt claim (releaseClaimQuery: the subscriber and the holder first)
+// in the same statement.
+func commitStatements(t gormTables) (update, claim statement) {
+	update = newStatement("UPDATE " + t.checkpoints + " SET position = ?, updated_at = ? WHERE subscriber = ? AND position = ? AND NOT " + pausedClause(t, "?"))
+	return update, newStatement("WITH released AS (" + releaseClaimQuery(t) + ") " + update.gorm)
+}
 
 func (b *gormBatch) Rollback() error {
 	if b.finished {
@@ -366,7 +367,7 @@ func (b *gormBatch) ReadPositions(ctx context.Context, positions []int64) ([]dom
 		return []domain.EventEnvelope[any]{}, nil
 	}
 	where, args := b.store.dialect.PositionIn(positions)
-	events, err := eventrow.Read(ctx, b.tx, "WHERE "+where+" ORDER BY position", args...)
+	events, err := eventrow.ReadFrom(ctx, b.tx, b.store.sql.events, "WHERE "+where+" ORDER BY position", args...)
 	if err != nil {
 		return nil, fmt.Errorf("subscriptions: read %d events of the feed in the batch of %q: %w", len(positions), b.subscriber, err)
 	}

@@ -1,10 +1,5 @@
 package subscriptions
 
-import (
-	"fmt"
-	"strings"
-)
-
 // The checkpoint row's lock: the one statement family every path of
 // GormCheckpointStore takes a subscriber's checkpoint row with. On
 // Postgres a batch locks the row FOR UPDATE SKIP LOCKED (Acquire, and so a
@@ -19,39 +14,29 @@ import (
 // batch takes the database's write lock by writing first, then reads the
 // same columns.
 
-// lockRowQuery is the lock statement; arg(1) stands for the row's name and
-// arg(2) for its pause key (PauseKey); lock is the row's locking clause
-// (empty on SQLite, which holds the write lock already). The row is read
-// once, locked, for its position and its redelivery mark together: a
-// reset committed while the statement waited is seen whole (see
-// DeliveryMarker). The name's catch-up mark is only written before the
-// name has a row, so any snapshot of it will do.
-func lockRowQuery(arg func(n int) string, lock string) string {
+// lockRowQuery is the lock statement on the tables t; arg(1) stands for
+// the row's name and arg(2) for its pause key (PauseKey); lock is the
+// row's locking clause (empty on SQLite, which holds the write lock
+// already). The row is read once, locked, for its position and its
+// redelivery mark together: a reset committed while the statement waited
+// is seen whole (see DeliveryMarker). The name's catch-up mark is only
+// written before the name has a row, so any snapshot of it will do.
+func lockRowQuery(t gormTables, arg func(n int) string, lock string) string {
 	return "SELECT c.position AS position, c.redelivered_through AS redelivered," +
-		" EXISTS (SELECT 1 FROM subscriber_checkpoints WHERE subscriber = " + arg(1) + ") AS present," +
-		" " + strings.Replace(pausedClause, "?", arg(2), 1) + " AS paused," +
-		" " + strings.Replace(catchUpClause, "?", arg(2), 1) + " AS catch_up" +
-		" FROM (SELECT 1) AS one LEFT JOIN (SELECT position, redelivered_through FROM subscriber_checkpoints WHERE subscriber = " + arg(1) + " " + lock + ") AS c ON true"
+		" EXISTS (SELECT 1 FROM " + t.checkpoints + " WHERE subscriber = " + arg(1) + ") AS present," +
+		" " + pausedClause(t, arg(2)) + " AS paused," +
+		" " + catchUpClause(t, arg(2)) + " AS catch_up" +
+		" FROM (SELECT 1) AS one LEFT JOIN (SELECT position, redelivered_through FROM " + t.checkpoints + " WHERE subscriber = " + arg(1) + " " + lock + ") AS c ON true"
 }
 
-// catchUpClause is the catch-up mark of a pause key (one argument), 0
-// without one.
-const catchUpClause = `COALESCE((SELECT through FROM subscriber_catch_ups WHERE subscriber = ?), 0)`
+// catchUpClause is the catch-up mark of a pause key (the placeholder
+// arg), 0 without one.
+func catchUpClause(t gormTables, arg string) string {
+	return `COALESCE((SELECT through FROM ` + t.catchUps + ` WHERE subscriber = ` + arg + `), 0)`
+}
 
-var (
-	// lockRow and relockRow are lockRowQuery for GORM (lockRowArgs).
-	lockRow   = lockRowQuery(func(int) string { return "?" }, "FOR UPDATE SKIP LOCKED")
-	relockRow = lockRowQuery(func(int) string { return "?" }, "FOR UPDATE")
-	// lockRowPgx is lockRowQuery with pgx's placeholders ($1 the name, $2
-	// the key), for the pipelined acquire.
-	lockRowPgx = lockRowQuery(func(n int) string { return fmt.Sprintf("$%d", n) }, "FOR UPDATE SKIP LOCKED")
-	// readLockedRow (SQLite) reads, once the write lock is held, what
-	// lockRow reads on Postgres.
-	readLockedRow = lockRowQuery(func(int) string { return "?" }, "")
-)
-
-// lockRowArgs are the arguments of lockRow, relockRow and readLockedRow,
-// in the order of their placeholders in lockRowQuery's text.
+// lockRowArgs are the arguments of the GORM forms of lockRowQuery
+// (checkpointSQL), in the order of their placeholders in its text.
 func lockRowArgs(subscriber string) []any {
 	key := PauseKey(subscriber)
 	return []any{subscriber, key, key, subscriber}
@@ -79,12 +64,3 @@ func (r lockedRow) marks() DeliveryMarks {
 // in the moment another replica looks at a claimed attempt record (see
 // checkpoint_gorm_attempts.go), or by a reset.
 const relockTimeout = "5s"
-
-// createRow creates a subscriber's checkpoint row at 0 unless it exists:
-// on Postgres in a statement of its own before the lock, on SQLite as the
-// batch's first statement, which takes the write lock.
-const createRow = "INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, 0, ?) ON CONFLICT (subscriber) DO NOTHING"
-
-// takeWriteLock (SQLite) takes the database's write lock again in a new
-// transaction of a batch that holds the row (renew).
-const takeWriteLock = "UPDATE subscriber_checkpoints SET position = position WHERE subscriber = ?"

@@ -25,7 +25,7 @@ func (g *GormCheckpointStore) Positions(ctx context.Context, names []string) ([]
 		db = tx
 	}
 	var rows []GormCheckpointModel
-	if err := db.WithContext(ctx).Raw("SELECT subscriber, position FROM subscriber_checkpoints WHERE subscriber IN ?", names).Scan(&rows).Error; err != nil {
+	if err := db.WithContext(ctx).Raw("SELECT subscriber, position FROM "+g.sql.checkpoints+" WHERE subscriber IN ?", names).Scan(&rows).Error; err != nil {
 		return nil, fmt.Errorf("subscriptions: read %d checkpoints (%q ...): %w", len(names), names[0], err)
 	}
 	return checkpointsOf(rows, names), nil
@@ -59,10 +59,10 @@ func (g *GormCheckpointStore) ResetAll(ctx context.Context, names []string, posi
 	}
 	what := fmt.Sprintf("reset %d checkpoints (%q ...) to %d", len(names), names[0], position)
 	return g.fencedAll(ctx, names, what, func(tx *gorm.DB, name string) error {
-		if err := tx.Exec(resetRow, name, position, time.Now().UTC()).Error; err != nil {
+		if err := tx.Exec(g.sql.resetRow, name, position, time.Now().UTC()).Error; err != nil {
 			return err
 		}
-		return clearAttemptsIn(tx, name)
+		return g.sql.clearAttemptsIn(tx, name)
 	}, guard, apply)
 }
 
@@ -74,16 +74,16 @@ func (g *GormCheckpointStore) DeleteAll(ctx context.Context, names []string, gua
 	}
 	what := fmt.Sprintf("delete %d checkpoints (%q ...)", len(names), names[0])
 	return g.fencedAll(ctx, names, what, func(tx *gorm.DB, name string) error {
-		if err := tx.Exec("DELETE FROM subscriber_checkpoints WHERE subscriber = ?", name).Error; err != nil {
+		if err := tx.Exec(g.sql.deleteRow, name).Error; err != nil {
 			return err
 		}
-		if err := clearPausesIn(tx, name); err != nil {
+		if err := g.sql.clearPausesIn(tx, name); err != nil {
 			return err
 		}
-		if err := clearCatchUpsIn(tx, name); err != nil {
+		if err := g.sql.clearCatchUpsIn(tx, name); err != nil {
 			return err
 		}
-		return clearAttemptsIn(tx, name)
+		return g.sql.clearAttemptsIn(tx, name)
 	}, guard, apply)
 }
 
@@ -136,27 +136,27 @@ func (g *GormCheckpointStore) InitPartitions(ctx context.Context, marker, plain 
 	var existing int64
 	err := g.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		now := time.Now().UTC()
-		if err := tx.Exec("INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES (?, 0, ?) ON CONFLICT (subscriber) DO NOTHING", marker, now).Error; err != nil {
+		if err := tx.Exec(g.sql.createRow, marker, now).Error; err != nil {
 			return err
 		}
-		if err := tx.Raw("SELECT position FROM subscriber_checkpoints WHERE subscriber = ?"+g.dialect.ForUpdate(), marker).Scan(&existing).Error; err != nil {
+		if err := tx.Raw(g.sql.position+g.dialect.ForUpdate(), marker).Scan(&existing).Error; err != nil {
 			return err
 		}
 		if existing != 0 {
 			return nil
 		}
 		var seed struct{ Position, Redelivered int64 }
-		if err := tx.Raw("SELECT COALESCE(MAX(position), 0) AS position, COALESCE(MAX(redelivered_through), 0) AS redelivered FROM subscriber_checkpoints WHERE subscriber = ? AND position <> ?", plain, RetiredCheckpoint).Scan(&seed).Error; err != nil {
+		if err := tx.Raw("SELECT COALESCE(MAX(position), 0) AS position, COALESCE(MAX(redelivered_through), 0) AS redelivered FROM "+g.sql.checkpoints+" WHERE subscriber = ? AND position <> ?", plain, RetiredCheckpoint).Scan(&seed).Error; err != nil {
 			return err
 		}
 		for _, part := range parts {
-			if err := tx.Exec(`INSERT INTO subscriber_checkpoints (subscriber, position, updated_at, redelivered_through) VALUES (?, ?, ?, ?)
+			if err := tx.Exec(`INSERT INTO `+g.sql.checkpoints+` (subscriber, position, updated_at, redelivered_through) VALUES (?, ?, ?, ?)
 				ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at, redelivered_through = excluded.redelivered_through WHERE subscriber_checkpoints.position = ?`,
 				part, seed.Position, now, seed.Redelivered, RetiredCheckpoint).Error; err != nil {
 				return err
 			}
 		}
-		return tx.Exec("UPDATE subscriber_checkpoints SET position = ?, updated_at = ? WHERE subscriber = ?", n, now, marker).Error
+		return tx.Exec("UPDATE "+g.sql.checkpoints+" SET position = ?, updated_at = ? WHERE subscriber = ?", n, now, marker).Error
 	}, g.txOptions())
 	if err != nil {
 		return 0, fmt.Errorf("subscriptions: initialise the partitions of %q: %w", plain, err)

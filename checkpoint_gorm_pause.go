@@ -10,11 +10,13 @@ import (
 )
 
 // pausedClause is the condition, on one argument (a pause key, see
-// pauseKey), that the name is paused: it has a row in subscriber_pauses.
-// Batches read it with their checkpoint row's lock, so that a paused
-// name's batches run nothing, and their commit refuses to move the
-// checkpoint while it holds (see pause).
-const pausedClause = `EXISTS (SELECT 1 FROM subscriber_pauses WHERE subscriber = ?)`
+// PauseKey, at the placeholder arg), that the name is paused: it has a row
+// in subscriber_pauses. Batches read it with their checkpoint row's lock,
+// so that a paused name's batches run nothing, and their commit refuses
+// to move the checkpoint while it holds (see pause).
+func pausedClause(t gormTables, arg string) string {
+	return `EXISTS (SELECT 1 FROM ` + t.pauses + ` WHERE subscriber = ` + arg + `)`
+}
 
 var _ Pauser = (*GormCheckpointStore)(nil)
 
@@ -38,13 +40,13 @@ func (g *GormCheckpointStore) Pause(ctx context.Context, key string, names []str
 			defer release()
 		}
 	}
-	if err := g.db.WithContext(ctx).Exec("INSERT INTO subscriber_pauses (subscriber, paused_at, reason) VALUES (?, ?, ?) ON CONFLICT (subscriber) DO NOTHING",
+	if err := g.db.WithContext(ctx).Exec("INSERT INTO "+g.sql.pauses+" (subscriber, paused_at, reason) VALUES (?, ?, ?) ON CONFLICT (subscriber) DO NOTHING",
 		key, time.Now().UTC(), reason).Error; err != nil {
 		return nil, fmt.Errorf("subscriptions: %s: %w", what, err)
 	}
 	var rows []GormCheckpointModel
 	read := func(tx *gorm.DB) error {
-		return tx.Raw("SELECT subscriber, position FROM subscriber_checkpoints WHERE subscriber IN ? ORDER BY subscriber"+g.dialect.ForUpdate(), sorted).Scan(&rows).Error
+		return tx.Raw("SELECT subscriber, position FROM "+g.sql.checkpoints+" WHERE subscriber IN ? ORDER BY subscriber"+g.dialect.ForUpdate(), sorted).Scan(&rows).Error
 	}
 	var err error
 	if g.reg == nil {
@@ -59,7 +61,7 @@ func (g *GormCheckpointStore) Pause(ctx context.Context, key string, names []str
 }
 
 func (g *GormCheckpointStore) Resume(ctx context.Context, key string) error {
-	if err := g.db.WithContext(ctx).Exec("DELETE FROM subscriber_pauses WHERE subscriber = ?", key).Error; err != nil {
+	if err := g.db.WithContext(ctx).Exec("DELETE FROM "+g.sql.pauses+" WHERE subscriber = ?", key).Error; err != nil {
 		return fmt.Errorf("subscriptions: resume %q: %w", key, err)
 	}
 	return nil
@@ -70,7 +72,7 @@ func (g *GormCheckpointStore) PausedSince(ctx context.Context, key string) (Paus
 		PausedAt time.Time
 		Reason   string
 	}
-	if err := g.db.WithContext(ctx).Raw("SELECT paused_at, reason FROM subscriber_pauses WHERE subscriber = ?", key).Scan(&rows).Error; err != nil {
+	if err := g.db.WithContext(ctx).Raw("SELECT paused_at, reason FROM "+g.sql.pauses+" WHERE subscriber = ?", key).Scan(&rows).Error; err != nil {
 		return PauseRecord{}, false, fmt.Errorf("subscriptions: read the pause of %q: %w", key, err)
 	}
 	if len(rows) == 0 {
@@ -81,12 +83,12 @@ func (g *GormCheckpointStore) PausedSince(ctx context.Context, key string) (Paus
 
 // clearPausesIn deletes the pauses of the names' keys in tx (Delete and
 // its partitioned form: a retired name starts unpaused).
-func clearPausesIn(tx *gorm.DB, names ...string) error {
+func (t gormTables) clearPausesIn(tx *gorm.DB, names ...string) error {
 	keys := make([]string, 0, len(names))
 	for _, name := range names {
 		keys = append(keys, PauseKey(name))
 	}
-	if err := tx.Exec("DELETE FROM subscriber_pauses WHERE subscriber IN ?", keys).Error; err != nil {
+	if err := tx.Exec("DELETE FROM "+t.pauses+" WHERE subscriber IN ?", keys).Error; err != nil {
 		return fmt.Errorf("clear the pause: %w", err)
 	}
 	return nil

@@ -39,15 +39,15 @@ func (g *GormCheckpointStore) Repartition(ctx context.Context, marker string, fr
 		return fmt.Errorf("subscriptions: %s: %w", what, err)
 	}
 	run := func(tx *gorm.DB) error {
-		if err := holdLayout(tx, g.dialect.ForUpdate(), marker, from, all); err != nil {
+		if err := g.holdLayout(tx, marker, from, all); err != nil {
 			return fmt.Errorf("hold the batches: %w", err)
 		}
-		held, err := readLayout(tx, marker, from, all)
+		held, err := g.readLayout(tx, marker, from, all)
 		if err != nil {
 			return fmt.Errorf("read the checkpoints: %w", err)
 		}
 		read := func(ctx context.Context, after, upTo int64, limit int) ([]domain.EventEnvelope[any], error) {
-			return eventrow.Read(ctx, tx, "WHERE position > ? AND position <= ? ORDER BY position LIMIT ?", after, upTo, limit)
+			return eventrow.ReadFrom(ctx, tx, g.sql.events, "WHERE position > ? AND position <= ? ORDER BY position LIMIT ?", after, upTo, limit)
 		}
 		target, apply, err := catchUp(ctx, held, read)
 		if err != nil {
@@ -59,7 +59,7 @@ func (g *GormCheckpointStore) Repartition(ctx context.Context, marker string, fr
 				return err
 			}
 		}
-		if err := writeLayout(tx, marker, from, to, target, count, held.LowestRedelivery()); err != nil {
+		if err := g.writeLayout(tx, marker, from, to, target, count, held.LowestRedelivery()); err != nil {
 			return fmt.Errorf("write the checkpoints: %w", err)
 		}
 		return nil
@@ -87,34 +87,33 @@ func (g *GormCheckpointStore) Repartition(ctx context.Context, marker string, fr
 }
 
 // holdLayout creates the count's row and the missing rows of from and
-// locks the count's row, then every row of all in name order (forUpdate
-// is the dialect's lock clause; on SQLite the first write takes the
-// database's write lock).
-func holdLayout(tx *gorm.DB, forUpdate, marker string, from, all []string) error {
-	now := time.Now().UTC()
-	if err := upsertCheckpoints(tx, []string{marker}, 0, now, false); err != nil {
+// locks the count's row, then every row of all in name order (on SQLite
+// the first write takes the database's write lock).
+func (g *GormCheckpointStore) holdLayout(tx *gorm.DB, marker string, from, all []string) error {
+	now, forUpdate := time.Now().UTC(), g.dialect.ForUpdate()
+	if err := g.upsertCheckpoints(tx, []string{marker}, 0, now, false); err != nil {
 		return err
 	}
-	if err := tx.Exec("SELECT position FROM subscriber_checkpoints WHERE subscriber = ?"+forUpdate, marker).Error; err != nil {
+	if err := tx.Exec(g.sql.position+forUpdate, marker).Error; err != nil {
 		return err
 	}
 	sorted := slices.Sorted(slices.Values(from))
-	if err := upsertCheckpoints(tx, sorted, 0, now, false); err != nil {
+	if err := g.upsertCheckpoints(tx, sorted, 0, now, false); err != nil {
 		return err
 	}
-	return tx.Exec("SELECT subscriber FROM subscriber_checkpoints WHERE subscriber IN ? ORDER BY subscriber"+forUpdate, all).Error
+	return tx.Exec("SELECT subscriber FROM "+g.sql.checkpoints+" WHERE subscriber IN ? ORDER BY subscriber"+forUpdate, all).Error
 }
 
 // readLayout reads, under the hold, the count's row and from's
 // checkpoints and delivery marks (DeliveryMarker), the name's catch-up
 // mark under marker's pause key.
-func readLayout(tx *gorm.DB, marker string, from, all []string) (RepartitionRows, error) {
+func (g *GormCheckpointStore) readLayout(tx *gorm.DB, marker string, from, all []string) (RepartitionRows, error) {
 	var rows []GormCheckpointModel
-	if err := tx.Raw("SELECT subscriber, position, redelivered_through FROM subscriber_checkpoints WHERE subscriber IN ?", all).Scan(&rows).Error; err != nil {
+	if err := tx.Raw("SELECT subscriber, position, redelivered_through FROM "+g.sql.checkpoints+" WHERE subscriber IN ?", all).Scan(&rows).Error; err != nil {
 		return RepartitionRows{}, err
 	}
 	var catchUp int64
-	if err := tx.Raw("SELECT "+catchUpClause, PauseKey(marker)).Scan(&catchUp).Error; err != nil {
+	if err := tx.Raw("SELECT "+g.sql.catchUp, PauseKey(marker)).Scan(&catchUp).Error; err != nil {
 		return RepartitionRows{}, err
 	}
 	byName := make(map[string]GormCheckpointModel, len(rows))
@@ -132,12 +131,12 @@ func readLayout(tx *gorm.DB, marker string, from, all []string) (RepartitionRows
 // writeLayout writes the new layout: to at target with the redelivery
 // mark redelivered, the rest of from retired, their attempt records
 // cleared, the count recorded.
-func writeLayout(tx *gorm.DB, marker string, from, to []string, target, count, redelivered int64) error {
+func (g *GormCheckpointStore) writeLayout(tx *gorm.DB, marker string, from, to []string, target, count, redelivered int64) error {
 	now := time.Now().UTC()
-	if err := upsertCheckpoints(tx, to, target, now, true); err != nil {
+	if err := g.upsertCheckpoints(tx, to, target, now, true); err != nil {
 		return err
 	}
-	if err := tx.Exec("UPDATE subscriber_checkpoints SET redelivered_through = ? WHERE subscriber IN ?", redelivered, to).Error; err != nil {
+	if err := tx.Exec("UPDATE "+g.sql.checkpoints+" SET redelivered_through = ? WHERE subscriber IN ?", redelivered, to).Error; err != nil {
 		return err
 	}
 	var retired []string
@@ -146,18 +145,18 @@ func writeLayout(tx *gorm.DB, marker string, from, to []string, target, count, r
 			retired = append(retired, name)
 		}
 	}
-	if err := upsertCheckpoints(tx, retired, RetiredCheckpoint, now, true); err != nil {
+	if err := g.upsertCheckpoints(tx, retired, RetiredCheckpoint, now, true); err != nil {
 		return err
 	}
-	if err := clearAttemptsIn(tx, append(slices.Clone(from), to...)...); err != nil {
+	if err := g.sql.clearAttemptsIn(tx, append(slices.Clone(from), to...)...); err != nil {
 		return err
 	}
-	return upsertCheckpoints(tx, []string{marker}, count, now, true)
+	return g.upsertCheckpoints(tx, []string{marker}, count, now, true)
 }
 
 // upsertCheckpoints writes the rows of names at position in statements of
 // up to 300 rows; replace false leaves existing rows as they are.
-func upsertCheckpoints(tx *gorm.DB, names []string, position int64, now time.Time, replace bool) error {
+func (g *GormCheckpointStore) upsertCheckpoints(tx *gorm.DB, names []string, position int64, now time.Time, replace bool) error {
 	conflict := " ON CONFLICT (subscriber) DO NOTHING"
 	if replace {
 		conflict = " ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at"
@@ -167,7 +166,7 @@ func upsertCheckpoints(tx *gorm.DB, names []string, position int64, now time.Tim
 		for _, name := range chunk {
 			args = append(args, name, position, now)
 		}
-		q := "INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES " +
+		q := "INSERT INTO " + g.sql.checkpoints + " (subscriber, position, updated_at) VALUES " +
 			strings.TrimSuffix(strings.Repeat("(?, ?, ?), ", len(chunk)), ", ") + conflict
 		if err := tx.Exec(q, args...).Error; err != nil {
 			return err

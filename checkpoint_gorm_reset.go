@@ -25,10 +25,10 @@ func (g *GormCheckpointStore) ResetWith(ctx context.Context, subscriber string, 
 	}
 	what := fmt.Sprintf("reset checkpoint of %q to %d", subscriber, position)
 	return g.fenced(ctx, subscriber, what, func(tx *gorm.DB) error {
-		if err := tx.Exec(resetRow, subscriber, position, time.Now().UTC()).Error; err != nil {
+		if err := tx.Exec(g.sql.resetRow, subscriber, position, time.Now().UTC()).Error; err != nil {
 			return err
 		}
-		return clearAttemptsIn(tx, subscriber)
+		return g.sql.clearAttemptsIn(tx, subscriber)
 	}, apply)
 }
 
@@ -41,16 +41,16 @@ func (g *GormCheckpointStore) Delete(ctx context.Context, subscriber string, app
 	}
 	what := fmt.Sprintf("delete checkpoint of %q", subscriber)
 	return g.fenced(ctx, subscriber, what, func(tx *gorm.DB) error {
-		if err := tx.Exec("DELETE FROM subscriber_checkpoints WHERE subscriber = ?", subscriber).Error; err != nil {
+		if err := tx.Exec(g.sql.deleteRow, subscriber).Error; err != nil {
 			return err
 		}
-		if err := clearPausesIn(tx, subscriber); err != nil {
+		if err := g.sql.clearPausesIn(tx, subscriber); err != nil {
 			return err
 		}
-		if err := clearCatchUpsIn(tx, subscriber); err != nil {
+		if err := g.sql.clearCatchUpsIn(tx, subscriber); err != nil {
 			return err
 		}
-		return clearAttemptsIn(tx, subscriber)
+		return g.sql.clearAttemptsIn(tx, subscriber)
 	}, apply)
 }
 

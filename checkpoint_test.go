@@ -29,8 +29,9 @@ func coreAdvance(t *testing.T, cps subscriptions.CheckpointStore, name string, p
 // TestCheckpointStoreContract runs the exported CheckpointStore
 // conformance suite against MemoryCheckpointStore and GormCheckpointStore
 // on in-memory SQLite, file SQLite and Postgres (where the competing store
-// is on a second pool, as another process's would be), and on schemas
-// goose applied from migrations.FS.
+// is on a second pool, as another process's would be), on Postgres through
+// WithSchema (gormStoreBackends), and on schemas goose applied from
+// migrations.FS.
 func TestCheckpointStoreContract(t *testing.T) {
 	t.Parallel()
 	subscriptionstest.RunCheckpointStoreSuite(t, subscriptionstest.CheckpointStoreHarness{
@@ -41,17 +42,17 @@ func TestCheckpointStoreContract(t *testing.T) {
 			return s, s
 		},
 	})
-	for _, b := range dbtest.GormBackends() {
+	for _, b := range gormStoreBackends() {
 		subscriptionstest.RunCheckpointStoreSuite(t, subscriptionstest.CheckpointStoreHarness{
 			Name:     b.Name,
 			Parallel: true,
 			New: func(t *testing.T) (subscriptions.CheckpointStore, subscriptions.CheckpointStore) {
+				db := openStoreDB(t, b)
+				s := coreCheckpointStore(t, db.DB, db.Opts...)
 				if !b.Postgres {
-					s := coreCheckpointStore(t, b.Open(t))
 					return s, s
 				}
-				pg := dbtest.NewPostgres(t)
-				return coreCheckpointStore(t, pg.DB), coreCheckpointStore(t, pg.Open(t))
+				return s, coreCheckpointStore(t, db.Reopen(t), db.Opts...)
 			},
 			Transactional:     true,
 			SerializesWriters: !b.Postgres,
@@ -95,20 +96,22 @@ func TestFeedSharerContract(t *testing.T) {
 }
 
 // TestBatchFailureContract runs the batch-failure suite against
-// MemoryCheckpointStore and GormCheckpointStore on every database: on
-// SQLite a trigger's RAISE(ROLLBACK) ends a batch's transaction, on
-// Postgres a deferred foreign key makes its commit fail.
+// MemoryCheckpointStore and GormCheckpointStore on every database
+// (gormStoreBackends): on SQLite a trigger's RAISE(ROLLBACK) ends a
+// batch's transaction, on Postgres a deferred foreign key makes its commit
+// fail.
 func TestBatchFailureContract(t *testing.T) {
 	t.Parallel()
 	subscriptionstest.RunBatchFailureSuite(t, subscriptionstest.BatchFailureHarness{
 		Name: "memory",
 		New:  func(*testing.T) subscriptions.CheckpointStore { return subscriptions.NewMemoryCheckpointStore() },
 	})
-	for _, b := range dbtest.GormBackends() {
+	for _, b := range gormStoreBackends() {
 		h := subscriptionstest.BatchFailureHarness{
 			Name: b.Name,
 			New: func(t *testing.T) subscriptions.CheckpointStore {
-				db := b.Open(t)
+				sdb := openStoreDB(t, b)
+				db := sdb.DB
 				if b.Postgres {
 					require.NoError(t, db.Exec("CREATE TABLE fc_parent (id integer PRIMARY KEY)").Error)
 					require.NoError(t, db.Exec("CREATE TABLE fc_child (pid integer REFERENCES fc_parent (id) DEFERRABLE INITIALLY DEFERRED)").Error)
@@ -116,7 +119,7 @@ func TestBatchFailureContract(t *testing.T) {
 					require.NoError(t, db.Exec("CREATE TABLE end_guard (v text)").Error)
 					require.NoError(t, db.Exec("CREATE TRIGGER end_guard_refuse BEFORE INSERT ON end_guard BEGIN SELECT RAISE(ROLLBACK, 'refused'); END").Error)
 				}
-				return coreCheckpointStore(t, db)
+				return coreCheckpointStore(t, db, sdb.Opts...)
 			},
 		}
 		if b.Postgres {
@@ -133,9 +136,9 @@ func TestBatchFailureContract(t *testing.T) {
 }
 
 // coreCheckpointStore is a GormCheckpointStore on db.
-func coreCheckpointStore(t *testing.T, db *gorm.DB) subscriptions.CheckpointStore {
+func coreCheckpointStore(t *testing.T, db *gorm.DB, opts ...subscriptions.GormStoreOption) subscriptions.CheckpointStore {
 	t.Helper()
-	s, err := subscriptions.NewGormCheckpointStore(db)
+	s, err := subscriptions.NewGormCheckpointStore(db, opts...)
 	require.NoError(t, err)
 	return s
 }

@@ -11,9 +11,9 @@ import (
 )
 
 // TestParkingLotSuite runs the exported ParkingLot conformance suite
-// against MemoryParkingLot and GormParkingLot on every database, and on
-// schemas goose applied from migrations.FS (the lot then built without
-// DDL of its own).
+// against MemoryParkingLot and GormParkingLot on every database (with
+// WithSchema too: gormStoreBackends), and on schemas goose applied from
+// migrations.FS (the lot then built without DDL of its own).
 func TestParkingLotSuite(t *testing.T) {
 	t.Parallel()
 	subscriptionstest.RunParkingLotSuite(t, subscriptionstest.ParkingLotHarness{
@@ -21,13 +21,14 @@ func TestParkingLotSuite(t *testing.T) {
 		Parallel: true,
 		New:      func(*testing.T) subscriptions.ParkingLot { return subscriptions.NewMemoryParkingLot() },
 	})
-	for _, b := range dbtest.GormBackends() {
+	for _, b := range gormStoreBackends() {
 		subscriptionstest.RunParkingLotSuite(t, subscriptionstest.ParkingLotHarness{
 			Name:          b.Name,
 			Parallel:      true,
 			Transactional: true,
 			New: func(t *testing.T) subscriptions.ParkingLot {
-				lot, err := subscriptions.NewGormParkingLot(b.Open(t))
+				db := openStoreDB(t, b)
+				lot, err := subscriptions.NewGormParkingLot(db.DB, db.Opts...)
 				require.NoError(t, err)
 				return lot
 			},

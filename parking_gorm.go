@@ -51,6 +51,11 @@ type GormParkingLot struct {
 	pool       *sql.DB
 	dialect    *dialect.Dialect
 	sqliteFile string // SQLite: the main database file, "" in memory
+	// schema is WithSchema's, "" when the pool's search_path selects the
+	// table; parked is the table as the lot's statements name it
+	// (gormTables).
+	schema string
+	parked string
 }
 
 var (
@@ -63,8 +68,8 @@ var (
 )
 
 // NewGormParkingLot creates a parking lot, applying the module's schema
-// migrations if the database lacks any (see NewGormCheckpointStore and
-// WithSchemaVerifyOnly). Construct it with the same *gorm.DB as the
+// migrations if the database lacks any (see NewGormCheckpointStore,
+// WithSchemaVerifyOnly and WithSchema). Construct it with the same *gorm.DB as the
 // GormCheckpointStore: that is what lets Park join the batch transaction
 // and commit atomically with the checkpoint advance. A lot built on a
 // different handle still works, but parks non-transactionally through its
@@ -75,10 +80,11 @@ func NewGormParkingLot(db *gorm.DB, opts ...GormStoreOption) (*GormParkingLot, e
 	if err != nil {
 		return nil, err
 	}
-	if err := ensureSchema("NewGormParkingLot", db, opts); err != nil {
+	schemaName, err := ensureSchema("NewGormParkingLot", db, opts)
+	if err != nil {
 		return nil, err
 	}
-	lot := &GormParkingLot{db: db, pool: pool, dialect: d}
+	lot := &GormParkingLot{db: db, pool: pool, dialect: d, schema: schemaName, parked: tablesIn(schemaName).parked}
 	if d == dialect.SQLite {
 		if lot.sqliteFile, err = sqliteMainFile(db); err != nil {
 			return nil, fmt.Errorf("subscriptions: NewGormParkingLot: locate the SQLite database file: %w", err)
@@ -105,7 +111,7 @@ func (g *GormParkingLot) Park(ctx context.Context, parked ParkedEvent) error {
 	if db == nil {
 		db = g.db
 	}
-	query, args := g.dialect.ParkUpsert(dialect.ParkedRow{
+	query, args := g.dialect.ParkUpsert(g.parked, dialect.ParkedRow{
 		Subscriber: parked.Subscriber, EventID: parked.EventID, EventType: storableText(parked.EventType),
 		Position: parked.Position, Error: storableText(parked.Error), Attempts: parked.Attempts,
 		ParkedAt: parked.ParkedAt.UTC(), AggregateID: storableText(parked.AggregateID),
@@ -223,7 +229,7 @@ func (g *GormParkingLot) claimSQLiteReplay(subscriber, eventID string) (release 
 func (g *GormParkingLot) CountParked(ctx context.Context, subscriber string) (int, error) {
 	where, args := g.dialect.ParkedSubscriber(subscriber)
 	var n int64
-	if err := g.db.WithContext(ctx).Raw(`SELECT COUNT(*) FROM parked_events WHERE `+where, args...).Scan(&n).Error; err != nil {
+	if err := g.db.WithContext(ctx).Raw(`SELECT COUNT(*) FROM `+g.parked+` WHERE `+where, args...).Scan(&n).Error; err != nil {
 		return 0, fmt.Errorf("subscriptions: count parked events of %q: %w", subscriber, err)
 	}
 	return int(n), nil
@@ -262,12 +268,12 @@ func (g *GormParkingLot) Replay(ctx context.Context, subscriber, eventID string,
 		if g.dialect.RowLocks {
 			// FOR NO KEY UPDATE, not FOR UPDATE: a batch holding an event
 			// behind this entry is not kept waiting (see dialect.ParkHold).
-			if err := tx.Raw("SELECT aggregate_id FROM parked_events WHERE "+key+" FOR NO KEY UPDATE SKIP LOCKED", keyArgs...).Scan(&found).Error; err != nil {
+			if err := tx.Raw("SELECT aggregate_id FROM "+g.parked+" WHERE "+key+" FOR NO KEY UPDATE SKIP LOCKED", keyArgs...).Scan(&found).Error; err != nil {
 				return fmt.Errorf("subscriptions: replay event %q for %q: lock parked row: %w", eventID, subscriber, err)
 			}
 			if len(found) == 0 {
 				// Skipped: absent, or locked by another transaction.
-				if err := tx.Raw("SELECT aggregate_id FROM parked_events WHERE "+key, keyArgs...).Scan(&found).Error; err != nil {
+				if err := tx.Raw("SELECT aggregate_id FROM "+g.parked+" WHERE "+key, keyArgs...).Scan(&found).Error; err != nil {
 					return fmt.Errorf("subscriptions: replay event %q for %q: read parked row: %w", eventID, subscriber, err)
 				}
 				if len(found) != 0 {
@@ -277,10 +283,10 @@ func (g *GormParkingLot) Replay(ctx context.Context, subscriber, eventID string,
 		} else {
 			// Take SQLite's write lock first: nobody can re-park or replay the
 			// event until this transaction ends.
-			if err := tx.Exec("UPDATE parked_events SET attempts = attempts WHERE "+key, keyArgs...).Error; err != nil {
+			if err := tx.Exec("UPDATE "+g.parked+" SET attempts = attempts WHERE "+key, keyArgs...).Error; err != nil {
 				return fmt.Errorf("subscriptions: replay event %q for %q: lock parked row: %w", eventID, subscriber, err)
 			}
-			if err := tx.Raw("SELECT aggregate_id FROM parked_events WHERE "+key, keyArgs...).Scan(&found).Error; err != nil {
+			if err := tx.Raw("SELECT aggregate_id FROM "+g.parked+" WHERE "+key, keyArgs...).Scan(&found).Error; err != nil {
 				return fmt.Errorf("subscriptions: replay event %q for %q: read parked row: %w", eventID, subscriber, err)
 			}
 		}
@@ -298,7 +304,7 @@ func (g *GormParkingLot) Replay(ctx context.Context, subscriber, eventID string,
 		if err := guard.misused(); err != nil {
 			return fmt.Errorf("subscriptions: replay event %q for %q: %w", eventID, subscriber, err)
 		}
-		res := tx.Exec("DELETE FROM parked_events WHERE "+key, keyArgs...)
+		res := tx.Exec("DELETE FROM "+g.parked+" WHERE "+key, keyArgs...)
 		if res.Error != nil {
 			return fmt.Errorf("subscriptions: replay event %q for %q: clear parked row: %w", eventID, subscriber, res.Error)
 		}
@@ -328,7 +334,7 @@ func (g *GormParkingLot) purge(ctx context.Context, subscriber string) error {
 		db = g.db
 	}
 	where, args := g.dialect.ParkedSubscriber(subscriber)
-	return db.WithContext(ctx).Exec("DELETE FROM parked_events WHERE "+where, args...).Error
+	return db.WithContext(ctx).Exec("DELETE FROM "+g.parked+" WHERE "+where, args...).Error
 }
 
 var _ ManagedParkingLot = (*GormParkingLot)(nil)
@@ -353,7 +359,7 @@ func (g *GormParkingLot) selectParked(ctx context.Context, subscriber string, fi
 		limit, args = " LIMIT ?", append(args, filter.Limit)
 	}
 	var rows []GormParkedEventModel
-	err := g.db.WithContext(ctx).Raw(`SELECT `+parkedColumns+`, `+g.dialect.HeldByColumn()+` FROM parked_events p WHERE `+where+` ORDER BY position, event_id`+limit, args...).Scan(&rows).Error
+	err := g.db.WithContext(ctx).Raw(`SELECT `+parkedColumns+`, `+g.dialect.HeldByColumn(g.parked)+` FROM `+g.parked+` p WHERE `+where+` ORDER BY position, event_id`+limit, args...).Scan(&rows).Error
 	if err != nil {
 		return nil, err
 	}
@@ -392,7 +398,7 @@ func (g *GormParkingLot) ListFiltered(ctx context.Context, subscriber string, fi
 func (g *GormParkingLot) Get(ctx context.Context, subscriber, eventID string) (ParkedEvent, error) {
 	var rows []GormParkedEventModel
 	where, args := g.dialect.ParkedKey(subscriber, eventID)
-	err := g.db.WithContext(ctx).Raw(`SELECT `+parkedColumns+`, `+g.dialect.HeldByColumn()+` FROM parked_events p WHERE `+where, args...).Scan(&rows).Error
+	err := g.db.WithContext(ctx).Raw(`SELECT `+parkedColumns+`, `+g.dialect.HeldByColumn(g.parked)+` FROM `+g.parked+` p WHERE `+where, args...).Scan(&rows).Error
 	if err != nil {
 		return ParkedEvent{}, fmt.Errorf("subscriptions: parked event %q of %q: %w", eventID, subscriber, err)
 	}
@@ -412,7 +418,7 @@ func (g *GormParkingLot) Get(ctx context.Context, subscriber, eventID string) (P
 func (g *GormParkingLot) Discard(ctx context.Context, subscriber, eventID string) (ParkedEvent, error) {
 	where, args := g.dialect.ParkedKey(subscriber, eventID)
 	if g.dialect.RowLocks {
-		where = "key IN (SELECT key FROM parked_events WHERE " + where + " FOR NO KEY UPDATE SKIP LOCKED)"
+		where = "key IN (SELECT key FROM " + g.parked + " WHERE " + where + " FOR NO KEY UPDATE SKIP LOCKED)"
 	} else {
 		release, ok := g.claimSQLiteReplay(subscriber, eventID)
 		if !ok {
@@ -422,7 +428,7 @@ func (g *GormParkingLot) Discard(ctx context.Context, subscriber, eventID string
 	}
 	var rows []GormParkedEventModel
 	err := g.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		if err := tx.Raw(`DELETE FROM parked_events WHERE `+where+` RETURNING `+parkedColumns+`, held_by`, args...).Scan(&rows).Error; err != nil {
+		if err := tx.Raw(`DELETE FROM `+g.parked+` WHERE `+where+` RETURNING `+parkedColumns+`, held_by`, args...).Scan(&rows).Error; err != nil {
 			return err
 		}
 		if len(rows) != 1 {
@@ -457,7 +463,7 @@ func (g *GormParkingLot) Discard(ctx context.Context, subscriber, eventID string
 func (g *GormParkingLot) RecordReplayFailure(ctx context.Context, subscriber, eventID, errText string, at time.Time) error {
 	where, keyArgs := g.dialect.ParkedKey(subscriber, eventID)
 	args := append([]any{storableText(errText), at.UTC()}, keyArgs...)
-	if err := g.db.WithContext(ctx).Exec(`UPDATE parked_events SET attempts = attempts + 1, error = ?, parked_at = ? WHERE `+where, args...).Error; err != nil {
+	if err := g.db.WithContext(ctx).Exec(`UPDATE `+g.parked+` SET attempts = attempts + 1, error = ?, parked_at = ? WHERE `+where, args...).Error; err != nil {
 		return fmt.Errorf("subscriptions: record the failed replay of event %q for %q: %w", eventID, subscriber, err)
 	}
 	return nil
@@ -491,7 +497,7 @@ func (g *GormParkingLot) ClearPartitionDelivered(ctx context.Context, subscriber
 		EventID     string
 		AggregateID string
 	}
-	if err := db.Raw("SELECT event_id, aggregate_id FROM parked_events WHERE subscriber = ? AND position > ? AND position <= ?",
+	if err := db.Raw("SELECT event_id, aggregate_id FROM "+g.parked+" WHERE subscriber = ? AND position > ? AND position <= ?",
 		subscriber, after, upTo).Scan(&rows).Error; err != nil {
 		return what(err)
 	}

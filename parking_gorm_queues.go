@@ -23,7 +23,7 @@ import (
 func (g *GormParkingLot) ParkedHeads(ctx context.Context, subscriber string) ([]ParkedEvent, error) {
 	where, args := g.dialect.ParkedSubscriber(subscriber)
 	var rows []GormParkedEventModel
-	if err := g.queryDB(ctx).Raw(`SELECT `+parkedColumns+` FROM parked_events WHERE `+where+` AND held_by = '' AND aggregate_id <> ''
+	if err := g.queryDB(ctx).Raw(`SELECT `+parkedColumns+` FROM `+g.parked+` WHERE `+where+` AND held_by = '' AND aggregate_id <> ''
 		ORDER BY aggregate_id, position, event_id`, args...).Scan(&rows).Error; err != nil {
 		return nil, fmt.Errorf("subscriptions: read the queues of %q: %w", subscriber, err)
 	}
@@ -47,7 +47,7 @@ func (g *GormParkingLot) Hold(ctx context.Context, held ParkedEvent) (string, er
 	if held.ParkedAt.IsZero() {
 		held.ParkedAt = time.Now()
 	}
-	query, args := g.dialect.ParkHold(dialect.ParkedRow{
+	query, args := g.dialect.ParkHold(g.parked, dialect.ParkedRow{
 		Subscriber: held.Subscriber, EventID: held.EventID, EventType: storableText(held.EventType),
 		Position: held.Position, Error: storableText(held.Error), Attempts: held.Attempts,
 		ParkedAt: held.ParkedAt.UTC(), AggregateID: storableText(held.AggregateID),
@@ -66,7 +66,7 @@ func (g *GormParkingLot) Hold(ctx context.Context, held ParkedEvent) (string, er
 func (g *GormParkingLot) CountHeld(ctx context.Context, subscriber string) (int, error) {
 	where, args := g.dialect.ParkedSubscriber(subscriber)
 	var n int64
-	if err := g.db.WithContext(ctx).Raw(`SELECT COUNT(*) FROM parked_events WHERE `+where+` AND held_by <> ''`, args...).Scan(&n).Error; err != nil {
+	if err := g.db.WithContext(ctx).Raw(`SELECT COUNT(*) FROM `+g.parked+` WHERE `+where+` AND held_by <> ''`, args...).Scan(&n).Error; err != nil {
 		return 0, fmt.Errorf("subscriptions: count held events of %q: %w", subscriber, err)
 	}
 	return int(n), nil
@@ -86,7 +86,7 @@ func (g *GormParkingLot) queryDB(ctx context.Context) *gorm.DB {
 // carries one on the lot's database; on Postgres one statement anyway; on
 // SQLite otherwise one of its own.
 func (g *GormParkingLot) deleteParked(ctx context.Context, subscriber, where string, args []any) error {
-	query, all, promote := g.dialect.DeleteParked(subscriber, where, args)
+	query, all, promote := g.dialect.DeleteParked(g.parked, subscriber, where, args)
 	db := g.queryDB(ctx)
 	if !promote {
 		return db.Exec(query, all...).Error
@@ -119,7 +119,7 @@ func (g *GormParkingLot) promote(tx *gorm.DB, subscriber, aggregate string) erro
 	if aggregate == "" {
 		return nil
 	}
-	query, args := g.dialect.PromoteHead(subscriber, aggregate)
+	query, args := g.dialect.PromoteHead(g.parked, subscriber, aggregate)
 	if err := tx.Exec(query, args...).Error; err != nil {
 		return fmt.Errorf("make the next entry of aggregate %q the head of its queue: %w", aggregate, err)
 	}
@@ -131,7 +131,7 @@ func (g *GormParkingLot) promote(tx *gorm.DB, subscriber, aggregate string) erro
 func (g *GormParkingLot) head(tx *gorm.DB, subscriber, aggregate string) (string, error) {
 	where, args := g.dialect.ParkedSubscriber(subscriber)
 	var ids []string
-	if err := tx.Raw(`SELECT event_id FROM parked_events WHERE `+where+` AND aggregate_id = ? AND held_by = '' ORDER BY position, event_id LIMIT 1`,
+	if err := tx.Raw(`SELECT event_id FROM `+g.parked+` WHERE `+where+` AND aggregate_id = ? AND held_by = '' ORDER BY position, event_id LIMIT 1`,
 		append(args, aggregate)...).Scan(&ids).Error; err != nil {
 		return "", fmt.Errorf("read the head of aggregate %q: %w", aggregate, err)
 	}

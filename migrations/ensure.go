@@ -26,11 +26,23 @@ func VerifyOnly(db *gorm.DB) *gorm.DB { return db.Set(verifyOnlyKey, true) }
 // the missing migrations (Migrate), or, with verifyOnly or on a handle
 // marked by VerifyOnly, only checks that none is missing (Verify).
 func Ensure(ctx context.Context, db *gorm.DB, verifyOnly bool) error {
+	return EnsureSchema(ctx, db, "", verifyOnly)
+}
+
+// EnsureSchema is Ensure for a constructor given a Postgres schema of its
+// own (subscriptions.WithSchema): MigrateSchema or VerifySchema of name,
+// or Ensure itself when name is "" (the schema db's search_path selects).
+func EnsureSchema(ctx context.Context, db *gorm.DB, name string, verifyOnly bool) error {
 	if marked, ok := db.Get(verifyOnlyKey); ok && marked == true {
 		verifyOnly = true
 	}
-	if verifyOnly {
+	switch {
+	case name == "" && verifyOnly:
 		return Verify(ctx, db)
+	case name == "":
+		return Migrate(ctx, db)
+	case verifyOnly:
+		return VerifySchema(ctx, db, name)
 	}
-	return Migrate(ctx, db)
+	return MigrateSchema(ctx, db, name)
 }

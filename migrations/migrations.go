@@ -89,11 +89,49 @@ func Verify(ctx context.Context, db *gorm.DB) error {
 	return schema.Verify(ctx, h)
 }
 
+// MigrateSchema is Migrate into the Postgres schema name instead of the
+// schema db's search_path selects (schema.InSchema): the tables are
+// created there whatever the pool's search_path, which is how many
+// tenants' stores share one pool (subscriptions.WithSchema). The schema
+// must exist (CREATE SCHEMA); its name is taken exactly as given. It is an
+// error on SQLite, which has no schemas, and for a name
+// schema.CheckSchemaName refuses. It is safe for concurrent use.
+func MigrateSchema(ctx context.Context, db *gorm.DB, name string) error {
+	h, err := handleIn("MigrateSchema", ctx, db, name)
+	if err != nil {
+		return err
+	}
+	return schema.Migrate(ctx, h)
+}
+
+// VerifySchema is Verify of the Postgres schema name (see MigrateSchema):
+// it changes nothing, and its error wraps ErrSchemaMismatch when the
+// schema lacks something.
+func VerifySchema(ctx context.Context, db *gorm.DB, name string) error {
+	h, err := handleIn("VerifySchema", ctx, db, name)
+	if err != nil {
+		return err
+	}
+	return schema.Verify(ctx, h)
+}
+
 func handle(fn string, ctx context.Context, db *gorm.DB) (schema.DB, error) {
 	if db == nil || db.Config == nil || db.Dialector == nil {
 		return nil, fmt.Errorf("migrations: %s: nil or unopened *gorm.DB (use gorm.Open)", fn)
 	}
 	return gormDB{db: db.WithContext(ctx)}, nil
+}
+
+// handleIn is handle bound to the schema name (schema.InSchema).
+func handleIn(fn string, ctx context.Context, db *gorm.DB, name string) (schema.DB, error) {
+	h, err := handle(fn, ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	if h, err = schema.InSchema(h, name); err != nil {
+		return nil, fmt.Errorf("migrations: %s: %w", fn, err)
+	}
+	return h, nil
 }
 
 // gormDB is schema.DB on a *gorm.DB: its statements join the handle's

@@ -164,3 +164,36 @@ func TestVerifyOnlyHandle(t *testing.T) {
 }
 
 func catalog(t testing.TB, db *gorm.DB) []string { return dbtest.Catalog(t, db) }
+
+// TestMigrateSchema: through one GORM handle whose search_path names
+// another schema, MigrateSchema creates the module's tables in the schema
+// it names (once: a second run finds the work done), VerifySchema and
+// EnsureSchema then pass there, and the handle's own schema gets none; in
+// a caller's transaction the search_path is left as it was. SQLite and a
+// missing schema are refused.
+func TestMigrateSchema(t *testing.T) {
+	ctx := testCtx(t)
+	pg := dbtest.NewPostgres(t)
+	tenant := dbtest.NewSchema(t)
+	require.ErrorIs(t, migrations.VerifySchema(ctx, pg.DB, tenant), migrations.ErrSchemaMismatch)
+	require.ErrorIs(t, migrations.EnsureSchema(ctx, pg.DB, tenant, true), migrations.ErrSchemaMismatch)
+	require.NoError(t, migrations.MigrateSchema(ctx, pg.DB, tenant))
+	require.NoError(t, migrations.MigrateSchema(ctx, pg.DB, tenant))
+	require.NoError(t, migrations.VerifySchema(ctx, pg.DB, tenant))
+	require.NoError(t, migrations.EnsureSchema(ctx, migrations.VerifyOnly(pg.DB), tenant, false))
+	require.Empty(t, catalog(t, pg.DB), "the handle's own schema")
+	require.ErrorIs(t, migrations.Verify(ctx, pg.DB), migrations.ErrSchemaMismatch)
+
+	require.NoError(t, pg.DB.Transaction(func(tx *gorm.DB) error {
+		var before, after string
+		require.NoError(t, tx.Raw("SELECT current_setting('search_path')").Scan(&before).Error)
+		require.NoError(t, migrations.VerifySchema(ctx, tx, tenant))
+		require.NoError(t, tx.Raw("SELECT current_setting('search_path')").Scan(&after).Error)
+		require.Equal(t, before, after)
+		return nil
+	}))
+
+	require.ErrorContains(t, migrations.MigrateSchema(ctx, pg.DB, pg.Schema+"_missing"), "does not exist")
+	require.ErrorContains(t, migrations.MigrateSchema(ctx, dbtest.NewSQLiteMemory(t), tenant), "has no schemas")
+	require.ErrorContains(t, migrations.VerifySchema(ctx, nil, tenant), "unopened")
+}

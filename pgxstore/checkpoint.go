@@ -28,7 +28,13 @@ import (
 //
 // CheckpointStore is safe for concurrent use. It does not own the pool.
 type CheckpointStore struct {
-	pool *pgxpool.Pool
+	pool   *pgxpool.Pool
+	schema string        // WithSchema's; "" for the pool's search_path
+	stmt   checkpointSQL // the statements, tables named in schema
+	// eventsTable is the events table of the store's schema as
+	// EventStore names it (pgevents.EventsTableQuery's form), for
+	// SharesFeed.
+	eventsTable string
 }
 
 var (
@@ -40,41 +46,21 @@ var (
 
 // NewCheckpointStore applies the module's schema migrations the database
 // lacks (schema.Migrate; with WithSchemaVerifyOnly it only checks them)
-// and returns a store on pool.
+// and returns a store on pool, on the tables of the WithSchema schema if
+// given, else of the pool's search_path.
 func NewCheckpointStore(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*CheckpointStore, error) {
-	if err := ensureSchema(ctx, "NewCheckpointStore", pool, newConfig(opts)); err != nil {
+	cfg := newConfig(opts)
+	if err := ensureSchema(ctx, "NewCheckpointStore", pool, cfg); err != nil {
 		return nil, err
 	}
-	return &CheckpointStore{pool: pool}, nil
+	s := &CheckpointStore{pool: pool, schema: cfg.schema}
+	s.stmt = newCheckpointSQL(s.schema)
+	var err error
+	if s.eventsTable, err = resolveEventsTable(ctx, pool, s.schema); err != nil {
+		return nil, fmt.Errorf("pgxstore: NewCheckpointStore: %w", err)
+	}
+	return s, nil
 }
-
-// The statements of the checkpoint row, the same as the GORM Postgres
-// backend's, so that replicas of both kinds coordinate on one row.
-const (
-	// pausedClause is true while the pause key $2 has a row.
-	pausedClause = `EXISTS (SELECT 1 FROM subscriber_pauses WHERE subscriber = $2)`
-	// lockRow locks the row of $1 unless another transaction holds it,
-	// reading its position and redelivery mark from the locked row, and
-	// reads whether it exists, whether its name is paused and the name's
-	// catch-up mark (see subscriptions.DeliveryMarker).
-	lockRow = `SELECT c.position, c.redelivered_through,
-		EXISTS (SELECT 1 FROM subscriber_checkpoints WHERE subscriber = $1), ` + pausedClause + `,
-		COALESCE((SELECT through FROM subscriber_catch_ups WHERE subscriber = $2), 0)
-		FROM (SELECT 1) AS one LEFT JOIN (SELECT position, redelivered_through FROM subscriber_checkpoints WHERE subscriber = $1 FOR UPDATE SKIP LOCKED) AS c ON true`
-	// resetRow moves the row of $1 to $2 (creating it), keeping the
-	// highest checkpoint it had as its redelivery mark.
-	resetRow = `INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES ($1, $2, $3)
-		ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at,
-			redelivered_through = GREATEST(subscriber_checkpoints.position, subscriber_checkpoints.redelivered_through)`
-	// createRow creates the row at 0, committed on its own: created inside
-	// a batch, the uncommitted row would make every other replica's first
-	// Acquire wait for that whole batch instead of skipping.
-	createRow = `INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES ($1, 0, $2) ON CONFLICT (subscriber) DO NOTHING`
-	// commitRow is the compare-and-set of Commit: $1 the new position, $3
-	// the row, $4 the position the batch started from, $5 the pause key.
-	commitRow = `UPDATE subscriber_checkpoints SET position = $1, updated_at = $2
-		WHERE subscriber = $3 AND position = $4 AND NOT EXISTS (SELECT 1 FROM subscriber_pauses WHERE subscriber = $5)`
-)
 
 // cancelRetryInterval is how often onServer repeats its cancel request
 // until the statement it cancels is over.
@@ -96,7 +82,7 @@ func (s *CheckpointStore) Acquire(ctx context.Context, subscriber string) (subsc
 	if err != nil || b != nil || exists {
 		return batchOrNil(b), b != nil, err
 	}
-	if _, err := s.pool.Exec(ctx, createRow, subscriber, time.Now().UTC()); err != nil {
+	if _, err := s.pool.Exec(ctx, s.stmt.createRow, subscriber, time.Now().UTC()); err != nil {
 		return nil, false, fmt.Errorf("pgxstore: acquire checkpoint of %q: create row: %w", subscriber, err)
 	}
 	b, _, err = s.lock(ctx, subscriber)
@@ -120,7 +106,7 @@ func (s *CheckpointStore) lock(ctx context.Context, subscriber string) (b *batch
 	}
 	var row lockedRow
 	tx, err := beginWith(ctx, conn, func(pipe *pgx.Batch) {
-		pipe.Queue(lockRow, subscriber, subscriptions.PauseKey(subscriber)).QueryRow(func(r pgx.Row) error {
+		pipe.Queue(s.stmt.lockRow, subscriber, subscriptions.PauseKey(subscriber)).QueryRow(func(r pgx.Row) error {
 			return r.Scan(row.targets()...)
 		})
 	})
@@ -166,7 +152,7 @@ func endTx(tx pgx.Tx, conn *pgxpool.Conn) {
 // one indexed read, without a transaction or lock.
 func (s *CheckpointStore) Position(ctx context.Context, subscriber string) (int64, error) {
 	var position int64
-	err := s.pool.QueryRow(ctx, "SELECT position FROM subscriber_checkpoints WHERE subscriber = $1", subscriber).Scan(&position)
+	err := s.pool.QueryRow(ctx, s.stmt.position, subscriber).Scan(&position)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, nil
 	}
@@ -197,10 +183,10 @@ func (s *CheckpointStore) ResetWith(ctx context.Context, subscriber string, posi
 	}
 	what := fmt.Sprintf("reset checkpoint of %q to %d", subscriber, position)
 	return s.fenced(ctx, what, func(ctx context.Context, tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, resetRow, subscriber, position, time.Now().UTC()); err != nil {
+		if _, err := tx.Exec(ctx, s.stmt.resetRow, subscriber, position, time.Now().UTC()); err != nil {
 			return err
 		}
-		return clearAttempts(ctx, tx, subscriber)
+		return s.clearAttempts(ctx, tx, subscriber)
 	}, apply)
 }
 
@@ -214,20 +200,20 @@ func (s *CheckpointStore) Delete(ctx context.Context, subscriber string, apply f
 	}
 	what := fmt.Sprintf("delete checkpoint of %q", subscriber)
 	return s.fenced(ctx, what, func(ctx context.Context, tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "DELETE FROM subscriber_checkpoints WHERE subscriber = $1", subscriber); err != nil {
+		if _, err := tx.Exec(ctx, s.stmt.deleteRow, subscriber); err != nil {
 			return err
 		}
-		if err := clearKeyed(ctx, tx, subscriber); err != nil {
+		if err := s.clearKeyed(ctx, tx, subscriber); err != nil {
 			return err
 		}
-		return clearAttempts(ctx, tx, subscriber)
+		return s.clearAttempts(ctx, tx, subscriber)
 	}, apply)
 }
 
 // clearAttempts deletes the names' attempt records: a reset or deleted
 // checkpoint starts counting afresh.
-func clearAttempts(ctx context.Context, tx pgx.Tx, names ...string) error {
-	if _, err := tx.Exec(ctx, "DELETE FROM subscriber_attempts WHERE subscriber = ANY($1)", names); err != nil {
+func (s *CheckpointStore) clearAttempts(ctx context.Context, tx pgx.Tx, names ...string) error {
+	if _, err := tx.Exec(ctx, s.stmt.clearAttempts, names); err != nil {
 		return fmt.Errorf("clear the attempt count: %w", err)
 	}
 	return nil
@@ -334,15 +320,14 @@ func (s *CheckpointStore) onServer(ctx context.Context, fn func(ctx context.Cont
 // positions are read once that holds.
 func (s *CheckpointStore) Pause(ctx context.Context, key string, names []string, reason string) ([]int64, error) {
 	what := fmt.Sprintf("pause %q", key)
-	if _, err := s.pool.Exec(ctx, "INSERT INTO subscriber_pauses (subscriber, paused_at, reason) VALUES ($1, $2, $3) ON CONFLICT (subscriber) DO NOTHING",
-		key, time.Now().UTC(), reason); err != nil {
+	if _, err := s.pool.Exec(ctx, s.stmt.pause, key, time.Now().UTC(), reason); err != nil {
 		return nil, fmt.Errorf("pgxstore: %s: %w", what, err)
 	}
 	sorted := slices.Clone(names)
 	slices.Sort(sorted)
 	found := map[string]int64{}
 	err := s.onServer(ctx, func(ctx context.Context, tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, "SELECT subscriber, position FROM subscriber_checkpoints WHERE subscriber = ANY($1) ORDER BY subscriber FOR UPDATE", sorted)
+		rows, err := tx.Query(ctx, s.stmt.lockPaused, sorted)
 		if err != nil {
 			return err
 		}
@@ -366,7 +351,7 @@ func (s *CheckpointStore) Pause(ctx context.Context, key string, names []string,
 
 // Resume lifts key's pause.
 func (s *CheckpointStore) Resume(ctx context.Context, key string) error {
-	if _, err := s.pool.Exec(ctx, "DELETE FROM subscriber_pauses WHERE subscriber = $1", key); err != nil {
+	if _, err := s.pool.Exec(ctx, s.stmt.resume, key); err != nil {
 		return fmt.Errorf("pgxstore: resume %q: %w", key, err)
 	}
 	return nil
@@ -375,7 +360,7 @@ func (s *CheckpointStore) Resume(ctx context.Context, key string) error {
 // PausedSince reports whether key is paused, since when and why.
 func (s *CheckpointStore) PausedSince(ctx context.Context, key string) (subscriptions.PauseRecord, bool, error) {
 	var rec subscriptions.PauseRecord
-	err := s.pool.QueryRow(ctx, "SELECT paused_at, reason FROM subscriber_pauses WHERE subscriber = $1", key).Scan(&rec.Since, &rec.Reason)
+	err := s.pool.QueryRow(ctx, s.stmt.pausedSince, key).Scan(&rec.Since, &rec.Reason)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return subscriptions.PauseRecord{}, false, nil
 	}

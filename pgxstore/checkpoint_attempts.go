@@ -39,19 +39,12 @@ const relockTimeout = "5s"
 
 var _ subscriptions.AttemptCounter = (*CheckpointStore)(nil)
 
-// attemptUpsert writes a whole record with its claim: $1 subscriber, $2
-// position, $3 event ID, $4 through, $5 attempts, $6 last error, $7 time,
-// $8 holder.
-const attemptUpsert = `INSERT INTO subscriber_attempts (subscriber, position, event_id, through, attempts, last_error, updated_at, holder, holder_pid, claimed_at)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, pg_backend_pid(), statement_timestamp())
-	ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, event_id = excluded.event_id, through = excluded.through,
-		attempts = excluded.attempts, last_error = excluded.last_error, updated_at = excluded.updated_at,
-		holder = excluded.holder, holder_pid = excluded.holder_pid, claimed_at = excluded.claimed_at`
-
 // liveClaim is true while another runner than the holder $h claims the
 // row, for an attempt from checkpoint $c or for a commit past it: the
 // claim is younger than the lease and the server process that wrote it is
-// still there. h and c are the placeholders' numbers.
+// still there. h and c are the placeholders' numbers. It names the
+// record's table by its bare name, as the statement's FROM or INSERT
+// target it joins, in any schema.
 func liveClaim(h, c int) string {
 	return fmt.Sprintf(`(subscriber_attempts.holder <> '' AND subscriber_attempts.holder <> $%d AND subscriber_attempts.position >= $%d
 		AND subscriber_attempts.claimed_at > statement_timestamp() - interval '%d milliseconds'
@@ -76,10 +69,7 @@ func (s *CheckpointStore) BeginAttempt(ctx context.Context, in subscriptions.Bat
 	var prev subscriptions.AttemptRecord
 	found := false
 	err := s.attemptWrite(ctx, in, subscriber, rec.Holder, func(tx pgx.Tx, checkpoint int64) error {
-		rows, err := tx.Query(ctx, attemptUpsert+`
-			WHERE NOT ((subscriber_attempts.position = excluded.position
-				AND (subscriber_attempts.event_id = excluded.event_id OR subscriber_attempts.attempts = 0)) OR `+liveClaim(9, 10)+`)
-			RETURNING attempts`, append(attemptArgs(subscriber, rec), rec.Holder, checkpoint)...)
+		rows, err := tx.Query(ctx, s.stmt.beginAttempt, append(attemptArgs(subscriber, rec), rec.Holder, checkpoint)...)
 		if err != nil {
 			return err
 		}
@@ -91,8 +81,7 @@ func (s *CheckpointStore) BeginAttempt(ctx context.Context, in subscriptions.Bat
 			return nil
 		}
 		var claimed bool
-		err = tx.QueryRow(ctx, "SELECT position, event_id, through, attempts, last_error, holder, "+liveClaim(1, 2)+" FROM subscriber_attempts WHERE subscriber = $3",
-			rec.Holder, checkpoint, subscriber).Scan(&prev.Position, &prev.EventID, &prev.Through, &prev.Attempts, &prev.LastError, &prev.Holder, &claimed)
+		err = tx.QueryRow(ctx, s.stmt.readAttempt, rec.Holder, checkpoint, subscriber).Scan(&prev.Position, &prev.EventID, &prev.Through, &prev.Attempts, &prev.LastError, &prev.Holder, &claimed)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return errors.New("the record vanished")
 		}
@@ -114,7 +103,7 @@ func (s *CheckpointStore) BeginAttempt(ctx context.Context, in subscriptions.Bat
 // PutAttempt implements subscriptions.AttemptCounter.
 func (s *CheckpointStore) PutAttempt(ctx context.Context, in subscriptions.Batch, subscriber string, rec subscriptions.AttemptRecord) error {
 	return s.attemptWrite(ctx, in, subscriber, rec.Holder, func(tx pgx.Tx, checkpoint int64) error {
-		tag, err := tx.Exec(ctx, attemptUpsert+" WHERE NOT "+liveClaim(9, 10), append(attemptArgs(subscriber, rec), rec.Holder, checkpoint)...)
+		tag, err := tx.Exec(ctx, s.stmt.putAttempt, append(attemptArgs(subscriber, rec), rec.Holder, checkpoint)...)
 		if err != nil {
 			return err
 		}
@@ -178,7 +167,7 @@ func (b *batch) renew(ctx context.Context, write func(tx pgx.Tx) error) (wrote b
 	var paused bool
 	_, err = tx.Exec(ctx, "SET LOCAL lock_timeout = '"+relockTimeout+"'")
 	if err == nil {
-		err = tx.QueryRow(ctx, relockRow, b.subscriber, subscriptions.PauseKey(b.subscriber)).Scan(&position, &paused)
+		err = tx.QueryRow(ctx, b.store.stmt.relockRow, b.subscriber, subscriptions.PauseKey(b.subscriber)).Scan(&position, &paused)
 	}
 	if err == nil {
 		_, err = tx.Exec(ctx, "SET LOCAL lock_timeout TO DEFAULT")
@@ -194,10 +183,6 @@ func (b *batch) renew(ctx context.Context, write func(tx pgx.Tx) error) (wrote b
 	}
 	return true, nil
 }
-
-// relockRow locks the row of $1, waiting for it, and reads whether its
-// name (pause key $2) is paused.
-const relockRow = `SELECT (SELECT position FROM subscriber_checkpoints WHERE subscriber = $1 FOR UPDATE), ` + pausedClause
 
 // FailAttempt implements subscriptions.AttemptCounter: it ends the batch's
 // transaction, writes the failure on the batch's connection in a
@@ -237,15 +222,7 @@ func (s *CheckpointStore) FailAttempt(ctx context.Context, in subscriptions.Batc
 // rec.Attempts. Another runner's live claim is left alone: that runner
 // is attempting now and counts on its own.
 func (s *CheckpointStore) failAttemptRow(ctx context.Context, q querier, subscriber string, rec subscriptions.AttemptRecord) error {
-	_, err := q.Exec(ctx, `INSERT INTO subscriber_attempts (subscriber, position, event_id, through, attempts, last_error, updated_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7)
-		ON CONFLICT (subscriber) DO UPDATE SET last_error = excluded.last_error, updated_at = excluded.updated_at,
-			attempts = CASE WHEN subscriber_attempts.position = excluded.position AND subscriber_attempts.event_id = excluded.event_id
-				AND subscriber_attempts.through = excluded.through THEN subscriber_attempts.attempts ELSE excluded.attempts END,
-			position = excluded.position, event_id = excluded.event_id, through = excluded.through,
-			holder = '', holder_pid = 0, claimed_at = NULL
-		WHERE NOT `+liveClaim(8, 9),
-		subscriber, rec.Position, rec.EventID, rec.Through, rec.Attempts, rec.LastError, time.Now().UTC(), rec.Holder, rec.Position)
+	_, err := q.Exec(ctx, s.stmt.failAttempt, subscriber, rec.Position, rec.EventID, rec.Through, rec.Attempts, rec.LastError, time.Now().UTC(), rec.Holder, rec.Position)
 	if err != nil {
 		return fmt.Errorf("pgxstore: record the failure of event %q of %q: %w", rec.EventID, subscriber, err)
 	}
@@ -263,7 +240,7 @@ func (s *CheckpointStore) HasAttempt(ctx context.Context, in subscriptions.Batch
 		return has, nil
 	}
 	var found bool
-	if err := b.tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM subscriber_attempts WHERE subscriber = $1 AND position = $2)", subscriber, position).Scan(&found); err != nil {
+	if err := b.tx.QueryRow(ctx, s.stmt.hasAttempt, subscriber, position).Scan(&found); err != nil {
 		return false, fmt.Errorf("pgxstore: read the attempt record of %q: %w", subscriber, err)
 	}
 	return found, nil
@@ -277,7 +254,7 @@ func (s *CheckpointStore) ClearAttempt(ctx context.Context, in subscriptions.Bat
 		return fmt.Errorf("pgxstore: clear the attempt count of %q: not a live batch of this store", subscriber)
 	}
 	b.attempt = prefetchedAttempt{}
-	if _, err := b.tx.Exec(ctx, "DELETE FROM subscriber_attempts WHERE subscriber = $1", subscriber); err != nil {
+	if _, err := b.tx.Exec(ctx, s.stmt.clearAttempt, subscriber); err != nil {
 		return fmt.Errorf("pgxstore: clear the attempt count of %q: %w", subscriber, err)
 	}
 	return nil
@@ -288,7 +265,7 @@ func (s *CheckpointStore) ClearAttempt(ctx context.Context, in subscriptions.Bat
 // and the next replica counts on from it at once instead of waiting for
 // the claim to age.
 func (b *batch) releaseClaim(ctx context.Context) error {
-	if _, err := b.conn.Exec(ctx, "UPDATE subscriber_attempts SET holder = '' WHERE subscriber = $1 AND holder = $2", b.subscriber, b.claim); err != nil {
+	if _, err := b.conn.Exec(ctx, b.store.stmt.releaseClaim, b.subscriber, b.claim); err != nil {
 		return fmt.Errorf("pgxstore: release the attempt claim of %q: %w", b.subscriber, err)
 	}
 	return nil

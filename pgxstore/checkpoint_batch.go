@@ -90,12 +90,12 @@ func (b *batch) Commit(ctx context.Context, position int64) error {
 	if err := b.HandlerEndedTx(ctx); err != nil {
 		return fail(err)
 	}
-	update, args := commitRow, []any{position, time.Now().UTC(), b.subscriber, b.position, subscriptions.PauseKey(b.subscriber)}
+	update, args := b.store.stmt.commitRow, []any{position, time.Now().UTC(), b.subscriber, b.position, subscriptions.PauseKey(b.subscriber)}
 	if b.claim != "" {
 		// The batch's attempt claim goes in the same statement: once the
 		// commit lands, its record is a plain record of the position it
 		// committed.
-		update = "WITH released AS (UPDATE subscriber_attempts SET holder = '' WHERE subscriber = $3 AND holder = $6) " + update
+		update = b.store.stmt.commitReleasing
 		args = append(args, b.claim)
 	}
 	tag, err := b.tx.Exec(ctx, update, args...)

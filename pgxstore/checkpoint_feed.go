@@ -6,10 +6,12 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure/pgevents"
+	"github.com/eventfeed/subscriptions/migrations/schema"
 )
 
 // This file holds what a CheckpointStore does with an EventStore on its
@@ -23,10 +25,40 @@ var (
 )
 
 // SharesFeed reports whether events is an EventStore of this package on
-// the store's own pool.
+// the store's own pool and events table: an event store of another
+// tenant's schema on the same pool is not the store's feed.
 func (s *CheckpointStore) SharesFeed(events domain.EventStore) bool {
 	es, ok := events.(*EventStore)
-	return ok && es.pool == s.pool
+	return ok && es.pool == s.pool && s.eventsTable != "" && es.table == s.eventsTable
+}
+
+// eventsTableOf resolves the events table named $1 (qualified, or bare
+// for the search_path's) to its name as pgevents.EventsTableQuery, which
+// EventStore keeps, spells it; NULL when there is none.
+const eventsTableOf = `SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
+	FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`
+
+// resolveEventsTable returns the events table of schemaName ("" for the
+// pool's search_path) as EventStore names it, "" when there is none.
+func resolveEventsTable(ctx context.Context, pool *pgxpool.Pool, schemaName string) (string, error) {
+	var table *string
+	if err := pool.QueryRow(ctx, eventsTableOf, schema.Qualified(schemaName, "events")).Scan(&table); err != nil {
+		return "", fmt.Errorf("resolve the events table: %w", err)
+	}
+	if table == nil {
+		return "", nil
+	}
+	return *table, nil
+}
+
+// readFeed runs query, a statement of the store's feed (checkpointSQL's
+// feedAt or feedRange), through q and decodes its events.
+func readFeed(ctx context.Context, q querier, query string, args ...any) ([]domain.EventEnvelope[any], error) {
+	rows, err := q.Query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgevents.ScanEnvelopes(rows)
 }
 
 // ReadPositions reads the events at positions in the batch's transaction,
@@ -36,9 +68,14 @@ func (b *batch) ReadPositions(ctx context.Context, positions []int64) ([]domain.
 	if b.tx == nil {
 		return nil, fmt.Errorf("pgxstore: read the feed in the batch of %q: the batch has no transaction", b.subscriber)
 	}
-	events, err := readPositions(ctx, b.tx, positions)
+	if len(positions) == 0 {
+		return []domain.EventEnvelope[any]{}, nil
+	}
+	// One bigint[] literal, as EventStore.ReadPositions passes it: one
+	// statement text whatever the number of positions.
+	events, err := readFeed(ctx, b.tx, b.store.stmt.feedAt, pgevents.PositionsArray(positions))
 	if err != nil {
-		return nil, fmt.Errorf("in the batch of %q: %w", b.subscriber, err)
+		return nil, fmt.Errorf("pgxstore: read %d events at positions %d... in the batch of %q: %w", len(positions), positions[0], b.subscriber, err)
 	}
 	return events, nil
 }
@@ -61,11 +98,9 @@ func (s *CheckpointStore) AcquireAfter(ctx context.Context, subscriber string, a
 	if err != nil {
 		return nil, nil, false, fmt.Errorf("pgxstore: acquire checkpoint of %q: connection: %w", subscriber, err)
 	}
-	read := "WHERE position > $1 ORDER BY position"
-	args := []any{after}
+	read, args := s.stmt.feedAfter, []any{after}
 	if limit > 0 {
-		read += " LIMIT $2"
-		args = append(args, limit)
+		read, args = s.stmt.feedAfterLimit, append(args, limit)
 	}
 	var (
 		locked  lockedRow
@@ -73,10 +108,10 @@ func (s *CheckpointStore) AcquireAfter(ctx context.Context, subscriber string, a
 		events  []domain.EventEnvelope[any]
 	)
 	tx, err := beginWith(bctx, conn, func(pipe *pgx.Batch) {
-		pipe.Queue(lockRow, subscriber, subscriptions.PauseKey(subscriber)).QueryRow(func(row pgx.Row) error {
+		pipe.Queue(s.stmt.lockRow, subscriber, subscriptions.PauseKey(subscriber)).QueryRow(func(row pgx.Row) error {
 			return row.Scan(locked.targets()...)
 		})
-		pipe.Queue(attemptPosition, subscriber).QueryRow(func(row pgx.Row) error {
+		pipe.Queue(s.stmt.attemptPosition, subscriber).QueryRow(func(row pgx.Row) error {
 			var at int64
 			switch err := row.Scan(&at); {
 			case err == nil:
@@ -88,7 +123,7 @@ func (s *CheckpointStore) AcquireAfter(ctx context.Context, subscriber string, a
 			}
 			return nil
 		})
-		pipe.Queue(selectEvents+read, args...).Query(func(rows pgx.Rows) (err error) {
+		pipe.Queue(read, args...).Query(func(rows pgx.Rows) (err error) {
 			events, err = pgevents.ReadEnvelopes(rows, limit)
 			return err
 		})
@@ -104,10 +139,6 @@ func (s *CheckpointStore) AcquireAfter(ctx context.Context, subscriber string, a
 	b.attempt = attempt
 	return b, events, true, nil
 }
-
-// attemptPosition reads the position of the subscriber's attempt record
-// ($1).
-const attemptPosition = "SELECT position FROM subscriber_attempts WHERE subscriber = $1"
 
 // prefetchedAttempt is the subscriber's attempt record as AcquireAfter
 // read it, in the batch's transaction once the row was locked: it answers

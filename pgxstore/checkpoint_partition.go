@@ -30,7 +30,7 @@ func (s *CheckpointStore) Positions(ctx context.Context, names []string) ([]int6
 	if tx := txForPool(ctx, s.pool); tx != nil {
 		q = tx.Tx
 	}
-	rows, err := q.Query(ctx, "SELECT subscriber, position FROM subscriber_checkpoints WHERE subscriber = ANY($1)", names)
+	rows, err := q.Query(ctx, s.stmt.positions, names)
 	if err != nil {
 		return nil, fmt.Errorf("pgxstore: read %d checkpoints (%q ...): %w", len(names), names[0], err)
 	}
@@ -63,10 +63,10 @@ func (s *CheckpointStore) ResetAll(ctx context.Context, names []string, position
 	}
 	what := fmt.Sprintf("reset %d checkpoints (%q ...) to %d", len(names), names[0], position)
 	return s.fencedAll(ctx, names, what, func(ctx context.Context, tx pgx.Tx, name string) error {
-		if _, err := tx.Exec(ctx, resetRow, name, position, time.Now().UTC()); err != nil {
+		if _, err := tx.Exec(ctx, s.stmt.resetRow, name, position, time.Now().UTC()); err != nil {
 			return err
 		}
-		return clearAttempts(ctx, tx, name)
+		return s.clearAttempts(ctx, tx, name)
 	}, guard, apply)
 }
 
@@ -79,13 +79,13 @@ func (s *CheckpointStore) DeleteAll(ctx context.Context, names []string, guard, 
 	}
 	what := fmt.Sprintf("delete %d checkpoints (%q ...)", len(names), names[0])
 	return s.fencedAll(ctx, names, what, func(ctx context.Context, tx pgx.Tx, name string) error {
-		if _, err := tx.Exec(ctx, "DELETE FROM subscriber_checkpoints WHERE subscriber = $1", name); err != nil {
+		if _, err := tx.Exec(ctx, s.stmt.deleteRow, name); err != nil {
 			return err
 		}
-		if err := clearKeyed(ctx, tx, name); err != nil {
+		if err := s.clearKeyed(ctx, tx, name); err != nil {
 			return err
 		}
-		return clearAttempts(ctx, tx, name)
+		return s.clearAttempts(ctx, tx, name)
 	}, guard, apply)
 }
 
@@ -130,27 +130,24 @@ func (s *CheckpointStore) InitPartitions(ctx context.Context, marker, plain stri
 	var existing int64
 	err := pgx.BeginTxFunc(ctx, s.pool, txOptions, func(tx pgx.Tx) error {
 		now := time.Now().UTC()
-		if _, err := tx.Exec(ctx, "INSERT INTO subscriber_checkpoints (subscriber, position, updated_at) VALUES ($1, 0, $2) ON CONFLICT (subscriber) DO NOTHING", marker, now); err != nil {
+		if _, err := tx.Exec(ctx, s.stmt.createRow, marker, now); err != nil {
 			return err
 		}
-		if err := tx.QueryRow(ctx, "SELECT position FROM subscriber_checkpoints WHERE subscriber = $1 FOR UPDATE", marker).Scan(&existing); err != nil {
+		if err := tx.QueryRow(ctx, s.stmt.lockPosition, marker).Scan(&existing); err != nil {
 			return err
 		}
 		if existing != 0 {
 			return nil
 		}
 		var seed, redelivered int64
-		if err := tx.QueryRow(ctx, "SELECT COALESCE(MAX(position), 0), COALESCE(MAX(redelivered_through), 0) FROM subscriber_checkpoints WHERE subscriber = $1 AND position <> $2",
-			plain, subscriptions.RetiredCheckpoint).Scan(&seed, &redelivered); err != nil {
+		if err := tx.QueryRow(ctx, s.stmt.seedOf, plain, subscriptions.RetiredCheckpoint).Scan(&seed, &redelivered); err != nil {
 			return err
 		}
 		// A retired row (left by a Repartition) is seeded as a missing one.
-		if _, err := tx.Exec(ctx, `INSERT INTO subscriber_checkpoints (subscriber, position, updated_at, redelivered_through)
-			SELECT unnest($1::text[]), $2, $3, $4 ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at, redelivered_through = excluded.redelivered_through
-			WHERE subscriber_checkpoints.position = $5`, parts, seed, now, redelivered, subscriptions.RetiredCheckpoint); err != nil {
+		if _, err := tx.Exec(ctx, s.stmt.seedRows, parts, seed, now, redelivered, subscriptions.RetiredCheckpoint); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, "UPDATE subscriber_checkpoints SET position = $1, updated_at = $2 WHERE subscriber = $3", n, now, marker)
+		_, err := tx.Exec(ctx, s.stmt.setPosition, n, now, marker)
 		return err
 	})
 	if err != nil {

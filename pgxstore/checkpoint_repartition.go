@@ -39,16 +39,19 @@ func (s *CheckpointStore) Repartition(ctx context.Context, marker string, from, 
 	}
 	err := s.onServer(ctx, func(tctx context.Context, tx pgx.Tx) error {
 		now := time.Now().UTC()
-		if err := holdRows(tctx, tx, marker, from, all, now); err != nil {
+		if err := s.holdRows(tctx, tx, marker, from, all, now); err != nil {
 			return fmt.Errorf("hold the batches: %w", err)
 		}
-		held, err := readLayout(tctx, tx, marker, from)
+		held, err := s.readLayout(tctx, tx, marker, from)
 		if err != nil {
 			return fmt.Errorf("read the checkpoints: %w", err)
 		}
 		read := func(ctx context.Context, after, upTo int64, limit int) ([]domain.EventEnvelope[any], error) {
-			return queryEvents(ctx, tx, fmt.Sprintf("read the feed after position %d", after),
-				"WHERE position > $1 AND position <= $2 ORDER BY position LIMIT $3", after, upTo, limit)
+			events, err := readFeed(ctx, tx, s.stmt.feedRange, after, upTo, limit)
+			if err != nil {
+				return nil, fmt.Errorf("pgxstore: read the feed after position %d: %w", after, err)
+			}
+			return events, nil
 		}
 		target, apply, err := catchUp(ctx, held, read)
 		if err != nil {
@@ -70,14 +73,11 @@ func (s *CheckpointStore) Repartition(ctx context.Context, marker string, from, 
 			names                 []string
 			position, redelivered int64
 		}{{to, target, held.LowestRedelivery()}, {retired, subscriptions.RetiredCheckpoint, 0}, {[]string{marker}, count, 0}} {
-			if _, err := tx.Exec(tctx, `INSERT INTO subscriber_checkpoints (subscriber, position, updated_at, redelivered_through)
-				SELECT unnest($1::text[]), $2, $3, $4
-				ON CONFLICT (subscriber) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at, redelivered_through = excluded.redelivered_through`,
-				w.names, w.position, now, w.redelivered); err != nil {
+			if _, err := tx.Exec(tctx, s.stmt.writeRows, w.names, w.position, now, w.redelivered); err != nil {
 				return fmt.Errorf("write the checkpoints: %w", err)
 			}
 		}
-		return clearAttempts(tctx, tx, append(slices.Clone(from), to...)...)
+		return s.clearAttempts(tctx, tx, append(slices.Clone(from), to...)...)
 	})
 	if err != nil {
 		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
@@ -90,10 +90,8 @@ func (s *CheckpointStore) Repartition(ctx context.Context, marker string, from, 
 
 // readLayout reads, under the hold, the count's row and from's checkpoints
 // and delivery marks, the name's catch-up mark under marker's pause key.
-func readLayout(ctx context.Context, tx pgx.Tx, marker string, from []string) (subscriptions.RepartitionRows, error) {
-	rows, err := tx.Query(ctx, `SELECT c.subscriber, c.position, c.redelivered_through,
-			COALESCE((SELECT through FROM subscriber_catch_ups WHERE subscriber = $2), 0)
-		FROM subscriber_checkpoints AS c WHERE c.subscriber = ANY($1)`, append(slices.Clone(from), marker), subscriptions.PauseKey(marker))
+func (s *CheckpointStore) readLayout(ctx context.Context, tx pgx.Tx, marker string, from []string) (subscriptions.RepartitionRows, error) {
+	rows, err := tx.Query(ctx, s.stmt.readLayout, append(slices.Clone(from), marker), subscriptions.PauseKey(marker))
 	if err != nil {
 		return subscriptions.RepartitionRows{}, err
 	}
@@ -117,18 +115,16 @@ func readLayout(ctx context.Context, tx pgx.Tx, marker string, from []string) (s
 
 // holdRows creates the count's row and the missing rows of from and locks
 // the count's row, then every row of all in name order.
-func holdRows(ctx context.Context, tx pgx.Tx, marker string, from, all []string, now time.Time) error {
-	const create = `INSERT INTO subscriber_checkpoints (subscriber, position, updated_at)
-		SELECT unnest($1::text[]), 0, $2 ON CONFLICT (subscriber) DO NOTHING`
-	if _, err := tx.Exec(ctx, create, []string{marker}, now); err != nil {
+func (s *CheckpointStore) holdRows(ctx context.Context, tx pgx.Tx, marker string, from, all []string, now time.Time) error {
+	if _, err := tx.Exec(ctx, s.stmt.createRows, []string{marker}, now); err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, "SELECT position FROM subscriber_checkpoints WHERE subscriber = $1 FOR UPDATE", marker); err != nil {
+	if _, err := tx.Exec(ctx, s.stmt.lockPosition, marker); err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, create, slices.Sorted(slices.Values(from)), now); err != nil {
+	if _, err := tx.Exec(ctx, s.stmt.createRows, slices.Sorted(slices.Values(from)), now); err != nil {
 		return err
 	}
-	_, err := tx.Exec(ctx, "SELECT subscriber FROM subscriber_checkpoints WHERE subscriber = ANY($1) ORDER BY subscriber FOR UPDATE", all)
+	_, err := tx.Exec(ctx, s.stmt.lockRows, all)
 	return err
 }

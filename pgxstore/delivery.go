@@ -16,7 +16,7 @@ import (
 // row (resetRow writes it, lockRow reads it), the catch-up mark in
 // subscriber_catch_ups under the name's pause key.
 
-// lockedRow is what lockRow reads.
+// lockedRow is what checkpointSQL.lockRow reads.
 type lockedRow struct {
 	position, redelivered *int64 // nil: the row was not locked
 	present, paused       bool
@@ -45,9 +45,7 @@ func (b *batch) DeliveryMarks() subscriptions.DeliveryMarks { return b.marks }
 // StartCatchUp records the mark in one statement, which inserts nothing
 // when key has a mark or one of rows exists.
 func (s *CheckpointStore) StartCatchUp(ctx context.Context, key string, rows []string, through int64) error {
-	if _, err := s.pool.Exec(ctx, `INSERT INTO subscriber_catch_ups (subscriber, through, started_at)
-		SELECT $1, $2, $3 WHERE NOT EXISTS (SELECT 1 FROM subscriber_checkpoints WHERE subscriber = ANY($4))
-		ON CONFLICT (subscriber) DO NOTHING`, key, through, time.Now().UTC(), rows); err != nil {
+	if _, err := s.pool.Exec(ctx, s.stmt.startCatchUp, key, through, time.Now().UTC(), rows); err != nil {
 		return fmt.Errorf("pgxstore: record the catch-up of %q through %d: %w", key, through, err)
 	}
 	return nil
@@ -55,12 +53,12 @@ func (s *CheckpointStore) StartCatchUp(ctx context.Context, key string, rows []s
 
 // clearKeyed deletes what is recorded under name's pause key, its pause
 // and its catch-up mark (Delete, DeleteAll).
-func clearKeyed(ctx context.Context, tx pgx.Tx, name string) error {
+func (s *CheckpointStore) clearKeyed(ctx context.Context, tx pgx.Tx, name string) error {
 	key := subscriptions.PauseKey(name)
-	if _, err := tx.Exec(ctx, "DELETE FROM subscriber_pauses WHERE subscriber = $1", key); err != nil {
+	if _, err := tx.Exec(ctx, s.stmt.clearPause, key); err != nil {
 		return fmt.Errorf("clear the pause: %w", err)
 	}
-	if _, err := tx.Exec(ctx, "DELETE FROM subscriber_catch_ups WHERE subscriber = $1", key); err != nil {
+	if _, err := tx.Exec(ctx, s.stmt.clearCatchUp, key); err != nil {
 		return fmt.Errorf("clear the catch-up mark: %w", err)
 	}
 	return nil

@@ -14,7 +14,8 @@ import (
 )
 
 // ParkingLot is the managed parking lot of package subscriptions on the
-// parked_events table of the module's Postgres schema, the table
+// parked_events table of the module's Postgres schema (the WithSchema
+// schema's, else the pool's search_path's), the table
 // subscriptions.GormParkingLot uses: rows either lot writes, the other
 // reads, replays and discards, and both can serve one database at once
 // (a replay's row lock and its verified delete hold across them).
@@ -29,7 +30,9 @@ import (
 // connection of the pool at a time, for its statement or transaction; a
 // call that joins a batch transaction (see Park) uses the batch's.
 type ParkingLot struct {
-	pool *pgxpool.Pool
+	pool   *pgxpool.Pool
+	schema string     // WithSchema's; "" for the pool's search_path
+	stmt   parkingSQL // the statements, parked_events named in schema
 }
 
 var (
@@ -51,7 +54,9 @@ func NewParkingLot(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Pa
 	if err := ensureSchema(ctx, "NewParkingLot", pool, cfg); err != nil {
 		return nil, err
 	}
-	return &ParkingLot{pool: pool}, nil
+	l := &ParkingLot{pool: pool, schema: cfg.schema}
+	l.stmt = newParkingSQL(l.schema)
+	return l, nil
 }
 
 // Park records a poison event, or updates the entry already parked for
@@ -74,13 +79,7 @@ func (l *ParkingLot) Park(ctx context.Context, parked subscriptions.ParkedEvent)
 	if parked.ParkedAt.IsZero() {
 		parked.ParkedAt = time.Now()
 	}
-	_, err := l.querier(ctx).Exec(ctx, `INSERT INTO parked_events
-			(key, subscriber_key, subscriber, event_id, event_type, position, error, attempts, parked_at, aggregate_id, held_by)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, '')
-		ON CONFLICT (key) DO UPDATE SET event_type = excluded.event_type, position = excluded.position,
-			error = excluded.error, attempts = excluded.attempts, parked_at = excluded.parked_at,
-			aggregate_id = excluded.aggregate_id, held_by = excluded.held_by`,
-		entryKey(parked.Subscriber, parked.EventID), subscriberKey(parked.Subscriber), parked.Subscriber, parked.EventID,
+	_, err := l.querier(ctx).Exec(ctx, l.stmt.park, entryKey(parked.Subscriber, parked.EventID), subscriberKey(parked.Subscriber), parked.Subscriber, parked.EventID,
 		storableText(parked.EventType), parked.Position, storableText(parked.Error), parked.Attempts,
 		parked.ParkedAt.UTC(), storableText(parked.AggregateID))
 	if err != nil {
@@ -103,8 +102,7 @@ func (l *ParkingLot) List(ctx context.Context, subscriber string) ([]subscriptio
 // the index List uses (subscriptions.ParkedCounter).
 func (l *ParkingLot) CountParked(ctx context.Context, subscriber string) (int, error) {
 	var n int64
-	if err := l.pool.QueryRow(ctx, `SELECT COUNT(*) FROM parked_events WHERE `+bySubscriber,
-		subscriberKey(subscriber), subscriber).Scan(&n); err != nil {
+	if err := l.pool.QueryRow(ctx, l.stmt.count, subscriberKey(subscriber), subscriber).Scan(&n); err != nil {
 		return 0, fmt.Errorf("pgxstore: count parked events of %q: %w", subscriber, err)
 	}
 	return int(n), nil
@@ -115,8 +113,7 @@ func (l *ParkingLot) CountParked(ctx context.Context, subscriber string) (int, e
 // (subscriptions.ParkingLotPurger; Subscriber.DeleteState runs it in the
 // transaction that deletes the checkpoint).
 func (l *ParkingLot) Purge(ctx context.Context, subscriber string) error {
-	if _, err := l.querier(ctx).Exec(ctx, `DELETE FROM parked_events WHERE `+bySubscriber,
-		subscriberKey(subscriber), subscriber); err != nil {
+	if _, err := l.querier(ctx).Exec(ctx, l.stmt.purge, subscriberKey(subscriber), subscriber); err != nil {
 		return fmt.Errorf("pgxstore: purge parked events of %q: %w", subscriber, err)
 	}
 	return nil
@@ -132,8 +129,7 @@ func (l *ParkingLot) Purge(ctx context.Context, subscriber string) error {
 // whose replay is running holds its row lock: the statement waits for the
 // replay, which clears the entry or leaves it to this delete.
 func (l *ParkingLot) ClearDelivered(ctx context.Context, subscriber string, after, upTo int64) error {
-	if _, err := l.querier(ctx).Exec(ctx, deleteKeepingHeads(`position > $3 AND position <= $4`),
-		subscriberKey(subscriber), subscriber, after, upTo); err != nil {
+	if _, err := l.querier(ctx).Exec(ctx, l.stmt.clearRange, subscriberKey(subscriber), subscriber, after, upTo); err != nil {
 		return fmt.Errorf("pgxstore: clear the parked events of %q delivered in positions %d-%d: %w", subscriber, after+1, upTo, err)
 	}
 	return nil
@@ -159,8 +155,7 @@ func (l *ParkingLot) ClearPartitionDelivered(ctx context.Context, subscriber str
 			subscriber, partition, partitions, after+1, upTo, err)
 	}
 	q := l.querier(ctx)
-	rows, err := q.Query(ctx, `SELECT event_id, aggregate_id FROM parked_events WHERE `+bySubscriber+
-		` AND position > $3 AND position <= $4 AND aggregate_id <> ''`, subscriberKey(subscriber), subscriber, after, upTo)
+	rows, err := q.Query(ctx, l.stmt.rangeEntries, subscriberKey(subscriber), subscriber, after, upTo)
 	if err != nil {
 		return what(err)
 	}
@@ -178,7 +173,7 @@ func (l *ParkingLot) ClearPartitionDelivered(ctx context.Context, subscriber str
 	if len(keys) == 0 {
 		return nil
 	}
-	if _, err := q.Exec(ctx, deleteKeepingHeads(`key = ANY($3)`), subscriberKey(subscriber), subscriber, keys); err != nil {
+	if _, err := q.Exec(ctx, l.stmt.clearKeys, subscriberKey(subscriber), subscriber, keys); err != nil {
 		return what(err)
 	}
 	return nil

@@ -13,7 +13,8 @@ import (
 )
 
 // parkedColumns are the columns scanParked reads, but for the last, the
-// held_by it reads (heldByColumn, or the column itself). A table taken
+// held_by it reads (the head's event ID, see newParkingSQL, or the column
+// itself). A table taken
 // over from the original module (migration 00001) keeps its nullable
 // columns, so NULLs read as the zero values subscriptions.GormParkingLot
 // gives them.
@@ -53,7 +54,7 @@ func (l *ParkingLot) selectParked(ctx context.Context, subscriber string, filter
 	if filter.Limit > 0 {
 		limit = " LIMIT " + arg(filter.Limit)
 	}
-	rows, err := l.pool.Query(ctx, `SELECT `+parkedColumns+`, `+heldByColumn+` FROM parked_events p WHERE `+where+` ORDER BY position, event_id`+limit, args...)
+	rows, err := l.pool.Query(ctx, l.stmt.selectParked+where+` ORDER BY position, event_id`+limit, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -89,13 +90,12 @@ func (l *ParkingLot) Get(ctx context.Context, subscriber, eventID string) (subsc
 }
 
 func (l *ParkingLot) get(ctx context.Context, subscriber, eventID string) (subscriptions.ParkedEvent, error) {
-	return getParked(ctx, l.pool, subscriber, eventID)
+	return l.getParked(ctx, l.pool, subscriber, eventID)
 }
 
 // getParked reads one entry through q.
-func getParked(ctx context.Context, q querier, subscriber, eventID string) (subscriptions.ParkedEvent, error) {
-	rows, err := q.Query(ctx, `SELECT `+parkedColumns+`, `+heldByColumn+` FROM parked_events p WHERE `+byKey,
-		entryKey(subscriber, eventID), subscriber, eventID)
+func (l *ParkingLot) getParked(ctx context.Context, q querier, subscriber, eventID string) (subscriptions.ParkedEvent, error) {
+	rows, err := q.Query(ctx, l.stmt.get, entryKey(subscriber, eventID), subscriber, eventID)
 	if err != nil {
 		return subscriptions.ParkedEvent{}, err
 	}
@@ -119,19 +119,17 @@ func (l *ParkingLot) Discard(ctx context.Context, subscriber, eventID string) (s
 	// READ COMMITTED, as a replay's: see promote.
 	err := pgx.BeginTxFunc(ctx, l.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		var err error
-		if p, err = getParked(ctx, tx, subscriber, eventID); err != nil {
+		if p, err = l.getParked(ctx, tx, subscriber, eventID); err != nil {
 			return err
 		}
-		tag, err := tx.Exec(ctx, `DELETE FROM parked_events
-			WHERE key IN (SELECT key FROM parked_events WHERE `+byKey+` FOR NO KEY UPDATE SKIP LOCKED)`,
-			entryKey(subscriber, eventID), subscriber, eventID)
+		tag, err := tx.Exec(ctx, l.stmt.discard, entryKey(subscriber, eventID), subscriber, eventID)
 		if err != nil {
 			return err
 		}
 		if tag.RowsAffected() != 1 {
 			return pgx.ErrNoRows
 		}
-		return promote(ctx, tx, subscriber, p.AggregateID)
+		return l.promote(ctx, tx, subscriber, p.AggregateID)
 	})
 	if err == nil {
 		return p, nil
@@ -153,8 +151,7 @@ func (l *ParkingLot) Discard(ctx context.Context, subscriber, eventID string) (s
 // its ParkedAt. An entry no longer parked is left alone and is not an
 // error: a concurrent replay may have cleared it.
 func (l *ParkingLot) RecordReplayFailure(ctx context.Context, subscriber, eventID, errText string, at time.Time) error {
-	if _, err := l.pool.Exec(ctx, `UPDATE parked_events SET attempts = attempts + 1, error = $4, parked_at = $5 WHERE `+byKey,
-		entryKey(subscriber, eventID), subscriber, eventID, storableText(errText), at.UTC()); err != nil {
+	if _, err := l.pool.Exec(ctx, l.stmt.replayFailed, entryKey(subscriber, eventID), subscriber, eventID, storableText(errText), at.UTC()); err != nil {
 		return fmt.Errorf("pgxstore: record the failed replay of event %q for %q: %w", eventID, subscriber, err)
 	}
 	return nil

@@ -45,7 +45,7 @@ func (l *ParkingLot) Replay(ctx context.Context, subscriber, eventID string, eve
 		// FOR NO KEY UPDATE, not FOR UPDATE: a batch holding an event behind
 		// this entry (Hold's FOR KEY SHARE) is not kept waiting.
 		var aggregate string
-		err := tx.QueryRow(ctx, `SELECT aggregate_id FROM parked_events WHERE `+byKey+` FOR NO KEY UPDATE SKIP LOCKED`, key, subscriber, eventID).Scan(&aggregate)
+		err := tx.QueryRow(ctx, l.stmt.lockEntry, key, subscriber, eventID).Scan(&aggregate)
 		found := err == nil
 		if errors.Is(err, pgx.ErrNoRows) {
 			err = nil
@@ -56,7 +56,7 @@ func (l *ParkingLot) Replay(ctx context.Context, subscriber, eventID string, eve
 		}
 		if !found {
 			// Skipped: absent, or locked by another transaction.
-			exists, err := rowExists(ctx, tx, `SELECT 1 FROM parked_events WHERE `+byKey, key, subscriber, eventID)
+			exists, err := rowExists(ctx, tx, l.stmt.entryExists, key, subscriber, eventID)
 			if err != nil {
 				failure = fail("read parked row", err)
 				return failure
@@ -81,7 +81,7 @@ func (l *ParkingLot) Replay(ctx context.Context, subscriber, eventID string, eve
 			failure = fail("", err)
 			return failure
 		}
-		tag, err := tx.Exec(ctx, `DELETE FROM parked_events WHERE `+byKey, key, subscriber, eventID)
+		tag, err := tx.Exec(ctx, l.stmt.deleteEntry, key, subscriber, eventID)
 		if err != nil {
 			failure = fail("clear parked row", err)
 			return failure
@@ -90,7 +90,7 @@ func (l *ParkingLot) Replay(ctx context.Context, subscriber, eventID string, eve
 			failure = fail("the entry was cleared meanwhile", subscriptions.ErrReplayInProgress)
 			return failure
 		}
-		if err := promote(ctx, tx, subscriber, aggregate); err != nil {
+		if err := l.promote(ctx, tx, subscriber, aggregate); err != nil {
 			failure = fail("", err)
 			return failure
 		}

@@ -17,6 +17,7 @@ type Option func(*config)
 type config struct {
 	verifyOnly bool
 	schema     string // WithSchema; "" for the pool's search_path
+	schemaSet  bool   // WithSchema was given (an empty name is refused)
 	channel    string
 	channelSet bool // WithNotifyChannel was given
 }
@@ -42,16 +43,40 @@ func WithSchemaVerifyOnly() Option { return func(c *config) { c.verifyOnly = tru
 // statement names its tables schema-qualified, and the constructor
 // migrates (or, with WithSchemaVerifyOnly, verifies) that schema. The
 // schema must exist (CREATE SCHEMA); its name is quoted, so it is taken
-// exactly as given. It is how many tenants' stores share one pool (see
-// subscriptions.Group): a connection serves any tenant, so the pool's
-// size, not the number of tenants, bounds the connections.
-func WithSchema(name string) Option { return func(c *config) { c.schema = name } }
+// exactly as given, and a name schema.CheckSchemaName refuses (empty,
+// over 63 bytes, a NUL byte) is the constructor's error. It is how many
+// tenants' stores share one pool (see subscriptions.Group): a connection
+// serves any tenant, so the pool's size, not the number of tenants,
+// bounds the connections.
+//
+// The cost: each schema's statement texts are its own, and pgx's
+// statement cache, per connection and keyed by text, holds one prepared
+// statement per schema and text, 512 by default (statement_cache_capacity).
+// A tenant's subscriber with a parking lot uses some 15 to 20; a
+// connection serving more tenants than fit prepares a statement again on
+// each miss and deallocates the one it evicts (a batch cycle of 4 round
+// trips took 10). For many tenants, raise statement_cache_capacity to cover them,
+// or run the pool in QueryExecModeExec, which caches nothing and keeps
+// one round trip per statement (the server plans each anew).
+// QueryExecModeCacheDescribe keys its cache by text as well
+// (description_cache_capacity, 512): it spares the server's prepared
+// statements, not the misses.
+func WithSchema(name string) Option {
+	return func(c *config) { c.schema, c.schemaSet = name, true }
+}
 
 // ensureSchema applies the module's migrations the database lacks, or
 // with verifyOnly only checks them.
 func ensureSchema(ctx context.Context, constructor string, pool *pgxpool.Pool, c config) error {
 	if pool == nil {
 		return fmt.Errorf("pgxstore: %s: nil *pgxpool.Pool", constructor)
+	}
+	if c.schemaSet {
+		// Refused here, not left to InSchema: WithSchema("") would
+		// otherwise fall back to the search_path's tables unnoticed.
+		if err := schema.CheckSchemaName(c.schema); err != nil {
+			return fmt.Errorf("pgxstore: %s: WithSchema: %w", constructor, err)
+		}
 	}
 	var db schema.DB = poolDB{q: pool, pool: pool}
 	var err error

@@ -15,6 +15,9 @@ type Backend struct {
 	Open func(t testing.TB) *gorm.DB
 	// Postgres reports whether Open returns a Postgres database.
 	Postgres bool
+	// Tenant marks TenantBackend: the database is opened with NewTenant,
+	// and the stores are given its schema (WithSchema).
+	Tenant bool
 }
 
 // GormBackends lists every database backend, in-memory SQLite first, and

@@ -18,6 +18,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -110,19 +111,13 @@ func NewPostgres(t testing.TB) *Postgres {
 	t.Helper()
 	RequirePostgres(t)
 	schema := "t_" + randomHex(8)
+	createSchemas(t, schema)
+	return openOnSchema(t, schema)
+}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	admin, err := pgx.Connect(ctx, PostgresDSN())
-	if err != nil {
-		t.Fatalf("dbtest: connect: %v", err)
-	}
-	defer admin.Close(context.Background())
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
-		t.Fatalf("dbtest: create schema %s: %v", schema, err)
-	}
-	t.Cleanup(func() { DropSchema(t, schema) })
-
+// openOnSchema opens the pool of NewPostgres on schema.
+func openOnSchema(t testing.TB, schema string) *Postgres {
+	t.Helper()
 	dsn, err := WithSearchPath(PostgresDSN(), schema)
 	if err != nil {
 		t.Fatalf("dbtest: %v", err)
@@ -157,21 +152,47 @@ func OpenPostgresDSN(t testing.TB, dsn string) *gorm.DB {
 
 // DropSchema drops a test schema, terminating sessions still using it so
 // that a leaked connection cannot make cleanup hang.
-func DropSchema(t testing.TB, schema string) {
+func DropSchema(t testing.TB, schema string) { dropSchemas(t, schema) }
+
+// createSchemas creates the schemas on one connection and drops them at
+// cleanup, in one statement.
+func createSchemas(t testing.TB, schemas ...string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	admin, err := pgx.Connect(ctx, PostgresDSN())
 	if err != nil {
-		t.Errorf("dbtest: connect for cleanup of %s: %v", schema, err)
-		return
+		t.Fatalf("dbtest: connect: %v", err)
 	}
 	defer admin.Close(context.Background())
-	if _, err := admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-		t.Errorf("dbtest: drop schema %s: %v", schema, err)
+	t.Cleanup(func() { dropSchemas(t, schemas...) }) // IF EXISTS: also after a failed create
+	for _, schema := range schemas {
+		if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+			t.Fatalf("dbtest: create schema %q: %v", schema, err)
+		}
 	}
 }
 
-// WithSearchPath returns dsn with its search_path parameter set to schema.
+func dropSchemas(t testing.TB, schemas ...string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, PostgresDSN())
+	if err != nil {
+		t.Errorf("dbtest: connect for cleanup of %q: %v", schemas, err)
+		return
+	}
+	defer admin.Close(context.Background())
+	quoted := make([]string, len(schemas))
+	for i, schema := range schemas {
+		quoted[i] = pgx.Identifier{schema}.Sanitize()
+	}
+	if _, err := admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+strings.Join(quoted, ", ")+" CASCADE"); err != nil {
+		t.Errorf("dbtest: drop schemas %q: %v", schemas, err)
+	}
+}
+
+// WithSearchPath returns dsn with its search_path parameter set to schema
+// (a quoted identifier, schema.QuoteIdent, for a name that needs quoting).
 func WithSearchPath(dsn, schema string) (string, error) {
 	u, err := url.Parse(dsn)
 	if err != nil {
@@ -179,7 +200,9 @@ func WithSearchPath(dsn, schema string) (string, error) {
 	}
 	q := u.Query()
 	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
+	// pgx reads a + in the query as itself, not as a space: spell spaces
+	// %20 (Encode writes a + of the value as %2B).
+	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
 	return u.String(), nil
 }
 

@@ -209,16 +209,18 @@ const parkUpdate = ` DO UPDATE SET event_type = excluded.event_type, position = 
 				aggregate_id = excluded.aggregate_id, held_by = excluded.held_by`
 
 // ParkUpsert is the statement that parks row for its own failure, or
-// updates the row already parked for the same event.
-func (d *Dialect) ParkUpsert(row ParkedRow) (string, []any) {
+// updates the row already parked for the same event, in the parked_events
+// table named table (bare, or schema-qualified as schema.Qualified spells
+// it; so for every statement here that takes one).
+func (d *Dialect) ParkUpsert(table string, row ParkedRow) (string, []any) {
 	if d.HashedParkedKeys {
-		return `INSERT INTO parked_events (key, subscriber_key, subscriber, event_id, event_type, position, error, attempts, parked_at, aggregate_id, held_by)
+		return `INSERT INTO ` + table + ` (key, subscriber_key, subscriber, event_id, event_type, position, error, attempts, parked_at, aggregate_id, held_by)
 			VALUES (decode(?, 'hex'), decode(?, 'hex'), ?, ?, ?, ?, ?, ?, ?, ?, '')
 			ON CONFLICT (key)` + parkUpdate,
 			[]any{digest(row.Subscriber + "\x00" + row.EventID), digest(row.Subscriber), row.Subscriber, row.EventID,
 				row.EventType, row.Position, row.Error, row.Attempts, row.ParkedAt, row.AggregateID}
 	}
-	return `INSERT INTO parked_events (subscriber, event_id, event_type, position, error, attempts, parked_at, aggregate_id, held_by)
+	return `INSERT INTO ` + table + ` (subscriber, event_id, event_type, position, error, attempts, parked_at, aggregate_id, held_by)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, '')
 			ON CONFLICT (subscriber, event_id)` + parkUpdate,
 		[]any{row.Subscriber, row.EventID, row.EventType, row.Position, row.Error, row.Attempts, row.ParkedAt, row.AggregateID}
@@ -234,14 +236,14 @@ func (d *Dialect) ParkUpsert(row ParkedRow) (string, []any) {
 // transaction, after which the removal's promotion (PromoteHead) sees the
 // held row. With FOR UPDATE the hold would wait for the replay and then
 // miss the entry the replay promoted.
-func (d *Dialect) ParkHold(row ParkedRow) (string, []any) {
+func (d *Dialect) ParkHold(table string, row ParkedRow) (string, []any) {
 	sub, subArgs := d.ParkedSubscriber(row.Subscriber)
-	head := `SELECT event_id FROM parked_events WHERE ` + sub + ` AND aggregate_id = ? AND held_by = '' AND position < ?
+	head := `SELECT event_id FROM ` + table + ` WHERE ` + sub + ` AND aggregate_id = ? AND held_by = '' AND position < ?
 			ORDER BY position, event_id LIMIT 1`
 	headArgs := append(subArgs, row.AggregateID, row.Position)
 	if d.HashedParkedKeys {
 		return `WITH head AS (` + head + ` FOR KEY SHARE)
-			INSERT INTO parked_events (key, subscriber_key, subscriber, event_id, event_type, position, error, attempts, parked_at, aggregate_id, held_by)
+			INSERT INTO ` + table + ` (key, subscriber_key, subscriber, event_id, event_type, position, error, attempts, parked_at, aggregate_id, held_by)
 			SELECT decode(?, 'hex'), decode(?, 'hex'), CAST(? AS text), CAST(? AS text), CAST(? AS text), CAST(? AS bigint),
 				CAST(? AS text), CAST(? AS integer), CAST(? AS timestamptz), CAST(? AS text), head.event_id FROM head
 			ON CONFLICT (key)` + parkUpdate + ` RETURNING held_by`,
@@ -249,7 +251,7 @@ func (d *Dialect) ParkHold(row ParkedRow) (string, []any) {
 				row.EventType, row.Position, row.Error, row.Attempts, row.ParkedAt, row.AggregateID)
 	}
 	// SQLite: the SELECT of an upsert needs a WHERE (a parsing ambiguity).
-	return `INSERT INTO parked_events (subscriber, event_id, event_type, position, error, attempts, parked_at, aggregate_id, held_by)
+	return `INSERT INTO ` + table + ` (subscriber, event_id, event_type, position, error, attempts, parked_at, aggregate_id, held_by)
 			SELECT ?, ?, ?, ?, ?, ?, ?, ?, head.event_id FROM (` + head + `) AS head WHERE true
 			ON CONFLICT (subscriber, event_id)` + parkUpdate + ` RETURNING held_by`,
 		append([]any{row.Subscriber, row.EventID, row.EventType, row.Position, row.Error, row.Attempts, row.ParkedAt, row.AggregateID}, headArgs...)
@@ -261,14 +263,14 @@ func (d *Dialect) ParkHold(row ParkedRow) (string, []any) {
 // FOR UPDATE: one that a concurrent removal deletes is skipped, after
 // waiting, for the next (two removals of one queue at once may deadlock,
 // and the server then aborts one, rather than leave the queue headless).
-func (d *Dialect) PromoteHead(subscriber, aggregate string) (string, []any) {
+func (d *Dialect) PromoteHead(table, subscriber, aggregate string) (string, []any) {
 	sub, subArgs := d.ParkedSubscriber(subscriber)
-	first := ` FROM parked_events WHERE ` + sub + ` AND aggregate_id = ? ORDER BY position, event_id LIMIT 1`
+	first := ` FROM ` + table + ` WHERE ` + sub + ` AND aggregate_id = ? ORDER BY position, event_id LIMIT 1`
 	if d.HashedParkedKeys {
-		return `UPDATE parked_events SET held_by = '' WHERE key IN (SELECT key` + first + ` FOR UPDATE) AND held_by <> ''`,
+		return `UPDATE ` + table + ` SET held_by = '' WHERE key IN (SELECT key` + first + ` FOR UPDATE) AND held_by <> ''`,
 			append(subArgs, aggregate)
 	}
-	return `UPDATE parked_events SET held_by = '' WHERE ` + sub + ` AND event_id IN (SELECT event_id` + first + `) AND held_by <> ''`,
+	return `UPDATE ` + table + ` SET held_by = '' WHERE ` + sub + ` AND event_id IN (SELECT event_id` + first + `) AND held_by <> ''`,
 		append(append(subArgs, subArgs...), aggregate)
 }
 
@@ -279,27 +281,27 @@ func (d *Dialect) PromoteHead(subscriber, aggregate string) (string, []any) {
 // (promotes is false). On SQLite it returns the deleted rows'
 // aggregate_id, for the caller to run PromoteHead for each, in the same
 // transaction (promotes is true).
-func (d *Dialect) DeleteParked(subscriber, where string, args []any) (query string, allArgs []any, promote bool) {
+func (d *Dialect) DeleteParked(table, subscriber, where string, args []any) (query string, allArgs []any, promote bool) {
 	if !d.HashedParkedKeys {
-		return `DELETE FROM parked_events WHERE ` + where + ` RETURNING aggregate_id`, args, true
+		return `DELETE FROM ` + table + ` WHERE ` + where + ` RETURNING aggregate_id`, args, true
 	}
-	return `WITH d AS (DELETE FROM parked_events WHERE ` + where + ` RETURNING key, aggregate_id)
-		UPDATE parked_events p SET held_by = '' WHERE p.subscriber_key = decode(?, 'hex') AND p.subscriber = ?
+	return `WITH d AS (DELETE FROM ` + table + ` WHERE ` + where + ` RETURNING key, aggregate_id)
+		UPDATE ` + table + ` p SET held_by = '' WHERE p.subscriber_key = decode(?, 'hex') AND p.subscriber = ?
 			AND p.held_by <> '' AND p.aggregate_id IN (SELECT aggregate_id FROM d WHERE aggregate_id <> '')
-			AND NOT EXISTS (SELECT 1 FROM parked_events q WHERE q.subscriber_key = p.subscriber_key AND q.subscriber = p.subscriber
+			AND NOT EXISTS (SELECT 1 FROM ` + table + ` q WHERE q.subscriber_key = p.subscriber_key AND q.subscriber = p.subscriber
 				AND q.aggregate_id = p.aggregate_id AND (q.position, q.event_id) < (p.position, p.event_id)
 				AND q.key NOT IN (SELECT key FROM d))`, append(args, digest(subscriber), subscriber), false
 }
 
 // HeldByColumn is the select-list expression of ParkedEvent.HeldBy over
-// parked_events AS p: the event ID of the queue's head for a held entry,
-// empty for others.
-func (d *Dialect) HeldByColumn() string {
+// table AS p: the event ID of the queue's head for a held entry, empty
+// for others.
+func (d *Dialect) HeldByColumn(table string) string {
 	match := `h.subscriber = p.subscriber`
 	if d.HashedParkedKeys {
 		match = `h.subscriber_key = p.subscriber_key AND ` + match
 	}
-	return `CASE WHEN p.held_by = '' THEN '' ELSE COALESCE((SELECT h.event_id FROM parked_events h WHERE ` + match + `
+	return `CASE WHEN p.held_by = '' THEN '' ELSE COALESCE((SELECT h.event_id FROM ` + table + ` h WHERE ` + match + `
 		AND h.aggregate_id = p.aggregate_id AND h.held_by = '' ORDER BY h.position, h.event_id LIMIT 1), '') END AS held_by`
 }
 

@@ -34,10 +34,10 @@ func TestParkedKeys(t *testing.T) {
 	where, args = SQLite.ParkedSubscriber("s")
 	require.Equal(t, "subscriber = ?", where)
 	require.Equal(t, []any{"s"}, args)
-	q, qargs := SQLite.ParkUpsert(ParkedRow{Subscriber: "s", EventID: "e"})
+	q, qargs := SQLite.ParkUpsert("parked_events", ParkedRow{Subscriber: "s", EventID: "e"})
 	require.Contains(t, q, "ON CONFLICT (subscriber, event_id)")
 	require.Len(t, qargs, 8)
-	q, qargs = Postgres.ParkUpsert(ParkedRow{Subscriber: "s", EventID: "e"})
+	q, qargs = Postgres.ParkUpsert("parked_events", ParkedRow{Subscriber: "s", EventID: "e"})
 	require.Contains(t, q, "ON CONFLICT (key)")
 	require.Len(t, qargs, 10)
 }

@@ -44,12 +44,22 @@ func ReadEnvelopes(rows pgx.Rows, limit int) ([]domain.EventEnvelope[any], error
 // that does not decode fails the whole read.
 func Envelopes(rows []Row) ([]domain.EventEnvelope[any], error) { return pgevents.Envelopes(rows) }
 
+// SelectFrom is Select on the events table named table (a
+// schema-qualified name, as schema.Qualified spells it); SelectFrom("events")
+// is Select.
+func SelectFrom(table string) string { return "SELECT " + Columns + " FROM " + table + " " }
+
 // Read runs Select followed by clause (WHERE ... ORDER BY ...) with args
 // on db and decodes the rows. The caller wraps the error with what it
 // was reading.
 func Read(ctx context.Context, db *gorm.DB, clause string, args ...any) ([]domain.EventEnvelope[any], error) {
+	return ReadFrom(ctx, db, "events", clause, args...)
+}
+
+// ReadFrom is Read on the events table named table (see SelectFrom).
+func ReadFrom(ctx context.Context, db *gorm.DB, table, clause string, args ...any) ([]domain.EventEnvelope[any], error) {
 	var rows []Row
-	if err := db.WithContext(ctx).Raw(Select+clause, args...).Scan(&rows).Error; err != nil {
+	if err := db.WithContext(ctx).Raw(SelectFrom(table)+clause, args...).Scan(&rows).Error; err != nil {
 		return nil, err
 	}
 	return Envelopes(rows)

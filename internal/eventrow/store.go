@@ -27,3 +27,25 @@ func StoreDB(store domain.EventStore) (*gorm.DB, bool) {
 	}
 	return storeDB(store)
 }
+
+// storeSchema is infrastructure's answer to "which Postgres schema do
+// this event store's tables live in" ("" for the search_path's), set by
+// RegisterStoreSchema; nil means every store reads the search_path's.
+var storeSchema func(domain.EventStore) string
+
+// RegisterStoreSchema sets the function StoreSchema asks. Package
+// infrastructure calls it once, from init, when its GORM event store can
+// name a schema of its own; it is not safe to call concurrently with
+// StoreSchema.
+func RegisterStoreSchema(f func(domain.EventStore) string) { storeSchema = f }
+
+// StoreSchema returns the Postgres schema the GORM event store store reads
+// ("" when the pool's search_path selects its tables): a checkpoint store
+// shares its feed only when it names the same schema, since a batch reads
+// the events table of its own schema.
+func StoreSchema(store domain.EventStore) string {
+	if storeSchema == nil || store == nil {
+		return ""
+	}
+	return storeSchema(store)
+}
