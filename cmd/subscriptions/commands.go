@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"gorm.io/gorm"
+
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/admin"
 	"github.com/eventfeed/subscriptions/domain"
@@ -510,22 +512,31 @@ func (c *cli) migrate(ctx context.Context) error {
 }
 
 // migrateOne migrates (or verifies) the DSN's database, or tenant's
-// schema: "migrated" or "current".
+// schema (migrations.MigrateSchema, VerifySchema on the tenants' pool):
+// "migrated" or "current".
 func (c *cli) migrateOne(ctx context.Context, tenant string) (string, error) {
-	db, _, closeDB, err := openHandle(ctx, c.dsn, tenant)
-	if err != nil {
-		return "", err
+	migrate, verify := migrations.Migrate, migrations.Verify
+	db := c.pool
+	if tenant != "" {
+		migrate = func(ctx context.Context, db *gorm.DB) error { return migrations.MigrateSchema(ctx, db, tenant) }
+		verify = func(ctx context.Context, db *gorm.DB) error { return migrations.VerifySchema(ctx, db, tenant) }
+	} else {
+		h, _, closeDB, err := openHandle(ctx, c.dsn, "")
+		if err != nil {
+			return "", err
+		}
+		defer closeDB()
+		db = h
 	}
-	defer closeDB()
 	if c.verify {
-		if err := migrations.Verify(ctx, db); errors.Is(err, migrations.ErrSchemaMismatch) {
+		if err := verify(ctx, db); errors.Is(err, migrations.ErrSchemaMismatch) {
 			return "", fmt.Errorf("%w\n-verify changed nothing: `subscriptions migrate` applies the migrations", err)
 		} else if err != nil {
 			return "", err
 		}
 		return "current", nil
 	}
-	if err := migrations.Migrate(ctx, db); err != nil {
+	if err := migrate(ctx, db); err != nil {
 		return "", err
 	}
 	return "migrated", nil

@@ -73,20 +73,12 @@ func (c *cli) scrub(msg string) string { return secret.Scrub(msg, c.secrets) }
 // migrate creates tables; a read-only command run by an operator, maybe
 // with a role that may not create tables, must not migrate a database
 // behind the application's back).
-//
-// With tenant (a Postgres schema: -schemas, -tenant) the stores are the
-// schema's, whatever the DSN's search_path.
-func openDatabase(ctx context.Context, d, tenant string) (*database, error) {
-	db, kind, close, err := openHandle(ctx, d, tenant)
+func openDatabase(ctx context.Context, d string) (*database, error) {
+	db, kind, close, err := openHandle(ctx, d, "")
 	if err != nil {
 		return nil, err
 	}
-	out, err := withStores(ctx, db, kind, close)
-	if err != nil {
-		return nil, err
-	}
-	out.tenant = tenant
-	return out, nil
+	return withStores(ctx, db, kind, "", nil, close)
 }
 
 // openHandle opens d without reading or creating any table. A SQLite file
@@ -158,14 +150,19 @@ func openHandle(ctx context.Context, d, schema string) (db *gorm.DB, kind string
 	return db, kind, close, nil
 }
 
-// withStores checks that d has the module's tables, at this version's
-// schema, and builds the stores verify-only (no DDL).
-func withStores(ctx context.Context, db *gorm.DB, kind string, close func()) (*database, error) {
+// withStores checks that db has the module's tables, at this version's
+// schema, and builds the stores verify-only (no DDL). With tenant (a
+// Postgres schema: -schemas, -tenant) they are that schema's, named
+// schema-qualified (WithSchema) whatever db's search_path, so that every
+// tenant's stores share db's pool; close is then the tenant's to call
+// (the pool's is the command's: resolveTenants). The event store is built
+// on evdb, db when nil (see cli.inTenant).
+func withStores(ctx context.Context, db *gorm.DB, kind, tenant string, evdb *gorm.DB, close func()) (*database, error) {
 	fail := func(err error) (*database, error) {
 		close()
 		return nil, err
 	}
-	if ok, err := hasTable(ctx, db, kind, "subscriber_checkpoints"); err != nil {
+	if ok, err := hasTable(ctx, db, kind, tenant, "subscriber_checkpoints"); err != nil {
 		return fail(fmt.Errorf("read the database's tables: %w", err))
 	} else if !ok {
 		return fail(errors.New("this database has no subscriber_checkpoints table: no subscriber ever ran here (is the DSN, or its search_path, right? " +
@@ -173,18 +170,29 @@ func withStores(ctx context.Context, db *gorm.DB, kind string, close func()) (*d
 	}
 	// Verify once, for one message; the constructors verify again (and,
 	// verify-only, would refuse rather than migrate were it to change).
-	if err := migrations.Verify(ctx, db); err != nil {
+	verify := migrations.Verify
+	if tenant != "" {
+		verify = func(ctx context.Context, db *gorm.DB) error { return migrations.VerifySchema(ctx, db, tenant) }
+	}
+	if err := verify(ctx, db); err != nil {
 		return fail(schemaError(err))
 	}
-	out := &database{db: db, kind: kind, close: close}
+	out := &database{db: db, kind: kind, tenant: tenant, close: close}
+	var storeOpts []subscriptions.GormStoreOption
+	if tenant != "" {
+		storeOpts = append(storeOpts, subscriptions.WithSchema(tenant))
+	}
+	if evdb == nil {
+		evdb = db
+	}
 	var err error
-	if out.events, err = infrastructure.NewGormEventStore(db, infrastructure.WithSchemaVerifyOnly()); err != nil {
+	if out.events, err = infrastructure.NewGormEventStore(evdb, infrastructure.WithSchemaVerifyOnly()); err != nil {
 		return fail(schemaError(err))
 	}
-	if out.checkpoints, err = subscriptions.NewGormCheckpointStore(db, subscriptions.WithSchemaVerifyOnly()); err != nil {
+	if out.checkpoints, err = subscriptions.NewGormCheckpointStore(db, append(storeOpts, subscriptions.WithSchemaVerifyOnly())...); err != nil {
 		return fail(schemaError(err))
 	}
-	if out.parking, err = subscriptions.NewGormParkingLot(db, subscriptions.WithSchemaVerifyOnly()); err != nil {
+	if out.parking, err = subscriptions.NewGormParkingLot(db, append(storeOpts, subscriptions.WithSchemaVerifyOnly())...); err != nil {
 		return fail(schemaError(err))
 	}
 	return out, nil
@@ -201,13 +209,16 @@ func schemaError(err error) error {
 		"(run by a role allowed to create tables; -verify checks them), then run it again", err)
 }
 
-func hasTable(ctx context.Context, db *gorm.DB, kind, table string) (bool, error) {
+// hasTable reports whether table exists: in schema on Postgres, or in
+// the one the search_path selects when schema is "".
+func hasTable(ctx context.Context, db *gorm.DB, kind, schema, table string) (bool, error) {
 	var n int
-	q := "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?"
+	q, args := "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?", []any{table}
 	if kind == "postgres" {
-		q = "SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = current_schema() AND tablename = ?"
+		q = "SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = COALESCE(NULLIF(?, ''), current_schema()) AND tablename = ?"
+		args = []any{schema, table}
 	}
-	err := db.WithContext(ctx).Raw(q, table).Scan(&n).Error
+	err := db.WithContext(ctx).Raw(q, args...).Scan(&n).Error
 	return n > 0, err
 }
 

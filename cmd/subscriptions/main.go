@@ -54,6 +54,8 @@ import (
 	"strings"
 	"syscall"
 
+	"gorm.io/gorm"
+
 	"github.com/eventfeed/subscriptions"
 )
 
@@ -125,9 +127,13 @@ type cli struct {
 	yes  bool
 	// schemas and tenant are -schemas and -tenant; targets the schemas
 	// they select (resolveTenants).
-	schemas    string
-	tenant     string
-	targets    []string
+	schemas string
+	tenant  string
+	targets []string
+	// pool is the Postgres pool every tenant's stores share (closed by
+	// closeTenantPool), from resolveTenants.
+	pool       *gorm.DB
+	closePool  func()
 	subscriber string
 	eventType  string
 	aggregate  string
@@ -308,6 +314,7 @@ func (c *cli) dispatch(ctx context.Context, args []string, getenv func(string) s
 	if err := c.checkTenantFlags(cmd); err != nil {
 		return err
 	}
+	defer c.closeTenantPool()
 	if err := c.resolveTenants(ctx, cmd); err != nil {
 		return err
 	}

@@ -65,7 +65,9 @@ func (c *cli) resolveTenants(ctx context.Context, cmd string) error {
 	if err != nil {
 		return err
 	}
-	defer closeDB()
+	// The pool every tenant's stores share (WithSchema): closed by
+	// closePool when the command is done.
+	c.pool, c.closePool = db, closeDB
 	var all []string
 	q := "SELECT schemaname FROM pg_catalog.pg_tables WHERE tablename = ? ORDER BY schemaname"
 	if err := db.WithContext(ctx).Raw(q, checkpointTable).Scan(&all).Error; err != nil {
@@ -99,13 +101,13 @@ func (c *cli) resolveTenants(ctx context.Context, cmd string) error {
 }
 
 // each runs fn on the database of every tenant (c.targets), one after
-// another, each on a pool of its own that is closed before the next opens
-// (so the command holds the connections of one tenant at a time); without
-// -schemas or -tenant, once on the DSN's database. An error, fn's or
-// opening a tenant's, ends the run, naming the tenant.
+// another, on the command's one pool (c.pool: the stores name their
+// tables in the tenant's schema); without -schemas or -tenant, once on
+// the DSN's database. An error, fn's or opening a tenant's, ends the run,
+// naming the tenant.
 func (c *cli) each(ctx context.Context, fn func(d *database) error) error {
 	if !c.tenantMode() {
-		d, err := openDatabase(ctx, c.dsn, "")
+		d, err := openDatabase(ctx, c.dsn)
 		if err != nil {
 			return err
 		}
@@ -120,14 +122,29 @@ func (c *cli) each(ctx context.Context, fn func(d *database) error) error {
 	return nil
 }
 
-// inTenant runs fn on tenant's database.
+// inTenant runs fn on tenant's stores: the checkpoint store and parking
+// lot on c.pool, schema-qualified (subscriptions.WithSchema); the event
+// store, until infrastructure's takes WithSchema too, on a pool of the
+// tenant's own, its search_path the schema, closed before the next
+// tenant's opens.
 func (c *cli) inTenant(ctx context.Context, tenant string, fn func(d *database) error) error {
-	d, err := openDatabase(ctx, c.dsn, tenant)
+	evdb, _, closeEvents, err := openHandle(ctx, c.dsn, tenant)
+	if err != nil {
+		return err
+	}
+	d, err := withStores(ctx, c.pool, "postgres", tenant, evdb, closeEvents)
 	if err != nil {
 		return err
 	}
 	defer d.close()
 	return fn(d)
+}
+
+// closeTenantPool closes the pool resolveTenants opened, if it did.
+func (c *cli) closeTenantPool() {
+	if c.closePool != nil {
+		c.closePool()
+	}
 }
 
 // tenantError is a command's failure in one tenant: the message names the
