@@ -115,6 +115,7 @@ var scenarios = []scenario{
 	{"operations", "12", "re-deliveries, repartition, pause, Postgres", runOperations},
 	{"peer", "13", "peer: watermill-sql beside the library, Postgres", runPeer},
 	{"feedread", "14", "feed read, Postgres: no-op catch-up vs a raw reader", runFeedRead},
+	{"tenants", "15", "tenants: a Group over 500 schemas vs a Subscriber each, Postgres", runTenants},
 }
 
 func main() {
@@ -222,7 +223,7 @@ func parseOnly(only string) (map[string]bool, error) {
 			}
 		}
 		if !found {
-			return nil, fmt.Errorf("-only: unknown scenario %q (known: %s, catchup, 1-14)", f, scenarioKeys())
+			return nil, fmt.Errorf("-only: unknown scenario %q (known: %s, catchup, 1-15)", f, scenarioKeys())
 		}
 	}
 	return sel, nil
