@@ -185,6 +185,7 @@ func runTenants(ctx context.Context, b *bench) (rows []Row, err error) {
 	e := &tenantEnv{b: b, sz: sz, dsn: dsn, tmpl: b.runID + "_tenants", channel: b.runID + "_tenants",
 		gauge: &connGauge{}, stmts: &allStmts{}}
 	// The template: the module's migrations, once.
+	closeSetup := b.casePools()
 	tdb, err := b.openPG(dsn, 1, nil)
 	if err != nil {
 		return nil, err
@@ -193,7 +194,9 @@ func runTenants(ctx context.Context, b *bench) (rows []Row, err error) {
 		return nil, err
 	}
 	t0 := time.Now()
-	if err := e.createTenants(ctx); err != nil {
+	err = e.createTenants(ctx)
+	closeSetup()
+	if err != nil {
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, e.dropTenants()) }()
@@ -275,6 +278,7 @@ func runTenants(ctx context.Context, b *bench) (rows []Row, err error) {
 func (e *tenantEnv) probeTime(ctx context.Context, warm bool) (float64, error) {
 	var first domain.EventStore = e.feeds[0].Events
 	if warm {
+		defer e.b.casePools()()
 		db, err := e.b.openPGAs(e.schemaDSN(e.schemas[0]), "tenants_probe", 1, nil)
 		if err != nil {
 			return 0, err
@@ -669,20 +673,14 @@ type busyResult struct {
 	note  string
 }
 
-// fill appends sz.busyEvents to each busy tenant, through writer pools of
-// the application's (not counted by the gauge).
+// fill appends sz.busyEvents to each busy tenant, through the tenant's
+// own event store (on the application's side a store of the same pool:
+// no writer pool of its own, which would hold a connection per busy
+// tenant).
 func (e *tenantEnv) fill(ctx context.Context) error {
-	for i := range e.sz.busy {
-		db, err := e.b.openPGAs(e.schemaDSN(e.schemas[i]), "tenants_writer", 1, nil)
-		if err != nil {
-			return err
-		}
-		w, err := infrastructure.NewGormEventStore(db, infrastructure.WithNotifyChannel(e.channel))
-		if err != nil {
-			return err
-		}
-		e.writers = append(e.writers, w)
-		if err := fillStore(ctx, w, e.sz.busyEvents, 100); err != nil {
+	for _, f := range e.feeds[:e.sz.busy] {
+		e.writers = append(e.writers, f.Events)
+		if err := fillStore(ctx, f.Events, e.sz.busyEvents, 100); err != nil {
 			return err
 		}
 	}
@@ -928,7 +926,7 @@ func (e *tenantEnv) busyRows(lib, solo busyResult) []Row {
 		r1 = r1.undecided(">= 0.9", fmt.Sprintf("rounds spread %.0f%%", 100*spread))
 	}
 	lw, sw := sortedCopy(lib.wake), sortedCopy(solo.wake)
-	wnote := fmt.Sprintf("%d single-event appends round robin over the busy tenants, %s apart, each timed to both definitions' handler starts; appends through the application's own pools", sz.wakeAppends, sz.wakeSpacing)
+	wnote := fmt.Sprintf("%d single-event appends round robin over the busy tenants, %s apart, each timed to both definitions' handler starts; appends through the tenants' event stores (a new connection each: the time from append start includes it, on both sides)", sz.wakeAppends, sz.wakeSpacing)
 	rows := []Row{r1, newRow("busy catch-up: connections held, peak", float64(lib.peak), float64(solo.peak), "count", bname).
 		note("connections: the subscriber pools' and the LISTEN connection")}
 	for _, p := range []float64{50, 99} {
