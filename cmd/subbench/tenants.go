@@ -171,7 +171,7 @@ func (b *bench) tenantSizes() tenantSizes {
 			wakeAppends: 15, wakeSpacing: 5 * time.Millisecond, workers: 4, budget: 12}
 	}
 	return tenantSizes{tenants: 500, small: 10, busy: 10, handCounts: []int{10, 50, 500}, interval: time.Second,
-		window: 8 * time.Second, settle: 3 * time.Second, busyEvents: 2000, rounds: 2,
+		window: 8 * time.Second, settle: 3 * time.Second, busyEvents: 2000, rounds: 3,
 		wakeAppends: 300, wakeSpacing: 10 * time.Millisecond, workers: 4, budget: 20}
 }
 
@@ -258,14 +258,7 @@ func runTenants(ctx context.Context, b *bench) (rows []Row, err error) {
 		note("the probe statement the group runs per poll interval and per wake-up, timed alone, on the first tenant's pool: a new connection each time (SetMaxIdleConns(0)), whose backend reads every tenant's table into its catalog cache again"))
 
 	// Busy: sz.busy tenants among the idle ones.
-	lib, err := e.groupBusy(ctx, g)
-	if err != nil {
-		return rows, err
-	}
-	if err := g.stop(); err != nil {
-		return rows, err
-	}
-	solo, err := e.soloBusy(ctx)
+	lib, solo, err := e.busy(ctx, g)
 	if err != nil {
 		return rows, err
 	}
@@ -712,127 +705,159 @@ func waitHandled(ctx context.Context, sink *tenantSink, target int64) error {
 	return nil
 }
 
-// groupBusy: the busy tenants' feeds filled while the group runs all the
-// tenants, then, each round, their checkpoints reset to 0 through the
-// group (Group.Subscriber) and the catch-up timed; then timed single
-// appends, round robin over the busy tenants.
-func (e *tenantEnv) groupBusy(ctx context.Context, r *runningGroup) (busyResult, error) {
-	var out busyResult
+// busy measures sz.busy tenants among the idle ones: their feeds filled
+// while the group runs every tenant, then rounds alternating between the
+// group (each busy checkpoint reset to 0 through Group.Subscriber) and
+// the standalone subscribers (a Subscriber per busy tenant and
+// definition, started from 0), each timed from its start to its last
+// delivery; the group runs idle alongside the standalone rounds, no
+// append being made. Then timed single appends, through the group (the
+// standalone subscribers stopped), then through the standalone
+// subscribers (the group stopped).
+func (e *tenantEnv) busy(ctx context.Context, g *runningGroup) (lib, solo busyResult, err error) {
 	if err := e.fill(ctx); err != nil {
-		return out, err
+		return lib, solo, err
 	}
 	target, err := e.busyTarget(ctx)
 	if err != nil {
-		return out, err
+		return lib, solo, err
 	}
-	if err := waitHandled(ctx, r.sink, target); err != nil {
-		return out, fmt.Errorf("the group's first catch-up: %w", err)
+	if err := waitHandled(ctx, g.sink, target); err != nil {
+		return lib, solo, fmt.Errorf("the group's first catch-up: %w", err)
 	}
-	e.gauge.reset()
+	s, err := e.newSolo(ctx)
+	if err != nil {
+		return lib, solo, err
+	}
+	defer s.close()
 	for range e.sz.rounds {
-		r.sink.handled.Store(0)
+		rate, peak, err := e.groupRound(ctx, g, target)
+		if err != nil {
+			return lib, solo, err
+		}
+		lib.rates, lib.peak = append(lib.rates, rate), max(lib.peak, peak)
+		e.gauge.reset()
 		t0 := time.Now()
-		for _, f := range e.feeds[:e.sz.busy] {
-			for _, d := range tenantDefs {
-				sub, err := r.g.Subscriber(f.Tenant, d)
-				if err != nil {
-					return out, err
-				}
-				if err := sub.ResetCheckpoint(ctx, 0); err != nil {
-					return out, err
-				}
-			}
+		stop, err := s.start(ctx, true)
+		if err == nil {
+			err = waitHandled(ctx, s.sink, target)
 		}
-		if err := waitHandled(ctx, r.sink, target); err != nil {
-			return out, err
+		solo.rates = append(solo.rates, float64(target)/time.Since(t0).Seconds())
+		solo.peak = max(solo.peak, e.gauge.peak.Load()+1)
+		if err := errors.Join(err, stop()); err != nil {
+			return lib, solo, err
 		}
-		out.rates = append(out.rates, float64(target)/time.Since(t0).Seconds())
 	}
-	out.peak = e.gauge.peak.Load() + 1 // and the listener's
-	out.wake, err = e.timedAppends(ctx, r.sink)
-	out.note = fmt.Sprintf("the group: %d tenants, %d busy, %d workers, one PostgresListener; throughput from the first ResetCheckpoint(0) through the group to the last delivery", e.sz.tenants, e.sz.busy, e.sz.workers)
-	return out, err
+	if lib.wake, err = e.timedAppends(ctx, g.sink); err != nil {
+		return lib, solo, err
+	}
+	if err := g.stop(); err != nil {
+		return lib, solo, err
+	}
+	stop, err := s.start(ctx, false) // from where the last round left them: the head
+	if err == nil {
+		solo.wake, err = e.timedAppends(ctx, s.sink)
+	}
+	if err := errors.Join(err, stop()); err != nil {
+		return lib, solo, err
+	}
+	lib.note = fmt.Sprintf("the group: %d tenants, %d busy, %d workers, one PostgresListener; throughput from the first ResetCheckpoint(0) through the group to the last delivery", e.sz.tenants, e.sz.busy, e.sz.workers)
+	solo.note = fmt.Sprintf("baseline: %d standalone Subscribers (%d busy tenants x %d definitions), each with its own Subscribe() of one PostgresListener; throughput from their start (checkpoints reset to 0) to the last delivery, the group idle alongside (its connections in their peak); rounds alternate", s.n, e.sz.busy, len(tenantDefs))
+	return lib, solo, nil
 }
 
-// soloBusy: the same with a standalone Subscriber per busy tenant and
-// definition, each woken by its own subscription to one PostgresListener,
-// started (checkpoint reset to 0) each round; the group is stopped.
-func (e *tenantEnv) soloBusy(ctx context.Context) (busyResult, error) {
-	var out busyResult
-	target, err := e.busyTarget(ctx)
-	if err != nil {
-		return out, err
+// groupRound resets the busy tenants' checkpoints to 0 through the group
+// and times their catch-up: deliveries per second and the connections'
+// peak.
+func (e *tenantEnv) groupRound(ctx context.Context, r *runningGroup, target int64) (float64, int64, error) {
+	e.gauge.reset()
+	r.sink.handled.Store(0)
+	t0 := time.Now()
+	for _, f := range e.feeds[:e.sz.busy] {
+		for _, d := range tenantDefs {
+			sub, err := r.g.Subscriber(f.Tenant, d)
+			if err != nil {
+				return 0, 0, err
+			}
+			if err := sub.ResetCheckpoint(ctx, 0); err != nil {
+				return 0, 0, err
+			}
+		}
 	}
+	if err := waitHandled(ctx, r.sink, target); err != nil {
+		return 0, 0, err
+	}
+	return float64(target) / time.Since(t0).Seconds(), e.gauge.peak.Load() + 1, nil // and the listener's
+}
+
+// soloSubs are the standalone subscribers of the busy tenants: one
+// PostgresListener, a Subscribe() each.
+type soloSubs struct {
+	e      *tenantEnv
+	sink   *tenantSink
+	wakes  []<-chan struct{}
+	n      int
+	cancel context.CancelFunc
+	lerr   chan error
+}
+
+func (e *tenantEnv) newSolo(ctx context.Context) (*soloSubs, error) {
 	listener, err := subscriptions.NewPostgresListener(e.dsn, subscriptions.WithListenerChannel(e.channel),
 		subscriptions.WithListenerLogger(e.b.libLogger()))
 	if err != nil {
-		return out, err
+		return nil, err
 	}
-	lctx, lcancel := context.WithCancel(ctx)
-	lerr := make(chan error, 1)
-	go func() { lerr <- listener.Run(lctx) }()
-	defer func() { lcancel(); <-lerr }()
-	wakes := make([]<-chan struct{}, e.sz.busy*len(tenantDefs))
-	for i := range wakes {
-		wakes[i] = listener.Subscribe()
+	lctx, cancel := context.WithCancel(ctx)
+	s := &soloSubs{e: e, sink: &tenantSink{}, n: e.sz.busy * len(tenantDefs), cancel: cancel, lerr: make(chan error, 1)}
+	go func() { s.lerr <- listener.Run(lctx) }()
+	for range s.n {
+		s.wakes = append(s.wakes, listener.Subscribe())
 	}
-	sink := &tenantSink{}
-	start := func() (stop func() error, err error) {
-		rctx, cancel := context.WithCancel(ctx)
-		errc := make(chan error, len(wakes))
-		n := 0
-		stop = func() error {
-			cancel()
-			var errs []error
-			for range n {
-				if err := <-errc; err != nil && !errors.Is(err, context.Canceled) {
-					errs = append(errs, err)
-				}
+	return s, nil
+}
+
+func (s *soloSubs) close() {
+	s.cancel()
+	<-s.lerr
+}
+
+// start runs the standalone subscribers, their checkpoints first reset to
+// 0 when reset is set, until stop is called.
+func (s *soloSubs) start(ctx context.Context, reset bool) (stop func() error, err error) {
+	e := s.e
+	s.sink.handled.Store(0)
+	rctx, cancel := context.WithCancel(ctx)
+	errc := make(chan error, s.n)
+	n := 0
+	stop = func() error {
+		cancel()
+		var errs []error
+		for range n {
+			if err := <-errc; err != nil && !errors.Is(err, context.Canceled) {
+				errs = append(errs, err)
 			}
-			return errors.Join(errs...)
 		}
-		for i, f := range e.feeds[:e.sz.busy] {
-			for j, d := range tenantDefs {
-				name := "solo-" + d
+		return errors.Join(errs...)
+	}
+	for i, f := range e.feeds[:e.sz.busy] {
+		for j, d := range tenantDefs {
+			name := "solo-" + d
+			if reset {
 				if err := f.Checkpoints.(checkpointStore).Reset(ctx, name, 0); err != nil {
 					return stop, err
 				}
-				sub, err := subscriptions.NewSubscriber(name, f.Events, f.Checkpoints, sink.handle,
-					subscriptions.WithPollInterval(e.sz.interval), subscriptions.WithParkingLot(f.Parking),
-					subscriptions.WithWakeSignal(wakes[i*len(tenantDefs)+j]), subscriptions.WithLogger(e.b.libLogger()))
-				if err != nil {
-					return stop, err
-				}
-				n++
-				go func() { errc <- sub.Run(rctx) }()
 			}
-		}
-		return stop, nil
-	}
-	e.gauge.reset()
-	for r := range e.sz.rounds {
-		sink.handled.Store(0)
-		t0 := time.Now()
-		stop, err := start()
-		if err == nil {
-			err = waitHandled(ctx, sink, target)
-		}
-		out.rates = append(out.rates, float64(target)/time.Since(t0).Seconds())
-		if r < e.sz.rounds-1 || err != nil {
-			if err := errors.Join(err, stop()); err != nil {
-				return out, err
+			sub, err := subscriptions.NewSubscriber(name, f.Events, f.Checkpoints, s.sink.handle,
+				subscriptions.WithPollInterval(e.sz.interval), subscriptions.WithParkingLot(f.Parking),
+				subscriptions.WithWakeSignal(s.wakes[i*len(tenantDefs)+j]), subscriptions.WithLogger(e.b.libLogger()))
+			if err != nil {
+				return stop, err
 			}
-			continue
-		}
-		// The last round's subscribers stay for the wake latency.
-		out.peak = e.gauge.peak.Load() + 1 // and the listener's
-		out.wake, err = e.timedAppends(ctx, sink)
-		if err := errors.Join(err, stop()); err != nil {
-			return out, err
+			n++
+			go func() { errc <- sub.Run(rctx) }()
 		}
 	}
-	out.note = fmt.Sprintf("baseline: %d standalone Subscribers (%d busy tenants x %d definitions), each with its own Subscribe() of one PostgresListener; throughput from their start (checkpoints reset to 0) to the last delivery; the group stopped meanwhile", len(wakes), e.sz.busy, len(tenantDefs))
-	return out, nil
+	return stop, nil
 }
 
 // timedAppends appends one event at a time, round robin over the busy
