@@ -8,7 +8,7 @@
 // interrupt too. The SQLite scenario uses a file in a temporary directory,
 // also removed at the end.
 //
-//	go -C cmd/subbench run .                       # every scenario, ~3-4 minutes
+//	go -C cmd/subbench run .                       # every scenario, ~6-7 minutes
 //	go -C cmd/subbench run . -quick                # smoke mode, seconds
 //	go -C cmd/subbench run . -only latency,idle    # selected scenarios
 //	go -C cmd/subbench run . -json -cpuprofile cpu.out
@@ -21,7 +21,8 @@
 // Scenarios: memory (1), postgres (2), sqlite (3), latency (4),
 // replicas (5), idle (6), appends (7), telemetry (8), partitions (9),
 // batch (10), ordered (11), operations (12), peer (13: watermill-sql, see
-// peer.go), feedread (14); "catchup" selects 1-3. Scenarios 2, 4, 6 and 7 measure both
+// peer.go), feedread (14), tenants (15: a Group over 500 schemas, see
+// tenants.go); "catchup" selects 1-3. Scenarios 2, 4, 6 and 7 measure both
 // Postgres backends in the same run, the GORM one and package pgxstore's:
 // pgx's rows are labelled "pgx:", with the scenario's baseline (a
 // hand-written one goes through pgx's own store or transactions), and
@@ -115,6 +116,7 @@ var scenarios = []scenario{
 	{"operations", "12", "re-deliveries, repartition, pause, Postgres", runOperations},
 	{"peer", "13", "peer: watermill-sql beside the library, Postgres", runPeer},
 	{"feedread", "14", "feed read, Postgres: no-op catch-up vs a raw reader", runFeedRead},
+	{"tenants", "15", "tenants: a Group over 500 schemas vs a Subscriber each, Postgres", runTenants},
 }
 
 func main() {
@@ -222,7 +224,7 @@ func parseOnly(only string) (map[string]bool, error) {
 			}
 		}
 		if !found {
-			return nil, fmt.Errorf("-only: unknown scenario %q (known: %s, catchup, 1-14)", f, scenarioKeys())
+			return nil, fmt.Errorf("-only: unknown scenario %q (known: %s, catchup, 1-15)", f, scenarioKeys())
 		}
 	}
 	return sel, nil
