@@ -173,7 +173,8 @@ func WithGroupWakeSignal(database string, wake <-chan struct{}) GroupOption {
 // tenant's name is ready when the probe finds its feed head moved, when
 // its last cycle found more work, when its checkpoint is reset or resumed
 // through its Subscriber, and again a poll interval after a failure or
-// while another process holds its checkpoint. A caught-up tenant is not
+// while another process holds its checkpoint, or once a failing event's
+// retry backoff is over. A caught-up tenant is not
 // polled at all: once per poll interval (and on every wake signal) the
 // group reads the feed heads of all the tenants of a database in one
 // statement (HeadProber), and only a tenant whose head moved runs again.
@@ -222,9 +223,10 @@ func WithGroupWakeSignal(database string, wake <-chan struct{}) GroupOption {
 //
 // # What a group does not run yet
 //
-// A worker runs the retry schedule of a failing event (WithParkingLot's
-// backoff) in its cycle, so a poison event holds one worker, though no
-// connection, for its backoff delays. A reset of an idle tenant's
+// A failing event's retry backoff (WithRetryBackoff) holds no worker: its
+// cycle ends there and the group runs the next attempt once the backoff
+// is over, or at once after a reset or resume through the tenant's
+// Subscriber; Remove ends it. A reset of an idle tenant's
 // checkpoint made outside this process (another process, the command
 // line) is noticed at the tenant's next append, since idle tenants are
 // not polled; one made through the tenant's Subscriber (Group.Subscriber)

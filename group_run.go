@@ -103,8 +103,10 @@ type groupUnit struct {
 	dirty, recheck bool
 	// wakeable: the unit's wait may be cut short by a wake-up (not after
 	// a failure, which waits out the poll interval, as Run does).
-	wakeable bool
-	timer    *time.Timer
+	// backoff: the wait is a failing event's retry backoff
+	// (outcomeBackoff), which a reset or a resume cuts short.
+	wakeable, backoff bool
+	timer             *time.Timer
 }
 
 // groupRun is one Run's state, guarded by the group's mu.
@@ -231,6 +233,7 @@ func (g *Group) startTenant(run *groupRun, t *groupTenant) {
 	for _, u := range t.units {
 		drain, stop := u.s.drainContext(t.ctx)
 		u.r = newRunner(u.s, nil, drain)
+		u.r.deferBackoff = true // a backoff holds no worker: see after
 		u.stopDrain = stop
 		u.s.tel.started()
 		u.unobserve = u.s.tel.observe(u.s)
@@ -259,10 +262,11 @@ func (g *Group) stopTimer(run *groupRun, u *groupUnit) {
 }
 
 // wait makes u wait d before its next cycle; wakeable says whether a
-// wake-up may cut the wait short. Called with mu held.
-func (g *Group) wait(run *groupRun, u *groupUnit, d time.Duration, wakeable bool) {
+// wake-up may cut the wait short, backoff that it is a retry backoff,
+// which a reset or a resume cuts short. Called with mu held.
+func (g *Group) wait(run *groupRun, u *groupUnit, d time.Duration, wakeable, backoff bool) {
 	g.stopTimer(run, u)
-	u.state, u.wakeable = unitWaiting, wakeable
+	u.state, u.wakeable, u.backoff = unitWaiting, wakeable, backoff
 	run.timers.Add(1)
 	var timer *time.Timer
 	timer = time.AfterFunc(d, func() {
@@ -339,6 +343,11 @@ func (g *Group) wake(run *groupRun, u *groupUnit, check bool, at time.Time) {
 	case unitWaiting:
 		if u.wakeable { // as Run's wait: a wake-up reads after the known position
 			u.check, u.woken = check, at
+			g.enqueue(run, u)
+		} else if check && u.backoff {
+			// A reset or a resume ends a retry backoff: the due attempt
+			// runs now, and finds the checkpoint moved if it was reset.
+			u.check = true
 			g.enqueue(run, u)
 		} else if check {
 			u.check = true
@@ -508,11 +517,20 @@ func (g *Group) after(run *groupRun, u *groupUnit, out outcome) {
 			g.enqueue(run, u)
 		} else {
 			u.check = true
-			g.wait(run, u, s.pollInterval, true)
+			g.wait(run, u, s.pollInterval, true, false)
 		}
 	case outcomeFailed:
 		u.check = recheck
-		g.wait(run, u, s.pollInterval, false)
+		g.wait(run, u, s.pollInterval, false, false)
+	case outcomeBackoff:
+		// The event's next attempt is due at r.retry.at: the unit waits
+		// for it without a worker, so that poison events hold none.
+		if recheck {
+			u.check = true
+			g.enqueue(run, u) // reset or resumed meanwhile: attempt now
+		} else {
+			g.wait(run, u, time.Until(u.r.retry.at), false, true)
+		}
 	}
 }
 
