@@ -180,7 +180,13 @@ func WithGroupWakeSignal(database string, wake <-chan struct{}) GroupOption {
 // statement (HeadProber), and only a tenant whose head moved runs again.
 // Without the capability (SQLite, memory, or stores of mixed kinds) the
 // group reads each idle tenant's head (HeadPosition) at every probe
-// instead, one statement per tenant and poll interval.
+// instead, one statement per tenant and poll interval. Once per poll
+// interval the group also reads the checkpoints and pauses of the
+// database's tenants in one more statement (CheckpointProber, which this
+// package's stores and pgxstore's have), so that a reset, pause or resume
+// made elsewhere (another process, the command line) on an idle tenant is
+// noticed within the interval; a paused name is then not polled either.
+// Without the capability such a change waits for the tenant's next event.
 //
 // The connections a process running a Group uses at once are at most
 //
@@ -226,11 +232,7 @@ func WithGroupWakeSignal(database string, wake <-chan struct{}) GroupOption {
 // A failing event's retry backoff (WithRetryBackoff) holds no worker: its
 // cycle ends there and the group runs the next attempt once the backoff
 // is over, or at once after a reset or resume through the tenant's
-// Subscriber; Remove ends it. A reset of an idle tenant's
-// checkpoint made outside this process (another process, the command
-// line) is noticed at the tenant's next append, since idle tenants are
-// not polled; one made through the tenant's Subscriber (Group.Subscriber)
-// is noticed at once.
+// Subscriber; Remove ends it.
 //
 // A Group's methods are safe for concurrent use. Run runs one at a time;
 // Add and Remove may be called before, during and after it.
@@ -246,8 +248,9 @@ type Group struct {
 	order   []*groupTenant // in the order of Add: the probe's order
 	run     *groupRun      // the Run in progress; nil otherwise
 	// unprobed records the databases whose prober refused
-	// (errors.ErrUnsupported), logged once; guarded by mu.
-	unprobed map[string]bool
+	// (errors.ErrUnsupported), logged once; unprobedCheckpoints those whose
+	// CheckpointProber did. Guarded by mu.
+	unprobed, unprobedCheckpoints map[string]bool
 }
 
 // NewGroup returns a group of the definitions defs, with no tenant yet.
@@ -260,6 +263,8 @@ func NewGroup(defs []GroupSubscriber, opts ...GroupOption) (*Group, error) {
 		cfg:      groupConfig{workers: DefaultGroupWorkers, pollInterval: DefaultPollInterval},
 		tenants:  make(map[string]*groupTenant),
 		unprobed: make(map[string]bool),
+
+		unprobedCheckpoints: make(map[string]bool),
 	}
 	for _, opt := range opts {
 		if opt != nil {
