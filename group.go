@@ -35,8 +35,9 @@ var (
 // Options are any SubscriberOption but those the group provides or does
 // not run yet, which NewGroup refuses: WithWakeSignal (the group wakes its
 // tenants itself, see WithGroupWakeSignal), WithParkingLot (a lot is a
-// tenant's: Feed.Parking), WithPartitions and WithConcurrency, and
-// WithFirstRunCatchUp. WithPollInterval is the delay before a tenant's
+// tenant's: Feed.Parking), WithPartitions and WithConcurrency.
+// WithFirstRunCatchUp's mark is recorded by each tenant's first cycle of
+// the name in a Run. WithPollInterval is the delay before a tenant's
 // name is tried again after a failure, or while another process holds its
 // checkpoint; the group's own probe interval is WithGroupPollInterval.
 type GroupSubscriber struct {
@@ -317,8 +318,6 @@ func (g *Group) checkDef(def GroupSubscriber) error {
 		return errors.New("WithParkingLot: a parking lot is a tenant's (Feed.Parking)")
 	case scratch.partitions != 0 || scratch.concurrency != 0:
 		return errors.New("WithPartitions, WithConcurrency: a group does not run partitioned subscribers yet")
-	case scratch.firstRunCatchUp:
-		return errors.New("WithFirstRunCatchUp: a group does not run the first start's catch-up yet")
 	}
 	_, err := g.newSubscriber(def, checkFeed())
 	return err

@@ -2,11 +2,14 @@ package subscriptions_test
 
 import (
 	"context"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/domain"
 )
 
 // TestGroupNoticesChangesMadeElsewhere resets, pauses and resumes idle
@@ -58,4 +61,53 @@ func TestGroupNoticesChangesMadeElsewhere(t *testing.T) {
 	}
 	ledger.waitCalls(t, 5*len(tenants))
 	waitCheckpoints(t, tenants, names)
+}
+
+// TestGroupFirstRunCatchUp runs a definition with WithFirstRunCatchUp
+// over a memory tenant and a SQLite one that have history: each tenant's
+// first cycle records the catch-up, so its history is delivered as
+// DeliveryCatchUp, and an event appended afterwards as live.
+func TestGroupFirstRunCatchUp(t *testing.T) {
+	tenants := append(groupMemoryTenants("catchup", 1), groupSQLiteTenants(t, "catchup", 1)...)
+	var mu sync.Mutex
+	kinds := map[string][]subscriptions.DeliveryKind{}
+	handler := func(ctx context.Context, ev domain.EventEnvelope[any]) error {
+		mu.Lock()
+		defer mu.Unlock()
+		tenant := subscriptions.TenantFromContext(ctx)
+		kinds[tenant] = append(kinds[tenant], subscriptions.DeliveryFrom(ctx).Kind)
+		return nil
+	}
+	seen := func(n int) func() bool {
+		return func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, gt := range tenants {
+				if len(kinds[gt.feed.Tenant]) < n {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	g, err := subscriptions.NewGroup([]subscriptions.GroupSubscriber{{Name: "v2", Handler: handler, Options: []subscriptions.SubscriberOption{
+		subscriptions.WithPollInterval(groupPoll), subscriptions.WithFirstRunCatchUp(0),
+	}}}, subscriptions.WithGroupPollInterval(groupPoll), subscriptions.WithGroupLogger(quietLogger()))
+	require.NoError(t, err)
+	for _, gt := range tenants {
+		appendN(t, gt.feed.Events, "E", 0, 3)
+		require.NoError(t, g.Add(gt.feed))
+	}
+	runGroup(t, g)
+	require.Eventually(t, seen(3), 10*time.Second, time.Millisecond)
+	for _, gt := range tenants {
+		appendN(t, gt.feed.Events, "E", 3, 1)
+	}
+	require.Eventually(t, seen(4), 10*time.Second, time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	catchUp, live := subscriptions.DeliveryCatchUp, subscriptions.DeliveryLive
+	for _, gt := range tenants {
+		require.Equal(t, []subscriptions.DeliveryKind{catchUp, catchUp, catchUp, live}, kinds[gt.feed.Tenant], gt.feed.Tenant)
+	}
 }

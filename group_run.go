@@ -113,6 +113,9 @@ type groupUnit struct {
 	// resume, runs it (noticeCheckpoint).
 	at     int64
 	paused bool
+	// catchUp: WithFirstRunCatchUp's mark is still to be recorded in this
+	// Run (by the unit's worker: see cycle).
+	catchUp bool
 }
 
 // groupRun is one Run's state, guarded by the group's mu.
@@ -244,7 +247,7 @@ func (g *Group) startTenant(run *groupRun, t *groupTenant) {
 		u.s.tel.started()
 		u.unobserve = u.s.tel.observe(u.s)
 		u.check, u.dirty, u.recheck, u.woken = true, false, false, time.Time{}
-		u.at, u.paused = -1, false
+		u.at, u.paused, u.catchUp = -1, false, u.s.firstRunCatchUp
 		t.live++
 		g.enqueue(run, u)
 	}
@@ -480,6 +483,20 @@ func (g *Group) cycle(run *groupRun, u *groupUnit, check bool) (out outcome, ok 
 			ok = false
 		}
 	}()
+	if u.catchUp {
+		// WithFirstRunCatchUp: recorded before the tenant's name handles
+		// anything, as Run records it before its loop; a failure is
+		// retried after the poll interval, without a worker waiting.
+		if err := u.s.recordCatchUp(u.t.ctx); err != nil {
+			if u.t.ctx.Err() != nil {
+				return outcomeStopped, true
+			}
+			u.s.logger.Error("subscriber: recording the first start's catch-up failed; will retry", "subscriber", u.s.name, "error", err)
+			u.s.tel.fail("", nil, 0, err)
+			return outcomeFailed, true
+		}
+		u.catchUp = false
+	}
 	return u.r.cycle(u.t.ctx, check), true
 }
 
