@@ -57,6 +57,9 @@ type GormCheckpointStore struct {
 	// tables; sql is the store's statements with its tables named.
 	schema string
 	sql    *checkpointSQL
+	// resolved is the tables of the schema the pool's search_path
+	// selects, once a probe resolved them (probeTables).
+	resolved resolvedTables
 
 	// Without row locks (SQLite) only, nil otherwise: the batches in
 	// flight on this pool, shared by every store built on it, so that Reset

@@ -221,12 +221,8 @@ func (s *Subscriber) startCatchUp(ctx context.Context) (stop bool) {
 	if !s.firstRunCatchUp {
 		return false
 	}
-	marker := s.checkpoints.(DeliveryMarker) // validateCatchUp
 	for {
-		head, err := s.events.HeadPosition(ctx)
-		if err == nil && head > s.firstRunThreshold {
-			err = marker.StartCatchUp(ctx, s.name, []string{s.name, partitionMarker(s.name)}, head)
-		}
+		err := s.recordCatchUp(ctx)
 		if err == nil {
 			return false
 		}
@@ -242,4 +238,16 @@ func (s *Subscriber) startCatchUp(ctx context.Context) (stop bool) {
 		case <-t.C:
 		}
 	}
+}
+
+// recordCatchUp makes one attempt at recording the catch-up of the name's
+// first start (WithFirstRunCatchUp): startCatchUp's, and a Group's first
+// cycle of the name for a tenant.
+func (s *Subscriber) recordCatchUp(ctx context.Context) error {
+	marker := s.checkpoints.(DeliveryMarker) // validateCatchUp
+	head, err := s.events.HeadPosition(ctx)
+	if err == nil && head > s.firstRunThreshold {
+		err = marker.StartCatchUp(ctx, s.name, []string{s.name, partitionMarker(s.name)}, head)
+	}
+	return err
 }

@@ -35,8 +35,9 @@ var (
 // Options are any SubscriberOption but those the group provides or does
 // not run yet, which NewGroup refuses: WithWakeSignal (the group wakes its
 // tenants itself, see WithGroupWakeSignal), WithParkingLot (a lot is a
-// tenant's: Feed.Parking), WithPartitions and WithConcurrency, and
-// WithFirstRunCatchUp. WithPollInterval is the delay before a tenant's
+// tenant's: Feed.Parking), WithPartitions and WithConcurrency.
+// WithFirstRunCatchUp's mark is recorded by each tenant's first cycle of
+// the name in a Run. WithPollInterval is the delay before a tenant's
 // name is tried again after a failure, or while another process holds its
 // checkpoint; the group's own probe interval is WithGroupPollInterval.
 type GroupSubscriber struct {
@@ -173,13 +174,20 @@ func WithGroupWakeSignal(database string, wake <-chan struct{}) GroupOption {
 // tenant's name is ready when the probe finds its feed head moved, when
 // its last cycle found more work, when its checkpoint is reset or resumed
 // through its Subscriber, and again a poll interval after a failure or
-// while another process holds its checkpoint. A caught-up tenant is not
+// while another process holds its checkpoint, or once a failing event's
+// retry backoff is over. A caught-up tenant is not
 // polled at all: once per poll interval (and on every wake signal) the
 // group reads the feed heads of all the tenants of a database in one
 // statement (HeadProber), and only a tenant whose head moved runs again.
 // Without the capability (SQLite, memory, or stores of mixed kinds) the
 // group reads each idle tenant's head (HeadPosition) at every probe
-// instead, one statement per tenant and poll interval.
+// instead, one statement per tenant and poll interval. Once per poll
+// interval the group also reads the checkpoints and pauses of the
+// database's tenants in one more statement (CheckpointProber, which this
+// package's stores and pgxstore's have), so that a reset, pause or resume
+// made elsewhere (another process, the command line) on an idle tenant is
+// noticed within the interval; a paused name is then not polled either.
+// Without the capability such a change waits for the tenant's next event.
 //
 // The connections a process running a Group uses at once are at most
 //
@@ -222,13 +230,10 @@ func WithGroupWakeSignal(database string, wake <-chan struct{}) GroupOption {
 //
 // # What a group does not run yet
 //
-// A worker runs the retry schedule of a failing event (WithParkingLot's
-// backoff) in its cycle, so a poison event holds one worker, though no
-// connection, for its backoff delays. A reset of an idle tenant's
-// checkpoint made outside this process (another process, the command
-// line) is noticed at the tenant's next append, since idle tenants are
-// not polled; one made through the tenant's Subscriber (Group.Subscriber)
-// is noticed at once.
+// A failing event's retry backoff (WithRetryBackoff) holds no worker: its
+// cycle ends there and the group runs the next attempt once the backoff
+// is over, or at once after a reset or resume through the tenant's
+// Subscriber; Remove ends it.
 //
 // A Group's methods are safe for concurrent use. Run runs one at a time;
 // Add and Remove may be called before, during and after it.
@@ -244,8 +249,9 @@ type Group struct {
 	order   []*groupTenant // in the order of Add: the probe's order
 	run     *groupRun      // the Run in progress; nil otherwise
 	// unprobed records the databases whose prober refused
-	// (errors.ErrUnsupported), logged once; guarded by mu.
-	unprobed map[string]bool
+	// (errors.ErrUnsupported), logged once; unprobedCheckpoints those whose
+	// CheckpointProber did. Guarded by mu.
+	unprobed, unprobedCheckpoints map[string]bool
 }
 
 // NewGroup returns a group of the definitions defs, with no tenant yet.
@@ -258,6 +264,8 @@ func NewGroup(defs []GroupSubscriber, opts ...GroupOption) (*Group, error) {
 		cfg:      groupConfig{workers: DefaultGroupWorkers, pollInterval: DefaultPollInterval},
 		tenants:  make(map[string]*groupTenant),
 		unprobed: make(map[string]bool),
+
+		unprobedCheckpoints: make(map[string]bool),
 	}
 	for _, opt := range opts {
 		if opt != nil {
@@ -310,8 +318,6 @@ func (g *Group) checkDef(def GroupSubscriber) error {
 		return errors.New("WithParkingLot: a parking lot is a tenant's (Feed.Parking)")
 	case scratch.partitions != 0 || scratch.concurrency != 0:
 		return errors.New("WithPartitions, WithConcurrency: a group does not run partitioned subscribers yet")
-	case scratch.firstRunCatchUp:
-		return errors.New("WithFirstRunCatchUp: a group does not run the first start's catch-up yet")
 	}
 	_, err := g.newSubscriber(def, checkFeed())
 	return err

@@ -103,8 +103,19 @@ type groupUnit struct {
 	dirty, recheck bool
 	// wakeable: the unit's wait may be cut short by a wake-up (not after
 	// a failure, which waits out the poll interval, as Run does).
-	wakeable bool
-	timer    *time.Timer
+	// backoff: the wait is a failing event's retry backoff
+	// (outcomeBackoff), which a reset or a resume cuts short.
+	wakeable, backoff bool
+	timer             *time.Timer
+	// at is the checkpoint the unit last knew while it waits or is
+	// dormant (-1 when none), and paused what the last checkpoint probe
+	// read of its pause: a probe that reads another position, or a
+	// resume, runs it (noticeCheckpoint).
+	at     int64
+	paused bool
+	// catchUp: WithFirstRunCatchUp's mark is still to be recorded in this
+	// Run (by the unit's worker: see cycle).
+	catchUp bool
 }
 
 // groupRun is one Run's state, guarded by the group's mu.
@@ -231,10 +242,12 @@ func (g *Group) startTenant(run *groupRun, t *groupTenant) {
 	for _, u := range t.units {
 		drain, stop := u.s.drainContext(t.ctx)
 		u.r = newRunner(u.s, nil, drain)
+		u.r.deferBackoff = true // a backoff holds no worker: see after
 		u.stopDrain = stop
 		u.s.tel.started()
 		u.unobserve = u.s.tel.observe(u.s)
 		u.check, u.dirty, u.recheck, u.woken = true, false, false, time.Time{}
+		u.at, u.paused, u.catchUp = -1, false, u.s.firstRunCatchUp
 		t.live++
 		g.enqueue(run, u)
 	}
@@ -259,10 +272,11 @@ func (g *Group) stopTimer(run *groupRun, u *groupUnit) {
 }
 
 // wait makes u wait d before its next cycle; wakeable says whether a
-// wake-up may cut the wait short. Called with mu held.
-func (g *Group) wait(run *groupRun, u *groupUnit, d time.Duration, wakeable bool) {
+// wake-up may cut the wait short, backoff that it is a retry backoff,
+// which a reset or a resume cuts short. Called with mu held.
+func (g *Group) wait(run *groupRun, u *groupUnit, d time.Duration, wakeable, backoff bool) {
 	g.stopTimer(run, u)
-	u.state, u.wakeable = unitWaiting, wakeable
+	u.state, u.wakeable, u.backoff = unitWaiting, wakeable, backoff
 	run.timers.Add(1)
 	var timer *time.Timer
 	timer = time.AfterFunc(d, func() {
@@ -339,6 +353,11 @@ func (g *Group) wake(run *groupRun, u *groupUnit, check bool, at time.Time) {
 	case unitWaiting:
 		if u.wakeable { // as Run's wait: a wake-up reads after the known position
 			u.check, u.woken = check, at
+			g.enqueue(run, u)
+		} else if check && u.backoff {
+			// A reset or a resume ends a retry backoff: the due attempt
+			// runs now, and finds the checkpoint moved if it was reset.
+			u.check = true
 			g.enqueue(run, u)
 		} else if check {
 			u.check = true
@@ -464,6 +483,20 @@ func (g *Group) cycle(run *groupRun, u *groupUnit, check bool) (out outcome, ok 
 			ok = false
 		}
 	}()
+	if u.catchUp {
+		// WithFirstRunCatchUp: recorded before the tenant's name handles
+		// anything, as Run records it before its loop; a failure is
+		// retried after the poll interval, without a worker waiting.
+		if err := u.s.recordCatchUp(u.t.ctx); err != nil {
+			if u.t.ctx.Err() != nil {
+				return outcomeStopped, true
+			}
+			u.s.logger.Error("subscriber: recording the first start's catch-up failed; will retry", "subscriber", u.s.name, "error", err)
+			u.s.tel.fail("", nil, 0, err)
+			return outcomeFailed, true
+		}
+		u.catchUp = false
+	}
 	return u.r.cycle(u.t.ctx, check), true
 }
 
@@ -476,6 +509,13 @@ func (g *Group) after(run *groupRun, u *groupUnit, out outcome) {
 	run.cond.Signal() // a unit its database's limit kept queued may run
 	dirty, recheck := u.dirty, u.recheck
 	u.dirty, u.recheck = false, false
+	u.at = -1
+	switch out {
+	case outcomeIdle, outcomeSkipped:
+		u.at = u.r.known
+	case outcomeBackoff:
+		u.at = u.r.retry.start
+	}
 	if u.t.ctx.Err() != nil && out != outcomeFatal {
 		g.end(u) // removed, or the Run ends: the batch has drained
 		return
@@ -508,11 +548,20 @@ func (g *Group) after(run *groupRun, u *groupUnit, out outcome) {
 			g.enqueue(run, u)
 		} else {
 			u.check = true
-			g.wait(run, u, s.pollInterval, true)
+			g.wait(run, u, s.pollInterval, true, false)
 		}
 	case outcomeFailed:
 		u.check = recheck
-		g.wait(run, u, s.pollInterval, false)
+		g.wait(run, u, s.pollInterval, false, false)
+	case outcomeBackoff:
+		// The event's next attempt is due at r.retry.at: the unit waits
+		// for it without a worker, so that poison events hold none.
+		if recheck {
+			u.check = true
+			g.enqueue(run, u) // reset or resumed meanwhile: attempt now
+		} else {
+			g.wait(run, u, time.Until(u.r.retry.at), false, true)
+		}
 	}
 }
 
@@ -561,7 +610,7 @@ func (g *Group) probeLoop(run *groupRun) {
 		case <-run.ctx.Done():
 			return
 		case <-ticker.C:
-			g.probe(run, nil)
+			g.probe(run, nil, true)
 		case <-run.wakeReq:
 			g.mu.Lock()
 			all, dbs := run.wakeAll, run.wakeDBs
@@ -572,12 +621,12 @@ func (g *Group) probeLoop(run *groupRun) {
 			}
 			rechecks = -1
 			recheck.Stop()
-			if !g.probe(run, dbs) {
+			if !g.probe(run, dbs, false) {
 				rechecks, recheckDBs = 0, dbs
 				recheck.Reset(wakeRechecks[0])
 			}
 		case <-recheck.C:
-			if g.probe(run, recheckDBs) || rechecks+1 >= len(wakeRechecks) {
+			if g.probe(run, recheckDBs, false) || rechecks+1 >= len(wakeRechecks) {
 				rechecks = -1
 				continue
 			}
@@ -605,7 +654,12 @@ type probeSet struct {
 // units are held: no worker waits on it) and is not probed again until
 // that read returns. A database whose read fails is put down too, and its
 // held units run again once a probe reaches it.
-func (g *Group) probe(run *groupRun, only map[string]bool) (moved bool) {
+//
+// With checkpoints (the poll interval's probe, not a wake-up's), a
+// database that answers has its tenants' checkpoints probed too
+// (readCheckpoints), so that a reset, pause or resume made elsewhere on an
+// idle tenant is noticed.
+func (g *Group) probe(run *groupRun, only map[string]bool, checkpoints bool) (moved bool) {
 	g.mu.Lock()
 	var sets []*probeSet
 	byKey := map[string]*probeSet{}
@@ -644,7 +698,7 @@ func (g *Group) probe(run *groupRun, only map[string]bool) (moved bool) {
 		run.probes.Add(1)
 		go func() {
 			defer run.probes.Done()
-			done <- g.probeDB(run, set)
+			done <- g.probeDB(run, set, checkpoints)
 		}()
 		timer := time.NewTimer(g.cfg.pollInterval)
 		select {
@@ -663,13 +717,18 @@ func (g *Group) probe(run *groupRun, only map[string]bool) (moved bool) {
 // units of tenants whose head moved are woken, and the database is put
 // down if nothing could be read, or up again (its held units queued) if
 // something was; moved reports a head moved.
-func (g *Group) probeDB(run *groupRun, set *probeSet) (moved bool) {
+func (g *Group) probeDB(run *groupRun, set *probeSet, checkpoints bool) (moved bool) {
 	g.mu.Lock()
 	db := run.db(set.key)
 	down, pick := db.down, db.pick
 	db.pick++
 	g.mu.Unlock()
 	tenants, heads, err := g.readHeads(run.ctx, set, down, pick)
+	var cpTenants []*groupTenant
+	var cps [][]CheckpointProbe
+	if err == nil && checkpoints && !down {
+		cpTenants, cps = g.readCheckpoints(run.ctx, set)
+	}
 	now := time.Now()
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -707,7 +766,83 @@ func (g *Group) probeDB(run *groupRun, set *probeSet) (moved bool) {
 			g.wake(run, u, false, now)
 		}
 	}
+	for i, t := range cpTenants {
+		if t.live == 0 {
+			continue
+		}
+		for j, u := range t.units {
+			g.noticeCheckpoint(run, u, cps[i][j])
+		}
+	}
 	return moved
+}
+
+// noticeCheckpoint applies what a checkpoint probe read of u's checkpoint
+// (p): a dormant unit whose checkpoint moved (a reset elsewhere) or whose
+// name was resumed runs, reading its checkpoint first; a retry backoff
+// ends on the same changes; a unit that polls because its name is
+// paused goes dormant instead, until a probe reads it resumed (or its
+// head moves). Called with mu held.
+func (g *Group) noticeCheckpoint(run *groupRun, u *groupUnit, p CheckpointProbe) {
+	resumed := u.paused && !p.Paused
+	u.paused = p.Paused
+	moved := u.at >= 0 && p.Position != u.at
+	switch {
+	case u.state == unitDormant && (moved || resumed):
+		g.wake(run, u, true, time.Time{})
+	case u.state == unitWaiting && u.backoff && (moved || resumed):
+		u.check = true
+		g.enqueue(run, u)
+	case u.state == unitWaiting && u.wakeable && p.Paused:
+		g.stopTimer(run, u)
+		u.state, u.check = unitDormant, true
+	}
+}
+
+// readCheckpoints reads the checkpoints of set's tenants' names through
+// the first tenant's CheckpointProber, one statement per probeChunk
+// tenants; it returns the tenants it read, with what it read (by tenant,
+// then definition). Without the capability, or once the prober refused
+// the database's stores (logged once), it reads nothing: a change made
+// elsewhere is then noticed at the tenant's next event. A failure is
+// logged and leaves its tenants out.
+func (g *Group) readCheckpoints(ctx context.Context, set *probeSet) ([]*groupTenant, [][]CheckpointProbe) {
+	prober, ok := set.tenants[0].feed.Checkpoints.(CheckpointProber)
+	g.mu.Lock()
+	if g.unprobedCheckpoints[set.key] {
+		ok = false
+	}
+	g.mu.Unlock()
+	if !ok {
+		return nil, nil
+	}
+	names := g.Names()
+	var tenants []*groupTenant
+	var out [][]CheckpointProbe
+	for from := 0; from < len(set.tenants); from += probeChunk {
+		chunk := set.tenants[from:min(from+probeChunk, len(set.tenants))]
+		stores := make([]CheckpointStore, len(chunk))
+		for i, t := range chunk {
+			stores[i] = t.feed.Checkpoints
+		}
+		got, err := prober.ProbeCheckpoints(ctx, stores, names)
+		if errors.Is(err, errors.ErrUnsupported) {
+			g.mu.Lock()
+			g.unprobedCheckpoints[set.key] = true
+			g.mu.Unlock()
+			g.cfg.logger.Warn("group: the database's checkpoints cannot be read together; a reset or resume made elsewhere on an idle tenant waits for its next event",
+				"database", set.tenants[0].feed.Database, "tenants", len(set.tenants), "error", err)
+			return nil, nil
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				g.cfg.logger.Warn("group: probing the tenants' checkpoints failed; will retry", "database", set.tenants[0].feed.Database, "tenants", len(chunk), "error", err)
+			}
+			continue
+		}
+		tenants, out = append(tenants, chunk...), append(out, got...)
+	}
+	return tenants, out
 }
 
 // overran puts set's database down when its read is still running after

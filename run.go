@@ -32,6 +32,10 @@ const (
 	outcomeStopped
 	// outcomeFatal: the event store has no global ordered feed (r.fatal).
 	outcomeFatal
+	// outcomeBackoff: a failing event waits out its retry backoff, until
+	// r.retry.at; the next cycle makes the attempt (only for a runner
+	// whose deferBackoff is set: a Group's, whose workers do not wait).
+	outcomeBackoff
 )
 
 // wakeRechecks are the delays of the quick re-checks after a wake signal
@@ -198,6 +202,20 @@ type runner struct {
 	// queues is what the runner knows of the subscriber's queues
 	// (WithOrderedParking).
 	queues queueView
+	// deferBackoff, set by a Group, makes failed return outcomeBackoff
+	// instead of sleeping through a retry backoff, so that no worker
+	// waits; retry is then the attempt due, which the next cycle makes.
+	deferBackoff bool
+	retry        *dueRetry
+}
+
+// dueRetry is the next attempt at a failing event, the one after start,
+// due at at (see runner.deferBackoff).
+type dueRetry struct {
+	start int64
+	ev    domain.EventEnvelope[any]
+	first trace.SpanContext
+	at    time.Time
 }
 
 // newRunner returns the runner of one Run of s (or of one partition of
@@ -261,6 +279,18 @@ func (r *runner) wait(ctx context.Context, d time.Duration, allowWake bool) (wok
 // Once a batch is acquired it runs on a context that ignores ctx's
 // cancellation, so that shutdown drains it instead of abandoning it.
 func (r *runner) cycle(ctx context.Context, check bool) outcome {
+	if p := r.retry; p != nil {
+		// A deferred backoff is over (or was cut short by a reset or a
+		// resume): the attempt acquires the checkpoint again and finds it
+		// moved if it was reset.
+		r.retry = nil
+		r.queues.at = -1
+		out, done, n, err := r.attempt(ctx, p.start, p.ev, p.first)
+		if done {
+			return out
+		}
+		return r.retrying(ctx, p.start, p.ev, n, err, p.first)
+	}
 	b, out, ok := r.acquire(ctx, check)
 	if !ok {
 		r.queues.at = -1
@@ -684,10 +714,24 @@ func (r *runner) failed(ctx context.Context, start int64, ev domain.EventEnvelop
 		// (another replica's retries came first): park it.
 		return r.park(ctx, start, ev, n, err, first)
 	}
+	return r.retrying(ctx, start, ev, n, err, first)
+}
+
+// retrying is failed's retry schedule from the failed attempt n (err):
+// it waits the backoff and makes the next attempt until one is done. A
+// runner with deferBackoff returns outcomeBackoff instead of waiting,
+// with the attempt due in r.retry.
+func (r *runner) retrying(ctx context.Context, start int64, ev domain.EventEnvelope[any], n int, err error, first trace.SpanContext) outcome {
+	s := r.s
+	attempts := s.retry.attempts()
 	for {
 		s.logger.Warn("subscriber: processing the event failed; retrying", append(s.eventAttrs(ev), "attempt", n, "of", attempts, "error", err)...)
-		s.tel.count(ctx, OutcomeRetried, 1) // before Status shows attempt n, as above
+		s.tel.count(ctx, OutcomeRetried, 1) // before Status shows attempt n, as in failed
 		s.tel.fail(StateRetrying, &ev, n, err)
+		if r.deferBackoff {
+			r.retry = &dueRetry{start: start, ev: ev, first: first, at: time.Now().Add(s.retry.backoff(n))}
+			return outcomeBackoff
+		}
 		if !ctxsleep.Sleep(ctx, s.retry.backoff(n)) {
 			return outcomeStopped
 		}

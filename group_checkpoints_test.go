@@ -1,0 +1,113 @@
+package subscriptions_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/domain"
+)
+
+// TestGroupNoticesChangesMadeElsewhere resets, pauses and resumes idle
+// tenants through stores of their own, as another process or the command
+// line would (no Group.Subscriber, so the group is not told): a memory
+// tenant and two Postgres schemas of one database (their checkpoints
+// probed in one statement). No event is appended for the reset: the
+// group's checkpoint probe notices it within a poll interval and replays
+// the tenant. A tenant paused elsewhere, whose new events its unit skips,
+// runs them once resumed elsewhere.
+func TestGroupNoticesChangesMadeElsewhere(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tenants := append(groupMemoryTenants("elsewhere", 1), groupPostgresTenants(t, "elsewhere", 2, "grp_a")...)
+	names := map[string]string{"proj": "grp_a"}
+	ledger := newGroupLedger()
+	g, err := subscriptions.NewGroup(groupDefs(ledger, names),
+		subscriptions.WithGroupPollInterval(groupPoll), subscriptions.WithGroupLogger(quietLogger()))
+	require.NoError(t, err)
+	for _, gt := range tenants {
+		appendN(t, gt.feed.Events, "E", 0, 2)
+		require.NoError(t, g.Add(gt.feed))
+	}
+	runGroup(t, g)
+	ledger.waitCalls(t, 2*len(tenants))
+	waitCheckpoints(t, tenants, names)
+
+	// elsewhere is the checkpoint store another process has of gt's.
+	elsewhere := func(gt *groupTenant) subscriptions.CheckpointStore {
+		if gt.pg == nil {
+			return gt.feed.Checkpoints // memory: one store, but not through the group
+		}
+		return gt.reopen(t).feed.Checkpoints
+	}
+	for _, gt := range tenants {
+		require.NoError(t, elsewhere(gt).Reset(ctx, "proj", 0))
+	}
+	ledger.waitCalls(t, 4*len(tenants)) // every event replayed, none appended
+	waitCheckpoints(t, tenants, names)
+
+	for _, gt := range tenants {
+		_, err := elsewhere(gt).(subscriptions.Pauser).Pause(ctx, "proj", []string{"proj"}, "elsewhere")
+		require.NoError(t, err)
+		appendN(t, gt.feed.Events, "E", 2, 1)
+	}
+	require.Equal(t, 4*len(tenants), ledger.total(), "a paused tenant runs nothing")
+	for _, gt := range tenants {
+		require.NoError(t, elsewhere(gt).(subscriptions.Pauser).Resume(ctx, "proj"))
+	}
+	ledger.waitCalls(t, 5*len(tenants))
+	waitCheckpoints(t, tenants, names)
+}
+
+// TestGroupFirstRunCatchUp runs a definition with WithFirstRunCatchUp
+// over a memory tenant and a SQLite one that have history: each tenant's
+// first cycle records the catch-up, so its history is delivered as
+// DeliveryCatchUp, and an event appended afterwards as live.
+func TestGroupFirstRunCatchUp(t *testing.T) {
+	tenants := append(groupMemoryTenants("catchup", 1), groupSQLiteTenants(t, "catchup", 1)...)
+	var mu sync.Mutex
+	kinds := map[string][]subscriptions.DeliveryKind{}
+	handler := func(ctx context.Context, ev domain.EventEnvelope[any]) error {
+		mu.Lock()
+		defer mu.Unlock()
+		tenant := subscriptions.TenantFromContext(ctx)
+		kinds[tenant] = append(kinds[tenant], subscriptions.DeliveryFrom(ctx).Kind)
+		return nil
+	}
+	seen := func(n int) func() bool {
+		return func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, gt := range tenants {
+				if len(kinds[gt.feed.Tenant]) < n {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	g, err := subscriptions.NewGroup([]subscriptions.GroupSubscriber{{Name: "v2", Handler: handler, Options: []subscriptions.SubscriberOption{
+		subscriptions.WithPollInterval(groupPoll), subscriptions.WithFirstRunCatchUp(0),
+	}}}, subscriptions.WithGroupPollInterval(groupPoll), subscriptions.WithGroupLogger(quietLogger()))
+	require.NoError(t, err)
+	for _, gt := range tenants {
+		appendN(t, gt.feed.Events, "E", 0, 3)
+		require.NoError(t, g.Add(gt.feed))
+	}
+	runGroup(t, g)
+	require.Eventually(t, seen(3), 10*time.Second, time.Millisecond)
+	for _, gt := range tenants {
+		appendN(t, gt.feed.Events, "E", 3, 1)
+	}
+	require.Eventually(t, seen(4), 10*time.Second, time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	catchUp, live := subscriptions.DeliveryCatchUp, subscriptions.DeliveryLive
+	for _, gt := range tenants {
+		require.Equal(t, []subscriptions.DeliveryKind{catchUp, catchUp, catchUp, live}, kinds[gt.feed.Tenant], gt.feed.Tenant)
+	}
+}
