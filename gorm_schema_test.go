@@ -2,13 +2,16 @@ package subscriptions_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
 
 	"github.com/eventfeed/subscriptions"
+	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
 	"github.com/eventfeed/subscriptions/migrations"
@@ -196,7 +199,73 @@ func TestGormStoresShareOnePoolAcrossSchemas(t *testing.T) {
 		require.False(t, a.cps.SharesFeed(events))
 		plain := open(pg.DB, "")
 		require.True(t, plain.cps.SharesFeed(events))
+		// An event store given a tenant's schema is that tenant's feed.
+		eventsA, err := infrastructure.NewGormEventStore(pg.DB, infrastructure.WithSchema(a.name))
+		require.NoError(t, err)
+		require.True(t, a.cps.SharesFeed(eventsA))
+		require.False(t, b.cps.SharesFeed(eventsA), "another tenant's schema")
+		require.False(t, plain.cps.SharesFeed(eventsA), "the search_path's tables")
 	})
+}
+
+// TestGormTenantsRunOnOnePool: two tenants' event stores, checkpoint
+// stores and parking lots on one pool of two connections, each given its
+// schema (both WithSchema options), run a subscriber of the same name to
+// completion each, independently: each handles its own tenant's events,
+// exactly once and in order, in the batch's transaction (the shared feed
+// of its schema), never the other's.
+func TestGormTenantsRunOnOnePool(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg := dbtest.NewPostgres(t)
+	raw, err := pg.DB.DB()
+	require.NoError(t, err)
+	raw.SetMaxOpenConns(2)
+
+	type tenant struct {
+		events *infrastructure.GormEventStore
+		cps    *subscriptions.GormCheckpointStore
+		rec    *coreRecorder
+		want   []string
+	}
+	tenants := make([]*tenant, 2)
+	for i := range tenants {
+		name := dbtest.NewSchema(t)
+		events, err := infrastructure.NewGormEventStore(pg.DB, infrastructure.WithSchema(name))
+		require.NoError(t, err)
+		cps, err := subscriptions.NewGormCheckpointStore(pg.DB, subscriptions.WithSchema(name))
+		require.NoError(t, err)
+		lot, err := subscriptions.NewGormParkingLot(pg.DB, subscriptions.WithSchema(name))
+		require.NoError(t, err)
+		require.True(t, cps.SharesFeed(events))
+		tn := &tenant{events: events, cps: cps, rec: &coreRecorder{}}
+		tn.want = appendN(t, events, fmt.Sprintf("tenant%d.happened", i), 0, 12+5*i)
+		sub := coreNewSub(t, "projector", events, cps, func(ctx context.Context, ev domain.EventEnvelope[any]) error {
+			tn.rec.record(ctx, ev)
+			return nil
+		}, subscriptions.WithParkingLot(lot), subscriptions.WithBatchSize(5))
+		start(t, sub)
+		tenants[i] = tn
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		pos, err := sub.WaitCaughtUp(wctx)
+		cancel()
+		require.NoError(t, err)
+		require.EqualValues(t, len(tn.want), pos)
+	}
+	for i, tn := range tenants {
+		require.Equal(t, tn.want, tn.rec.ids(), "tenant %d handled its own events, once, in order", i)
+		for _, inTx := range tn.rec.txSeen() {
+			require.True(t, inTx, "tenant %d: handled in the batch's transaction", i)
+		}
+		pos, err := tn.cps.Position(ctx, "projector")
+		require.NoError(t, err)
+		require.EqualValues(t, len(tn.want), pos)
+	}
+	require.NotEqual(t, len(tenants[0].want), len(tenants[1].want), "the tenants' feeds differ")
+	require.LessOrEqual(t, raw.Stats().OpenConnections, 2)
+	var n int64
+	require.NoError(t, pg.DB.Raw("SELECT count(*) FROM pg_tables WHERE schemaname = ?", pg.Schema).Scan(&n).Error)
+	require.Zero(t, n, "the pool's own schema gets no table")
 }
 
 // TestWithSchemaRefusals: WithSchema is an error on SQLite (no schemas),

@@ -17,13 +17,21 @@ import (
 
 // The GORM stores the Postgres feed suite runs on: the pipelined pgx
 // append path (GORM's Postgres driver is pgx's), the portable
-// database/sql one, and the pipelined one through PgBouncer in
-// transaction pooling mode.
+// database/sql one, the pipelined one through PgBouncer in transaction
+// pooling mode, and both paths given the suite's schema by WithSchema on
+// a pool whose search_path names another, empty one.
 var gormPostgresStores = []pgfeed.Store{
 	gormPostgresStore("gorm", false, (*dbtest.Postgres).Open),
 	gormPostgresStore("gorm-portable", true, (*dbtest.Postgres).Open),
 	gormPostgresStore("gorm-pgbouncer", false, openThroughBouncer),
+	gormPostgresStore("gorm-schema", false, openElsewhere, infrastructure.WithSchema),
+	gormPostgresStore("gorm-schema-portable", true, openElsewhere, infrastructure.WithSchema),
 }
+
+// openElsewhere opens a pool whose search_path names a fresh, empty
+// schema of its own, not pg's: a store on it reaches pg's tables only
+// through WithSchema(pg.Schema).
+func openElsewhere(_ *dbtest.Postgres, t testing.TB) *gorm.DB { return dbtest.NewPostgres(t).DB }
 
 // openThroughBouncer opens a pool on pg's schema through a PgBouncer of
 // its own (dbtest.Postgres.BouncerDSN), as another process behind the
@@ -32,9 +40,15 @@ func openThroughBouncer(pg *dbtest.Postgres, t testing.TB) *gorm.DB {
 	return dbtest.OpenPostgresDSN(t, pg.BouncerDSN(t, 3))
 }
 
-func gormPostgresStore(name string, portable bool, open func(*dbtest.Postgres, testing.TB) *gorm.DB) pgfeed.Store {
-	build := func(db *gorm.DB) (*infrastructure.GormEventStore, error) {
-		s, err := infrastructure.NewGormEventStore(db)
+// gormPostgresStore is a GORM store on the pool open opens for pg, given
+// pg's schema through withSchema when that is not nil.
+func gormPostgresStore(name string, portable bool, open func(*dbtest.Postgres, testing.TB) *gorm.DB, withSchema ...func(string) infrastructure.GormEventStoreOption) pgfeed.Store {
+	build := func(db *gorm.DB, pg *dbtest.Postgres) (*infrastructure.GormEventStore, error) {
+		var opts []infrastructure.GormEventStoreOption
+		for _, with := range withSchema {
+			opts = append(opts, with(pg.Schema))
+		}
+		s, err := infrastructure.NewGormEventStore(db, opts...)
 		if err == nil && portable {
 			infrastructure.PortableAppendOnly(s)
 		}
@@ -43,14 +57,14 @@ func gormPostgresStore(name string, portable bool, open func(*dbtest.Postgres, t
 	return pgfeed.Store{
 		Name: name,
 		New: func(t testing.TB, pg *dbtest.Postgres) domain.EventStore {
-			s, err := build(open(pg, t))
+			s, err := build(open(pg, t), pg)
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = s.Close() })
 			return s
 		},
 		Construct: func(t testing.TB, pg *dbtest.Postgres) func(context.Context) (domain.EventStore, error) {
 			db := open(pg, t)
-			return func(context.Context) (domain.EventStore, error) { return build(db) }
+			return func(context.Context) (domain.EventStore, error) { return build(db, pg) }
 		},
 	}
 }
@@ -79,8 +93,8 @@ func TestPostgresFeedSuite(t *testing.T) {
 func TestFeedFollowerReadsEveryEventOnce(t *testing.T) {
 	t.Parallel() // every backend opens a store of its own
 	for _, b := range storeBackends() {
-		if b.name == "postgres" || b.name == "postgres-portable" {
-			continue // TestPostgresFeedSuite/{gorm,gorm-portable}/follower_reads_every_event_once
+		if b.name == "postgres" || b.name == "postgres-portable" || b.name == "postgres-schema" {
+			continue // TestPostgresFeedSuite/{gorm,gorm-portable,gorm-schema}/follower_reads_every_event_once
 		}
 		t.Run(b.name, func(t *testing.T) {
 			feedtest.RequireFollowerReadsEveryEventOnce(t, b.open(t))

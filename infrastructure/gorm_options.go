@@ -2,8 +2,10 @@ package infrastructure
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/eventfeed/subscriptions/infrastructure/pgevents"
+	"github.com/eventfeed/subscriptions/migrations/schema"
 )
 
 // GormEventStoreOption configures NewGormEventStore. Options are applied in
@@ -14,6 +16,8 @@ type GormEventStoreOption func(*gormEventStoreConfig)
 type gormEventStoreConfig struct {
 	channel    string
 	verifyOnly bool
+	schema     string // WithSchema; "" for the pool's search_path
+	schemaSet  bool   // WithSchema was given (an empty name is refused)
 }
 
 func newGormEventStoreConfig(opts []GormEventStoreOption) (gormEventStoreConfig, error) {
@@ -25,6 +29,18 @@ func newGormEventStoreConfig(opts []GormEventStoreOption) (gormEventStoreConfig,
 	}
 	if err := pgevents.CheckChannel(c.channel); err != nil {
 		return c, fmt.Errorf("%w (WithNotifyChannel)", err)
+	}
+	if c.schemaSet {
+		// Refused here: WithSchema("") would otherwise read the
+		// search_path's table unnoticed.
+		if err := schema.CheckSchemaName(c.schema); err != nil {
+			return c, fmt.Errorf("WithSchema: %w", err)
+		}
+		if strings.Contains(c.schema, "?") {
+			// GORM takes every ? of a statement's text for a
+			// placeholder, even inside a quoted identifier.
+			return c, fmt.Errorf("WithSchema: schema name %q contains \"?\", which GORM reads as a placeholder", c.schema)
+		}
 	}
 	return c, nil
 }
@@ -54,4 +70,26 @@ func WithNotifyChannel(channel string) GormEventStoreOption {
 // says it once for this and the subscriptions package's constructors.
 func WithSchemaVerifyOnly() GormEventStoreOption {
 	return func(c *gormEventStoreConfig) { c.verifyOnly = true }
+}
+
+// WithSchema makes NewGormEventStore use the events table in the Postgres
+// schema name instead of the one the pool's search_path selects: every
+// statement (appends, reads, the head, ProbeHeads) names the table
+// schema-qualified, and the constructor migrates (or, with
+// WithSchemaVerifyOnly, verifies) that schema (migrations.MigrateSchema).
+// The schema must exist (CREATE SCHEMA); its name is quoted, so it is
+// taken exactly as given, and a name schema.CheckSchemaName refuses, or
+// one holding "?" (GORM's placeholder), is the constructor's error.
+// SQLite has no schemas: there the option is an error (give each tenant
+// a database file).
+//
+// The append lock is the table's, whichever way a store reaches it: a
+// store on the same table through the search_path takes the same lock,
+// so the feed stays in order, and stores of two schemas take two locks.
+// It is how many tenants' event stores share one pool, with
+// subscriptions.WithSchema for their checkpoint stores and parking lots:
+// the pool's size, not the number of tenants, bounds the connections.
+// Each store keeps its own NOTIFY channel (WithNotifyChannel).
+func WithSchema(name string) GormEventStoreOption {
+	return func(c *gormEventStoreConfig) { c.schema, c.schemaSet = name, true }
 }

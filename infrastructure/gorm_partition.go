@@ -40,7 +40,7 @@ func (s *GormEventStore) CountPartitionAfter(ctx context.Context, after, head in
 		return partition.CountAfter(ctx, s.ReadAfter, after, head, p, n)
 	}
 	var count int64
-	if err := s.db.WithContext(ctx).Raw("SELECT count(*) FROM events WHERE position > ? AND position <= ? AND mod("+hash+", ?) = ?",
+	if err := s.db.WithContext(ctx).Raw("SELECT count(*) FROM "+s.events+" WHERE position > ? AND position <= ? AND mod("+hash+", ?) = ?",
 		after, head, n, p).Scan(&count).Error; err != nil {
 		return 0, fmt.Errorf("count partition %d of %d after position %d: %w", p, n, after, err)
 	}
@@ -56,7 +56,7 @@ func (s *GormEventStore) ReadAggregatesAfter(ctx context.Context, afterPosition 
 		Position    int64
 		AggregateID string
 	}
-	if err := s.db.WithContext(ctx).Raw("SELECT position, aggregate_id FROM events WHERE position > ? ORDER BY position LIMIT ?",
+	if err := s.db.WithContext(ctx).Raw("SELECT position, aggregate_id FROM "+s.events+" WHERE position > ? ORDER BY position LIMIT ?",
 		afterPosition, limit).Scan(&rows).Error; err != nil {
 		return nil, nil, fmt.Errorf("read the feed's aggregates after position %d: %w", afterPosition, err)
 	}

@@ -79,9 +79,13 @@ type GormEventStore struct {
 	portableOnly bool
 	notPgx       atomic.Bool // the pool's driver is not pgx: portable path
 	dialect      *dialect.Dialect
-	lockKey      int64  // Postgres: the append lock's key
-	table        string // Postgres: the events table, schema-qualified (ProbeHeads)
-	channel      string // Postgres: the NOTIFY channel
+	lockKey      int64  // Postgres: the append lock's key (table.LockKey)
+	schema       string // WithSchema's; "" for the search_path's
+	events       string // the events table as the statements name it
+	// table is the events table, resolved (Postgres only: the append
+	// lock, ProbeHeads).
+	table   pgevents.Table
+	channel string // Postgres: the NOTIFY channel
 	// appender runs the pipelined append (and coalesces it); nil without
 	// pool.
 	appender *pgevents.Appender
@@ -115,6 +119,9 @@ func NewGormEventStore(db *gorm.DB, opts ...GormEventStoreOption) (*GormEventSto
 		return nil, fmt.Errorf("infrastructure: NewGormEventStore: %w", err)
 	}
 	ctx := context.Background()
+	if cfg.schemaSet && !d.AdvisoryLocks {
+		return nil, fmt.Errorf("infrastructure: NewGormEventStore: WithSchema(%q): %s has no schemas; give each tenant a database file of its own", cfg.schema, db.Name())
+	}
 	if d == dialect.SQLite {
 		pool, err := db.DB()
 		if err != nil {
@@ -124,24 +131,30 @@ func NewGormEventStore(db *gorm.DB, opts ...GormEventStoreOption) (*GormEventSto
 			return nil, err
 		}
 	}
-	if err = migrations.Ensure(ctx, db, cfg.verifyOnly); err != nil {
+	if err = migrations.EnsureSchema(ctx, db, cfg.schema, cfg.verifyOnly); err != nil {
 		return nil, fmt.Errorf("infrastructure: NewGormEventStore: %w", err)
 	}
-	s := &GormEventStore{db: db, dialect: d, inTx: inTransaction(db), channel: cfg.channel}
+	s := &GormEventStore{db: db, dialect: d, inTx: inTransaction(db), channel: cfg.channel,
+		schema: cfg.schema, events: pgevents.TableName(cfg.schema)}
 	if d.AdvisoryLocks {
+		// The lock key derives from the table's canonical name, so that
+		// every store of the table takes one lock however it names it.
 		var qualified string
-		err := db.WithContext(ctx).Raw(pgevents.EventsTableQuery).Scan(&qualified).Error
-		if err != nil || qualified == "" {
-			return nil, fmt.Errorf("infrastructure: resolve the events table's schema: %v", err)
+		err := db.WithContext(ctx).Raw(strings.Replace(pgevents.TableQuery, "$1", "?", 1), s.events).Scan(&qualified).Error
+		if err == nil {
+			s.table, err = pgevents.NewTable(s.schema, qualified)
 		}
-		s.lockKey, s.table = pgevents.AppendLockKey(qualified), qualified
+		if err != nil {
+			return nil, fmt.Errorf("infrastructure: NewGormEventStore: resolve the events table: %w", err)
+		}
+		s.lockKey = s.table.LockKey()
 	}
 	// On a caller's transaction every append must join it: the pipelined
 	// path would take a connection of its own and commit outside it.
 	if d.Pipelines && !s.inTx {
 		if pool, err := db.DB(); err == nil {
 			s.pool = pool
-			s.appender = pgevents.NewAppender(s.lockKey, s.channel, s.withPgxConn)
+			s.appender = pgevents.NewAppender(s.table, s.channel, s.withPgxConn)
 		}
 	}
 	return s, nil
@@ -205,7 +218,7 @@ func inTransaction(db *gorm.DB) bool {
 	return ok && committer != nil
 }
 
-const insertColumns = "INSERT INTO events (id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at) VALUES "
+const insertColumns = " (id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at) VALUES "
 
 // insertChunk keeps one INSERT under Postgres's 65535 bind parameters.
 const insertChunk = 1000
@@ -216,15 +229,15 @@ type insertStatement struct {
 	args []any
 }
 
-// insertStatements builds the INSERTs for prepared events whose positions
-// follow head, insertChunk rows at a time. numbered selects Postgres's $n
+// insertStatements builds the INSERTs into table for prepared events
+// whose positions follow head, insertChunk rows at a time. numbered selects Postgres's $n
 // placeholders (for pgx) instead of GORM's ?; jsonb casts the JSON columns.
-func insertStatements(prepared []pgevents.Prepared, head int64, jsonb, numbered bool) []insertStatement {
+func insertStatements(table string, prepared []pgevents.Prepared, head int64, jsonb, numbered bool) []insertStatement {
 	var out []insertStatement
 	for start := 0; start < len(prepared); start += insertChunk {
 		end := min(start+insertChunk, len(prepared))
 		var q strings.Builder
-		q.WriteString(insertColumns)
+		q.WriteString("INSERT INTO " + table + insertColumns)
 		args := make([]any, 0, 9*(end-start))
 		for i, p := range prepared[start:end] {
 			if i > 0 {
@@ -285,11 +298,11 @@ func (s *GormEventStore) appendOnce(ctx context.Context, aggregateID string, exp
 			Position int64
 		}
 		if err := tx.Raw(`SELECT
-			(SELECT COALESCE(MAX(sequence_no), 0) FROM events WHERE aggregate_id = ?) AS version,
-			(SELECT COALESCE(MAX(position), 0) FROM events) AS position`, aggregateID).Scan(&heads).Error; err != nil {
+			(SELECT COALESCE(MAX(sequence_no), 0) FROM `+s.events+` WHERE aggregate_id = ?) AS version,
+			(SELECT COALESCE(MAX(position), 0) FROM `+s.events+`) AS position`, aggregateID).Scan(&heads).Error; err != nil {
 			return fmt.Errorf("read versions: %w", err)
 		}
-		stored, err := lookupStored(tx, events)
+		stored, err := lookupStored(tx, s.events, events)
 		if err != nil {
 			return err
 		}
@@ -306,11 +319,11 @@ func (s *GormEventStore) appendOnce(ctx context.Context, aggregateID string, exp
 		if err != nil {
 			return err
 		}
-		for _, chunk := range insertStatements(prepared, heads.Position, s.dialect.JSONB, false) {
+		for _, chunk := range insertStatements(s.events, prepared, heads.Position, s.dialect.JSONB, false) {
 			if err := tx.Exec(chunk.sql, chunk.args...).Error; err != nil {
 				err = s.insertError(aggregateID, err)
 				if s.dialect == dialect.SQLite {
-					err = duplicateIDError(tx, aggregateID, prepared, err)
+					err = duplicateIDError(tx, aggregateID, prepared, err) // SQLite: the bare table
 				}
 				return err
 			}
@@ -333,8 +346,8 @@ func (s *GormEventStore) appendOnce(ctx context.Context, aggregateID string, exp
 }
 
 // lookupStored reads, inside the append's transaction, the stored events
-// among the append's event IDs, for pgevents.CheckStoredIDs.
-func lookupStored(tx *gorm.DB, events []domain.EventEnvelope[any]) (map[string]pgevents.Stored, error) {
+// of table among the append's event IDs, for pgevents.CheckStoredIDs.
+func lookupStored(tx *gorm.DB, table string, events []domain.EventEnvelope[any]) (map[string]pgevents.Stored, error) {
 	stored := map[string]pgevents.Stored{}
 	for start := 0; start < len(events); start += insertChunk {
 		ids := make([]string, 0, insertChunk)
@@ -342,7 +355,7 @@ func lookupStored(tx *gorm.DB, events []domain.EventEnvelope[any]) (map[string]p
 			ids = append(ids, ev.ID)
 		}
 		var rows []GormEventModel
-		if err := tx.Raw("SELECT id, aggregate_id, event_type, transaction_id, sequence_no, payload FROM events WHERE id IN ?", ids).Scan(&rows).Error; err != nil {
+		if err := tx.Raw("SELECT id, aggregate_id, event_type, transaction_id, sequence_no, payload FROM "+table+" WHERE id IN ?", ids).Scan(&rows).Error; err != nil {
 			return nil, fmt.Errorf("read stored event IDs: %w", err)
 		}
 		for _, r := range rows {
@@ -402,7 +415,7 @@ func duplicateIDError(tx *gorm.DB, aggregateID string, prepared []pgevents.Prepa
 func (s *GormEventStore) query(ctx context.Context, what string, limit int, clause string, args ...any) ([]domain.EventEnvelope[any], error) {
 	events, done, err := s.queryPgx(ctx, limit, clause, args)
 	if !done {
-		events, err = eventrow.Read(ctx, s.db, clause, args...)
+		events, err = eventrow.ReadFrom(ctx, s.db, s.events, clause, args...)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
@@ -435,7 +448,7 @@ func (s *GormEventStore) queryPgx(ctx context.Context, limit int, clause string,
 		done = true
 		// A connection the read broke is discarded by database/sql when
 		// it is handed back (pgx's driver reports it invalid).
-		rows, err := pc.Query(ctx, eventrow.Select+numberedPlaceholders(clause), args...)
+		rows, err := pc.Query(ctx, eventrow.SelectFrom(s.events)+numberedPlaceholders(clause), args...)
 		if err != nil {
 			return err
 		}
@@ -529,7 +542,7 @@ func (s *GormEventStore) GetCurrentVersion(ctx context.Context, aggregateID stri
 		return 0, err
 	}
 	var version int
-	if err := s.db.WithContext(ctx).Raw("SELECT COALESCE(MAX(sequence_no), 0) FROM events WHERE aggregate_id = ?", aggregateID).Scan(&version).Error; err != nil {
+	if err := s.db.WithContext(ctx).Raw("SELECT COALESCE(MAX(sequence_no), 0) FROM "+s.events+" WHERE aggregate_id = ?", aggregateID).Scan(&version).Error; err != nil {
 		return 0, fmt.Errorf("read version of aggregate %q: %w", aggregateID, err)
 	}
 	return version, nil
@@ -549,7 +562,7 @@ func (s *GormEventStore) ReadAfter(ctx context.Context, afterPosition int64, lim
 // HeadPosition returns the highest committed position, 0 when empty.
 func (s *GormEventStore) HeadPosition(ctx context.Context) (int64, error) {
 	var head int64
-	if err := s.db.WithContext(ctx).Raw("SELECT COALESCE(MAX(position), 0) FROM events").Scan(&head).Error; err != nil {
+	if err := s.db.WithContext(ctx).Raw("SELECT COALESCE(MAX(position), 0) FROM " + s.events).Scan(&head).Error; err != nil {
 		return 0, fmt.Errorf("read feed head: %w", err)
 	}
 	return head, nil
@@ -570,16 +583,16 @@ func (s *GormEventStore) HeadPosition(ctx context.Context) (int64, error) {
 // lacks fails the statement (the relation does not exist). Safe for
 // concurrent use.
 func (s *GormEventStore) ProbeHeads(ctx context.Context, stores []domain.EventStore) ([]int64, error) {
-	if s.table == "" {
+	if s.table.Qualified() == "" {
 		return nil, fmt.Errorf("infrastructure: probe heads: dialect %q: %w", s.db.Name(), errors.ErrUnsupported)
 	}
 	tables := make([]string, len(stores))
 	for i, store := range stores {
 		g, ok := store.(*GormEventStore)
-		if !ok || g == nil || g.table == "" {
+		if !ok || g == nil || g.table.Qualified() == "" {
 			return nil, fmt.Errorf("infrastructure: probe heads: store %d (%T) is not a GormEventStore on Postgres: %w", i, store, errors.ErrUnsupported)
 		}
-		tables[i] = g.table
+		tables[i] = g.table.Qualified()
 	}
 	if len(tables) == 0 {
 		return nil, nil
@@ -608,6 +621,14 @@ func init() {
 			return nil, false
 		}
 		return s.db, true
+	})
+	// And which schema it names (WithSchema), which a checkpoint store
+	// must name too to share its feed (eventrow.StoreSchema).
+	eventrow.RegisterStoreSchema(func(store domain.EventStore) string {
+		if s, ok := store.(*GormEventStore); ok && s != nil {
+			return s.schema
+		}
+		return ""
 	})
 }
 

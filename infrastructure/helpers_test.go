@@ -49,6 +49,16 @@ func storeBackends() []storeBackend {
 			})
 		}
 	}
+	// The tables in a tenant schema that the pool's search_path does not
+	// name, reached through WithSchema alone.
+	out = append(out, storeBackend{
+		name:     "postgres-schema",
+		postgres: true,
+		open: func(t testing.TB) domain.EventStore {
+			tn := dbtest.NewTenant(t)
+			return newGormStore(t, tn.DB, infrastructure.WithSchema(tn.Schema))
+		},
+	})
 	out = append(out, storeBackend{
 		name:     "postgres-pgbouncer",
 		postgres: true,

@@ -32,7 +32,7 @@ type CheckpointStore struct {
 	schema string        // WithSchema's; "" for the pool's search_path
 	stmt   checkpointSQL // the statements, tables named in schema
 	// eventsTable is the events table of the store's schema as
-	// EventStore names it (pgevents.EventsTableQuery's form), for
+	// EventStore names it (pgevents.Table.Qualified), for
 	// SharesFeed.
 	eventsTable string
 }

@@ -11,7 +11,6 @@ import (
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure/pgevents"
-	"github.com/eventfeed/subscriptions/migrations/schema"
 )
 
 // This file holds what a CheckpointStore does with an EventStore on its
@@ -29,26 +28,22 @@ var (
 // tenant's schema on the same pool is not the store's feed.
 func (s *CheckpointStore) SharesFeed(events domain.EventStore) bool {
 	es, ok := events.(*EventStore)
-	return ok && es.pool == s.pool && s.eventsTable != "" && es.table == s.eventsTable
+	return ok && es.pool == s.pool && s.eventsTable != "" && es.table.Qualified() == s.eventsTable
 }
 
-// eventsTableOf resolves the events table named $1 (qualified, or bare
-// for the search_path's) to its name as pgevents.EventsTableQuery, which
-// EventStore keeps, spells it; NULL when there is none.
-const eventsTableOf = `SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
-	FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`
-
 // resolveEventsTable returns the events table of schemaName ("" for the
-// pool's search_path) as EventStore names it, "" when there is none.
+// pool's search_path) as pgevents.TableQuery spells it, which EventStore
+// keeps (pgevents.Table.Qualified); "" when there is none.
 func resolveEventsTable(ctx context.Context, pool *pgxpool.Pool, schemaName string) (string, error) {
-	var table *string
-	if err := pool.QueryRow(ctx, eventsTableOf, schema.Qualified(schemaName, "events")).Scan(&table); err != nil {
-		return "", fmt.Errorf("resolve the events table: %w", err)
-	}
-	if table == nil {
+	var table string
+	err := pool.QueryRow(ctx, pgevents.TableQuery, pgevents.TableName(schemaName)).Scan(&table)
+	if errors.Is(err, pgx.ErrNoRows) {
 		return "", nil
 	}
-	return *table, nil
+	if err != nil {
+		return "", fmt.Errorf("resolve the events table: %w", err)
+	}
+	return table, nil
 }
 
 // readFeed runs query, a statement of the store's feed (checkpointSQL's

@@ -62,8 +62,11 @@ const MaxIdentifierBytes = pgevents.MaxIdentifierBytes
 // The store also implements subscriptions.PartitionFeed and
 // subscriptions.FeedIndex, in SQL.
 type EventStore struct {
-	pool     *pgxpool.Pool
-	table    string             // the events table, schema-qualified (ProbeHeads)
+	pool *pgxpool.Pool
+	// table is the events table (WithSchema's, or the search_path's),
+	// resolved: its statements' name, its append lock, and its canonical
+	// name for SharesFeed and ProbeHeads.
+	table    pgevents.Table
 	appender *pgevents.Appender // the append transaction, coalesced
 }
 
@@ -82,9 +85,12 @@ func WithNotifyChannel(channel string) Option {
 
 // NewEventStore applies the module's schema migrations the database lacks
 // (or, with WithSchemaVerifyOnly, checks them) and returns an event store
-// on pool. It resolves the events table the pool's search_path names, and
-// the append lock from it, once: the pool's connections must all see the
-// same events table. Every call holds one connection of the pool at a
+// on pool. It resolves the events table, WithSchema's or else the one the
+// pool's search_path names, and the append lock from it, once: without
+// WithSchema the pool's connections must all see the same events table.
+// The lock is the table's however a store names it (pgevents.Table), so
+// a store given WithSchema and one whose search_path selects the same
+// schema keep one feed in order, and a GORM store of the table too. Every call holds one connection of the pool at a
 // time, and concurrent appends of one store share one (coalesced).
 func NewEventStore(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*EventStore, error) {
 	cfg := newConfig(opts)
@@ -98,17 +104,18 @@ func NewEventStore(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Ev
 	if err := ensureSchema(ctx, "NewEventStore", pool, cfg); err != nil {
 		return nil, err
 	}
-	// The lock key of infrastructure.GormEventStore, resolved as it does.
-	var qualified *string
-	err := pool.QueryRow(ctx, pgevents.EventsTableQuery).Scan(&qualified)
-	if err == nil && (qualified == nil || *qualified == "") {
-		err = errors.New("no events table on the search_path")
-	}
+	// The table and lock of infrastructure.GormEventStore, resolved as it
+	// does.
+	qualified, err := resolveEventsTable(ctx, pool, cfg.schema)
 	if err != nil {
-		return nil, fmt.Errorf("pgxstore: NewEventStore: resolve the events table's schema: %w", err)
+		return nil, fmt.Errorf("pgxstore: NewEventStore: %w", err)
 	}
-	s := &EventStore{pool: pool, table: *qualified}
-	s.appender = pgevents.NewAppender(pgevents.AppendLockKey(*qualified), channel, s.withConn)
+	table, err := pgevents.NewTable(cfg.schema, qualified)
+	if err != nil {
+		return nil, fmt.Errorf("pgxstore: NewEventStore: resolve the events table: %w", err)
+	}
+	s := &EventStore{pool: pool, table: table}
+	s.appender = pgevents.NewAppender(table, channel, s.withConn)
 	return s, nil
 }
 
@@ -187,7 +194,7 @@ func (s *EventStore) AppendTx(ctx context.Context, tx pgx.Tx, aggregateID string
 		if expectedVersion == -1 {
 			return nil
 		}
-		current, err := currentVersion(ctx, tx, aggregateID)
+		current, err := currentVersion(ctx, tx, s.table, aggregateID)
 		if err != nil {
 			return err
 		}
@@ -205,19 +212,16 @@ func wrap(err error) error {
 	return fmt.Errorf("pgxstore: %w", err)
 }
 
-// selectEvents reads whole events (pgevents.SelectEvents); a caller
-// appends its WHERE, ORDER BY and LIMIT.
-const selectEvents = pgevents.SelectEvents
-
 // query reads whole events on the pool; what names the read in the error.
 func (s *EventStore) query(ctx context.Context, what, clause string, args ...any) ([]domain.EventEnvelope[any], error) {
-	return queryEvents(ctx, s.pool, what, clause, args...)
+	return queryEvents(ctx, s.pool, s.table, what, clause, args...)
 }
 
-// queryEvents reads whole events through q (the pool, or a batch's
-// transaction); what names the read in the error.
-func queryEvents(ctx context.Context, q querier, what, clause string, args ...any) ([]domain.EventEnvelope[any], error) {
-	rows, err := q.Query(ctx, selectEvents+clause, args...)
+// queryEvents reads whole events of table through q (the pool, or a
+// batch's transaction): table.SelectEvents followed by clause; what
+// names the read in the error.
+func queryEvents(ctx context.Context, q querier, table pgevents.Table, what, clause string, args ...any) ([]domain.EventEnvelope[any], error) {
+	rows, err := q.Query(ctx, table.SelectEvents()+clause, args...)
 	if err != nil {
 		return nil, fmt.Errorf("pgxstore: %s: %w", what, err)
 	}
@@ -228,7 +232,7 @@ func queryEvents(ctx context.Context, q querier, what, clause string, args ...an
 	return out, nil
 }
 
-// collectEvents decodes the rows of a selectEvents query and closes them
+// collectEvents decodes the rows of a SelectEvents query and closes them
 // (pgevents.ScanEnvelopes).
 func collectEvents(rows pgx.Rows) ([]domain.EventEnvelope[any], error) {
 	return pgevents.ScanEnvelopes(rows)
@@ -298,16 +302,16 @@ func (s *EventStore) GetCurrentVersion(ctx context.Context, aggregateID string) 
 }
 
 func (s *EventStore) currentVersion(ctx context.Context, aggregateID string) (int, error) {
-	return currentVersion(ctx, s.pool, aggregateID)
+	return currentVersion(ctx, s.pool, s.table, aggregateID)
 }
 
-// currentVersion reads the aggregate's version through q.
-func currentVersion(ctx context.Context, q querier, aggregateID string) (int, error) {
+// currentVersion reads the aggregate's version in table through q.
+func currentVersion(ctx context.Context, q querier, table pgevents.Table, aggregateID string) (int, error) {
 	if err := pgevents.CheckIdentifier("aggregate ID", aggregateID); err != nil {
 		return 0, err
 	}
 	var version int
-	if err := q.QueryRow(ctx, "SELECT COALESCE(MAX(sequence_no), 0) FROM events WHERE aggregate_id = $1", aggregateID).Scan(&version); err != nil {
+	if err := q.QueryRow(ctx, "SELECT COALESCE(MAX(sequence_no), 0) FROM "+table.Name()+" WHERE aggregate_id = $1", aggregateID).Scan(&version); err != nil {
 		return 0, fmt.Errorf("read version of aggregate %q: %w", aggregateID, err)
 	}
 	return version, nil
@@ -327,7 +331,7 @@ func (s *EventStore) ReadAfter(ctx context.Context, afterPosition int64, limit i
 // HeadPosition returns the highest committed position, 0 when empty.
 func (s *EventStore) HeadPosition(ctx context.Context) (int64, error) {
 	var head int64
-	if err := s.pool.QueryRow(ctx, "SELECT COALESCE(MAX(position), 0) FROM events").Scan(&head); err != nil {
+	if err := s.pool.QueryRow(ctx, "SELECT COALESCE(MAX(position), 0) FROM "+s.table.Name()).Scan(&head); err != nil {
 		return 0, fmt.Errorf("pgxstore: read feed head: %w", err)
 	}
 	return head, nil
@@ -339,7 +343,7 @@ func (s *EventStore) HeadPosition(ctx context.Context) (int64, error) {
 // (subscriptions.HeadProber), one index lookup per store and one
 // connection, however many stores there are. stores must be EventStores
 // of this package on this store's database (each reads the events table
-// its pool's search_path named); any other store is an error wrapping
+// of its WithSchema or its pool's search_path); any other store is an error wrapping
 // errors.ErrUnsupported, and the caller then asks each store on its own.
 func (s *EventStore) ProbeHeads(ctx context.Context, stores []domain.EventStore) ([]int64, error) {
 	tables := make([]string, len(stores))
@@ -348,7 +352,7 @@ func (s *EventStore) ProbeHeads(ctx context.Context, stores []domain.EventStore)
 		if !ok || e == nil {
 			return nil, fmt.Errorf("pgxstore: probe heads: store %d (%T) is not a pgxstore.EventStore: %w", i, store, errors.ErrUnsupported)
 		}
-		tables[i] = e.table
+		tables[i] = e.table.Qualified()
 	}
 	if len(tables) == 0 {
 		return nil, nil
@@ -399,7 +403,7 @@ func (s *EventStore) CountPartitionAfter(ctx context.Context, after, head int64,
 		return 0, err
 	}
 	var count int64
-	if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM events WHERE position > $1 AND position <= $2 AND mod("+partitionHash+", $3) = $4",
+	if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+s.table.Name()+" WHERE position > $1 AND position <= $2 AND mod("+partitionHash+", $3) = $4",
 		after, head, n, p).Scan(&count); err != nil {
 		return 0, fmt.Errorf("pgxstore: count partition %d of %d after position %d: %w", p, n, after, err)
 	}
@@ -423,7 +427,7 @@ func (s *EventStore) ReadAggregatesAfter(ctx context.Context, afterPosition int6
 	if limit <= 0 {
 		sqlLimit = 1<<63 - 1
 	}
-	rows, err := s.pool.Query(ctx, "SELECT position, aggregate_id FROM events WHERE position > $1 ORDER BY position LIMIT $2", afterPosition, sqlLimit)
+	rows, err := s.pool.Query(ctx, "SELECT position, aggregate_id FROM "+s.table.Name()+" WHERE position > $1 ORDER BY position LIMIT $2", afterPosition, sqlLimit)
 	if err != nil {
 		return nil, nil, fmt.Errorf("pgxstore: read the feed's aggregates after position %d: %w", afterPosition, err)
 	}
@@ -446,16 +450,16 @@ func (s *EventStore) ReadAggregatesAfter(ctx context.Context, afterPosition int6
 // ReadPositions returns the events at positions, in position order; a
 // position without an event is left out (subscriptions.FeedIndex).
 func (s *EventStore) ReadPositions(ctx context.Context, positions []int64) ([]domain.EventEnvelope[any], error) {
-	return readPositions(ctx, s.pool, positions)
+	return readPositions(ctx, s.pool, s.table, positions)
 }
 
-// readPositions is ReadPositions through q.
-func readPositions(ctx context.Context, q querier, positions []int64) ([]domain.EventEnvelope[any], error) {
+// readPositions is ReadPositions of table through q.
+func readPositions(ctx context.Context, q querier, table pgevents.Table, positions []int64) ([]domain.EventEnvelope[any], error) {
 	if len(positions) == 0 {
 		return []domain.EventEnvelope[any]{}, nil
 	}
 	// One bigint[] literal, as the GORM store passes it: one statement
 	// text whatever the number of positions.
-	return queryEvents(ctx, q, fmt.Sprintf("read %d events at positions %d...", len(positions), positions[0]),
+	return queryEvents(ctx, q, table, fmt.Sprintf("read %d events at positions %d...", len(positions), positions[0]),
 		"WHERE position = ANY($1::bigint[]) ORDER BY position", pgevents.PositionsArray(positions))
 }

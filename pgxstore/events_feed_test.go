@@ -39,3 +39,30 @@ func TestPostgresFeedSuite(t *testing.T) {
 		pgfeed.Store{Name: "gorm", New: func(t testing.TB, pg *dbtest.Postgres) domain.EventStore { return newGormEventStore(t, pg) }},
 	)
 }
+
+// TestSchemaPostgresFeedSuite runs the ordered-feed tests against
+// NewEventStore given the suite's schema by WithSchema, on a pool whose
+// search_path names another, empty schema, alone and with search_path
+// stores of both kinds appending to the same table: one table, one
+// append lock, however a store names it.
+func TestSchemaPostgresFeedSuite(t *testing.T) {
+	open := func(t testing.TB, pg *dbtest.Postgres) func(context.Context) (domain.EventStore, error) {
+		pool := dbtest.NewPostgres(t).OpenPgx(t)
+		return func(ctx context.Context) (domain.EventStore, error) {
+			return pgxstore.NewEventStore(ctx, pool, pgxstore.WithSchema(pg.Schema))
+		}
+	}
+	pgfeed.RunSuite(t,
+		pgfeed.Store{
+			Name: "pgx-schema",
+			New: func(t testing.TB, pg *dbtest.Postgres) domain.EventStore {
+				s, err := open(t, pg)(testCtx(t))
+				require.NoError(t, err)
+				return s
+			},
+			Construct: open,
+		},
+		pgfeed.Store{Name: "pgx", New: func(t testing.TB, pg *dbtest.Postgres) domain.EventStore { return newEventStoreOn(t, pg) }},
+		pgfeed.Store{Name: "gorm", New: func(t testing.TB, pg *dbtest.Postgres) domain.EventStore { return newGormEventStore(t, pg) }},
+	)
+}

@@ -328,6 +328,10 @@ func TestWithSchemaRefusals(t *testing.T) {
 			_, err := pgxstore.NewParkingLot(ctx, pool, opts...)
 			return err
 		},
+		"NewEventStore": func(opts ...pgxstore.Option) error {
+			_, err := pgxstore.NewEventStore(ctx, pool, opts...)
+			return err
+		},
 	}
 	for name, build := range constructors {
 		for _, bad := range []struct{ schema, says string }{
@@ -354,4 +358,40 @@ func TestWithSchemaRefusals(t *testing.T) {
 	require.False(t, exists, "nothing was created on the search_path")
 	require.NoError(t, pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'no such schema')").Scan(&exists))
 	require.False(t, exists, "no schema was created")
+}
+
+// TestSchemaEventStoreSuite runs the EventStore suite against WithSchema
+// stores on a pool whose search_path names a schema without the module's
+// tables, each case in a tenant schema of its own.
+func TestSchemaEventStoreSuite(t *testing.T) {
+	t.Parallel()
+	pool := foreignPool(t, 4)
+	subscriptionstest.RunEventStoreSuite(t, subscriptionstest.EventStoreHarness{
+		Name:     "pgx-schema",
+		Parallel: true,
+		New: func(t *testing.T) domain.EventStore {
+			s, err := pgxstore.NewEventStore(testCtx(t), pool, pgxstore.WithSchema(newTenantSchema(t, pool)))
+			require.NoError(t, err)
+			return s
+		},
+		MaxIdentifierBytes: pgxstore.MaxIdentifierBytes,
+	})
+}
+
+// TestSchemaFeedSharerContract runs the FeedSharer suite on one pool of
+// tenants: a WithSchema checkpoint store shares the feed of the event
+// store of its schema, not that of another tenant's schema on the pool.
+func TestSchemaFeedSharerContract(t *testing.T) {
+	pool := foreignPool(t, 4)
+	subscriptionstest.RunFeedSharerSuite(t, subscriptionstest.FeedSharerHarness{
+		Name: "pgx-schema",
+		New: func(t *testing.T) (subscriptions.CheckpointStore, domain.EventStore, domain.EventStore) {
+			own, other := newTenantSchema(t, pool), newTenantSchema(t, pool)
+			shared, err := pgxstore.NewEventStore(testCtx(t), pool, pgxstore.WithSchema(own))
+			require.NoError(t, err)
+			foreign, err := pgxstore.NewEventStore(testCtx(t), pool, pgxstore.WithSchema(other))
+			require.NoError(t, err)
+			return newSchemaCheckpointStore(t, pool, own), shared, foreign
+		},
+	})
 }

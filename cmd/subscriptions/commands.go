@@ -521,7 +521,7 @@ func (c *cli) migrateOne(ctx context.Context, tenant string) (string, error) {
 		migrate = func(ctx context.Context, db *gorm.DB) error { return migrations.MigrateSchema(ctx, db, tenant) }
 		verify = func(ctx context.Context, db *gorm.DB) error { return migrations.VerifySchema(ctx, db, tenant) }
 	} else {
-		h, _, closeDB, err := openHandle(ctx, c.dsn, "")
+		h, _, closeDB, err := openHandle(ctx, c.dsn)
 		if err != nil {
 			return "", err
 		}

@@ -20,7 +20,6 @@ import (
 	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/secret"
 	"github.com/eventfeed/subscriptions/migrations"
-	migschema "github.com/eventfeed/subscriptions/migrations/schema"
 )
 
 // connectTimeout bounds connecting to Postgres.
@@ -74,17 +73,16 @@ func (c *cli) scrub(msg string) string { return secret.Scrub(msg, c.secrets) }
 // with a role that may not create tables, must not migrate a database
 // behind the application's back).
 func openDatabase(ctx context.Context, d string) (*database, error) {
-	db, kind, close, err := openHandle(ctx, d, "")
+	db, kind, close, err := openHandle(ctx, d)
 	if err != nil {
 		return nil, err
 	}
-	return withStores(ctx, db, kind, "", nil, close)
+	return withStores(ctx, db, kind, "", close)
 }
 
 // openHandle opens d without reading or creating any table. A SQLite file
-// must exist: a mistyped path must not create one. A non-empty schema (a
-// Postgres one) becomes the search_path of every connection.
-func openHandle(ctx context.Context, d, schema string) (db *gorm.DB, kind string, close func(), err error) {
+// must exist: a mistyped path must not create one.
+func openHandle(ctx context.Context, d string) (db *gorm.DB, kind string, close func(), err error) {
 	cfg := &gorm.Config{Logger: logger.Discard}
 	if isPostgres(d) {
 		kind = "postgres"
@@ -99,9 +97,6 @@ func openHandle(ctx context.Context, d, schema string) (db *gorm.DB, kind string
 		}
 		if pgcfg.ConnectTimeout <= 0 || pgcfg.ConnectTimeout > connectTimeout {
 			pgcfg.ConnectTimeout = connectTimeout
-		}
-		if schema != "" {
-			pgcfg.RuntimeParams["search_path"] = migschema.QuoteIdent(schema)
 		}
 		target := fmt.Sprintf("Postgres at %s:%d (database %q, user %q)", pgcfg.Host, pgcfg.Port, pgcfg.Database, pgcfg.User)
 		pool := stdlib.OpenDB(*pgcfg)
@@ -119,9 +114,6 @@ func openHandle(ctx context.Context, d, schema string) (db *gorm.DB, kind string
 		}
 		close = func() { pool.Close() }
 	} else {
-		if schema != "" {
-			return nil, "", nil, fmt.Errorf("tenant %q: SQLite has no schemas (give each tenant a database file of its own)", schema)
-		}
 		kind = "sqlite"
 		path, full := d, d
 		if strings.HasPrefix(d, "sqlite:") {
@@ -155,9 +147,8 @@ func openHandle(ctx context.Context, d, schema string) (db *gorm.DB, kind string
 // Postgres schema: -schemas, -tenant) they are that schema's, named
 // schema-qualified (WithSchema) whatever db's search_path, so that every
 // tenant's stores share db's pool; close is then the tenant's to call
-// (the pool's is the command's: resolveTenants). The event store is built
-// on evdb, db when nil (see cli.inTenant).
-func withStores(ctx context.Context, db *gorm.DB, kind, tenant string, evdb *gorm.DB, close func()) (*database, error) {
+// (the pool's is the command's: resolveTenants).
+func withStores(ctx context.Context, db *gorm.DB, kind, tenant string, close func()) (*database, error) {
 	fail := func(err error) (*database, error) {
 		close()
 		return nil, err
@@ -179,14 +170,13 @@ func withStores(ctx context.Context, db *gorm.DB, kind, tenant string, evdb *gor
 	}
 	out := &database{db: db, kind: kind, tenant: tenant, close: close}
 	var storeOpts []subscriptions.GormStoreOption
+	eventOpts := []infrastructure.GormEventStoreOption{infrastructure.WithSchemaVerifyOnly()}
 	if tenant != "" {
 		storeOpts = append(storeOpts, subscriptions.WithSchema(tenant))
-	}
-	if evdb == nil {
-		evdb = db
+		eventOpts = append(eventOpts, infrastructure.WithSchema(tenant))
 	}
 	var err error
-	if out.events, err = infrastructure.NewGormEventStore(evdb, infrastructure.WithSchemaVerifyOnly()); err != nil {
+	if out.events, err = infrastructure.NewGormEventStore(db, eventOpts...); err != nil {
 		return fail(schemaError(err))
 	}
 	if out.checkpoints, err = subscriptions.NewGormCheckpointStore(db, append(storeOpts, subscriptions.WithSchemaVerifyOnly())...); err != nil {

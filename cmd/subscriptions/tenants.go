@@ -61,7 +61,7 @@ func (c *cli) resolveTenants(ctx context.Context, cmd string) error {
 	if !c.tenantMode() {
 		return nil
 	}
-	db, _, closeDB, err := openHandle(ctx, c.dsn, "")
+	db, _, closeDB, err := openHandle(ctx, c.dsn)
 	if err != nil {
 		return err
 	}
@@ -122,17 +122,12 @@ func (c *cli) each(ctx context.Context, fn func(d *database) error) error {
 	return nil
 }
 
-// inTenant runs fn on tenant's stores: the checkpoint store and parking
-// lot on c.pool, schema-qualified (subscriptions.WithSchema); the event
-// store, until infrastructure's takes WithSchema too, on a pool of the
-// tenant's own, its search_path the schema, closed before the next
-// tenant's opens.
+// inTenant runs fn on tenant's stores, all on c.pool and
+// schema-qualified (subscriptions.WithSchema, infrastructure.WithSchema):
+// one pool serves every tenant, so a command over many schemas holds the
+// pool's connections, not a pool per schema.
 func (c *cli) inTenant(ctx context.Context, tenant string, fn func(d *database) error) error {
-	evdb, _, closeEvents, err := openHandle(ctx, c.dsn, tenant)
-	if err != nil {
-		return err
-	}
-	d, err := withStores(ctx, c.pool, "postgres", tenant, evdb, closeEvents)
+	d, err := withStores(ctx, c.pool, "postgres", tenant, func() {})
 	if err != nil {
 		return err
 	}

@@ -50,7 +50,7 @@ type ConnFunc func(ctx context.Context, f func(pc *pgx.Conn)) error
 // An Appender is safe for concurrent use; use one per store (its
 // coalescing and its in-flight limit are the store's).
 type Appender struct {
-	lockKey   int64
+	table     Table
 	channel   string
 	conn      ConnFunc
 	coalescer appendCoalescer
@@ -60,12 +60,12 @@ type Appender struct {
 	explicit atomic.Bool
 }
 
-// NewAppender returns an Appender that takes the append lock lockKey
-// (AppendLockKey), NOTIFYs channel after every committed append (checked
-// by the caller: CheckChannel) and runs its transactions on connections
-// from conn.
-func NewAppender(lockKey int64, channel string, conn ConnFunc) *Appender {
-	return &Appender{lockKey: lockKey, channel: channel, conn: conn}
+// NewAppender returns an Appender that appends to table, under its
+// append lock (Table.LockKey), NOTIFYs channel after every committed
+// append (checked by the caller: CheckChannel) and runs its transactions
+// on connections from conn.
+func NewAppender(table Table, channel string, conn ConnFunc) *Appender {
+	return &Appender{table: table, channel: channel, conn: conn}
 }
 
 // SetCoalescing turns the coalescing of concurrent appends on (the
@@ -201,13 +201,13 @@ func endSession(ctx context.Context, pc *pgx.Conn) error {
 }
 
 const (
-	// selectHeads reads the versions of the aggregates in $1.
-	selectHeads = `SELECT a.id, (SELECT COALESCE(MAX(sequence_no), 0) FROM events WHERE aggregate_id = a.id)
+	// selectHeadsTemplate reads the versions of the aggregates in $1.
+	selectHeadsTemplate = `SELECT a.id, (SELECT COALESCE(MAX(sequence_no), 0) FROM {{events}} WHERE aggregate_id = a.id)
 		FROM unnest($1::text[]) AS a(id)`
-	// notifyIfWritten notifies only if the transaction inserted a row
+	// notifyIfWrittenTemplate notifies only if the transaction inserted a row
 	// (an append whose version check failed inserts none), and returns
 	// the feed head after the transaction's rows (appendCoalescer.observe).
-	notifyIfWritten = `SELECT (SELECT MAX(position) FROM events), pg_notify($1, '') WHERE txid_current_if_assigned() IS NOT NULL`
+	notifyIfWrittenTemplate = `SELECT (SELECT MAX(position) FROM {{events}}), pg_notify($1, '') WHERE txid_current_if_assigned() IS NOT NULL`
 	// takeLock takes the append lock, in a statement of its own: the
 	// INSERT after it starts after the lock was granted, so that under
 	// READ COMMITTED its snapshot holds every append committed before.
@@ -232,13 +232,13 @@ const (
 // the required one (required >= 0: the append's expected version, or the
 // one its explicit sequence numbers imply; -1: any). An append of one
 // event, what a request handler appends, is one row of plain parameters
-// (checkedInsertOneSQL, the cheapest for the server to run); a larger one
+// (checkedInsertOneTemplate, the cheapest for the server to run); a larger one
 // travels as arrays, so that one statement (one text, prepared once per
 // connection) carries an append of any size, all or nothing.
-func checkedInsert(aggregateID string, required int, prepared []Prepared) insertStatement {
+func checkedInsert(q *tableSQL, aggregateID string, required int, prepared []Prepared) insertStatement {
 	if len(prepared) == 1 {
 		p := prepared[0]
-		return insertStatement{sql: checkedInsertOneSQL, args: []any{aggregateID, required, p.Envelope.ID, p.Envelope.EventType,
+		return insertStatement{sql: q.checkedInsertOne, args: []any{aggregateID, required, p.Envelope.ID, p.Envelope.EventType,
 			p.Envelope.TransactionID, string(p.Payload), string(p.Metadata), p.Envelope.Created}}
 	}
 	n := len(prepared)
@@ -248,7 +248,7 @@ func checkedInsert(aggregateID string, required int, prepared []Prepared) insert
 		ids[i], types[i], txs[i] = p.Envelope.ID, p.Envelope.EventType, p.Envelope.TransactionID
 		payloads[i], metas[i], created[i] = string(p.Payload), string(p.Metadata), p.Envelope.Created
 	}
-	return insertStatement{sql: checkedInsertSQL, args: []any{aggregateID, required, ids, types, txs, payloads, metas, created}}
+	return insertStatement{sql: q.checkedInsert, args: []any{aggregateID, required, ids, types, txs, payloads, metas, created}}
 }
 
 // insertStatement is one statement and its arguments; merged marks the
@@ -260,20 +260,20 @@ type insertStatement struct {
 	merged bool
 }
 
-const checkedInsertSQL = `INSERT INTO events (id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at)
+const checkedInsertTemplate = `INSERT INTO {{events}} (id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at)
 	SELECT v.id, $1, v.event_type, cur.version + v.ord, v.transaction_id, head.position + v.ord, v.payload::jsonb, v.metadata::jsonb, v.created_at
-	FROM (SELECT COALESCE(MAX(sequence_no), 0) AS version FROM events WHERE aggregate_id = $1) AS cur,
-	(SELECT COALESCE(MAX(position), 0) AS position FROM events) AS head,
+	FROM (SELECT COALESCE(MAX(sequence_no), 0) AS version FROM {{events}} WHERE aggregate_id = $1) AS cur,
+	(SELECT COALESCE(MAX(position), 0) AS position FROM {{events}}) AS head,
 	unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::timestamptz[])
 		WITH ORDINALITY AS v(id, event_type, transaction_id, payload, metadata, created_at, ord)
 	WHERE ($2::bigint < 0 OR cur.version = $2::bigint) AND ` + readCommitted
 
-// checkedInsertOneSQL is checkedInsertSQL for one event, its values
+// checkedInsertOneTemplate is checkedInsertTemplate for one event, its values
 // plain parameters.
-const checkedInsertOneSQL = `INSERT INTO events (id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at)
+const checkedInsertOneTemplate = `INSERT INTO {{events}} (id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at)
 	SELECT $3, $1, $4, cur.version + 1, $5, head.position + 1, $6::text::jsonb, $7::text::jsonb, $8
-	FROM (SELECT COALESCE(MAX(sequence_no), 0) AS version FROM events WHERE aggregate_id = $1) AS cur,
-	(SELECT COALESCE(MAX(position), 0) AS position FROM events) AS head
+	FROM (SELECT COALESCE(MAX(sequence_no), 0) AS version FROM {{events}} WHERE aggregate_id = $1) AS cur,
+	(SELECT COALESCE(MAX(position), 0) AS position FROM {{events}}) AS head
 	WHERE ($2::bigint < 0 OR cur.version = $2::bigint) AND ` + readCommitted
 
 // mergedInsert is the one INSERT of a transaction's several appends:
@@ -284,7 +284,7 @@ const checkedInsertOneSQL = `INSERT INTO events (id, aggregate_id, event_type, s
 // contiguous. An append's rows are inserted all or none (the check is
 // per aggregate, and a batch takes no two appends to one aggregate). It
 // returns the aggregate of every row it inserted.
-func mergedInsert(plans []appendPlan) insertStatement {
+func mergedInsert(q *tableSQL, plans []appendPlan) insertStatement {
 	n := 0
 	for _, p := range plans {
 		n += len(p.m.prepared)
@@ -299,16 +299,16 @@ func mergedInsert(plans []appendPlan) insertStatement {
 			payloads, metas, created = append(payloads, string(e.Payload)), append(metas, string(e.Metadata)), append(created, e.Envelope.Created)
 		}
 	}
-	return insertStatement{sql: mergedInsertSQL, args: []any{aggs, required, ks, ids, types, txs, payloads, metas, created}, merged: true}
+	return insertStatement{sql: q.mergedInsert, args: []any{aggs, required, ks, ids, types, txs, payloads, metas, created}, merged: true}
 }
 
-const mergedInsertSQL = `INSERT INTO events (id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at)
+const mergedInsertTemplate = `INSERT INTO {{events}} (id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at)
 	SELECT v.id, v.agg, v.event_type, cur.version + v.k, v.transaction_id, head.position + row_number() OVER (ORDER BY v.ord),
 		v.payload::jsonb, v.metadata::jsonb, v.created_at
 	FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::timestamptz[])
 		WITH ORDINALITY AS v(agg, required, k, id, event_type, transaction_id, payload, metadata, created_at, ord)
-	CROSS JOIN LATERAL (SELECT COALESCE(MAX(sequence_no), 0) AS version FROM events WHERE aggregate_id = v.agg) AS cur
-	CROSS JOIN (SELECT COALESCE(MAX(position), 0) AS position FROM events) AS head
+	CROSS JOIN LATERAL (SELECT COALESCE(MAX(sequence_no), 0) AS version FROM {{events}} WHERE aggregate_id = v.agg) AS cur
+	CROSS JOIN (SELECT COALESCE(MAX(position), 0) AS position FROM {{events}}) AS head
 	WHERE (v.required < 0 OR cur.version = v.required) AND ` + readCommitted + `
 	RETURNING aggregate_id`
 
@@ -332,14 +332,14 @@ func requiredVersion(m *appendRequest) (required int, ok bool) {
 
 // readStored reads the stored events among reqs' event IDs (see
 // CheckStoredIDs).
-func readStored(ctx context.Context, pc *pgx.Conn, reqs []*appendRequest, into map[string]Stored) error {
+func readStored(ctx context.Context, pc *pgx.Conn, q *tableSQL, reqs []*appendRequest, into map[string]Stored) error {
 	var ids []string
 	for _, m := range reqs {
 		for _, ev := range m.events {
 			ids = append(ids, ev.ID)
 		}
 	}
-	rows, err := pc.Query(ctx, SelectStored, ids)
+	rows, err := pc.Query(ctx, q.selectStored, ids)
 	if err != nil {
 		return fmt.Errorf("read stored event IDs: %w", err)
 	}
@@ -362,17 +362,17 @@ func readStored(ctx context.Context, pc *pgx.Conn, reqs []*appendRequest, into m
 // (domain.ErrAlreadyAppended), another event under a stored ID, or the
 // version conflict with the version now stored. It runs after the
 // transaction ended: stored events never change, and versions only grow.
-func explainRefusals(ctx context.Context, pc *pgx.Conn, refused []*appendRequest, results map[*appendRequest]error) {
+func explainRefusals(ctx context.Context, pc *pgx.Conn, q *tableSQL, refused []*appendRequest, results map[*appendRequest]error) {
 	stored := map[string]Stored{}
 	versions := map[string]int{}
-	err := readStored(ctx, pc, refused, stored)
+	err := readStored(ctx, pc, q, refused, stored)
 	if err == nil {
 		aggs := make([]string, 0, len(refused))
 		for _, m := range refused {
 			aggs = append(aggs, m.aggregateID)
 		}
 		var rows pgx.Rows
-		if rows, err = pc.Query(ctx, selectHeads, aggs); err == nil {
+		if rows, err = pc.Query(ctx, q.selectHeads, aggs); err == nil {
 			for rows.Next() {
 				var agg string
 				var version int
@@ -434,7 +434,7 @@ func (a *Appender) appendOnConn(ctx context.Context, pc *pgx.Conn, members []*ap
 			}
 			return results
 		}
-		explainRefusals(ctx, pc, refused, results)
+		explainRefusals(ctx, pc, a.table.sql, refused, results)
 	}
 	return results
 }
@@ -471,19 +471,19 @@ func (a *Appender) runPlans(ctx context.Context, pc *pgx.Conn, plans []appendPla
 	}
 	var insert insertStatement
 	if len(plans) == 1 {
-		insert = checkedInsert(plans[0].m.aggregateID, plans[0].required, plans[0].m.prepared)
+		insert = checkedInsert(a.table.sql, plans[0].m.aggregateID, plans[0].required, plans[0].m.prepared)
 	} else {
-		insert = mergedInsert(plans)
+		insert = mergedInsert(a.table.sql, plans)
 	}
 	explicit := a.explicit.Load()
 	write := &pgx.Batch{}
 	if explicit {
 		write.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	}
-	write.Queue(takeLock, a.lockKey)
+	write.Queue(takeLock, a.table.LockKey())
 	write.Queue(insert.sql, insert.args...)
 	if notify {
-		write.Queue(notifyIfWritten, a.channel)
+		write.Queue(a.table.sql.notifyIfWritten, a.channel)
 	}
 	if explicit {
 		write.Queue("COMMIT")
@@ -647,7 +647,7 @@ func (a *Appender) afterRefusedInsert(ctx context.Context, pc *pgx.Conn, plans [
 		rerr := endSession(ctx, pc)
 		stored := map[string]Stored{}
 		if rerr == nil {
-			rerr = readStored(ctx, pc, []*appendRequest{m}, stored)
+			rerr = readStored(ctx, pc, a.table.sql, []*appendRequest{m}, stored)
 		}
 		if rerr != nil {
 			// Maybe the retry of an append that committed.

@@ -58,11 +58,11 @@ func (a *Appender) AppendInTx(ctx context.Context, tx pgx.Tx, aggregateID string
 	}
 	required, ok := requiredVersion(m)
 	if !ok {
-		return explainInTx(ctx, tx, m, undo(nil))
+		return a.explainInTx(ctx, tx, m, undo(nil))
 	}
-	insert := checkedInsert(aggregateID, required, prepared)
+	insert := checkedInsert(a.table.sql, aggregateID, required, prepared)
 	write := &pgx.Batch{}
-	write.Queue("SELECT pg_advisory_xact_lock($1)", a.lockKey)
+	write.Queue("SELECT pg_advisory_xact_lock($1)", a.table.LockKey())
 	var inserted int64
 	write.Queue(insert.sql, insert.args...).Exec(func(tag pgconn.CommandTag) error {
 		inserted = tag.RowsAffected()
@@ -78,7 +78,7 @@ func (a *Appender) AppendInTx(ctx context.Context, tx pgx.Tx, aggregateID string
 			// An event ID is stored: the retry of an append that
 			// committed, or another event under that ID.
 			stored := map[string]Stored{}
-			if rerr := readStored(ctx, tx.Conn(), []*appendRequest{m}, stored); rerr != nil {
+			if rerr := readStored(ctx, tx.Conn(), a.table.sql, []*appendRequest{m}, stored); rerr != nil {
 				return wrap(fmt.Errorf("%v; then: %w", err, rerr))
 			}
 			if classified := CheckStoredIDs(aggregateID, expectedVersion, events, prepared, stored); classified != nil {
@@ -91,7 +91,7 @@ func (a *Appender) AppendInTx(ctx context.Context, tx pgx.Tx, aggregateID string
 		return wrap(err)
 	}
 	if inserted != int64(len(events)) {
-		return explainInTx(ctx, tx, m, undo(nil))
+		return a.explainInTx(ctx, tx, m, undo(nil))
 	}
 	if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT "+appendSavepoint); err != nil {
 		return wrap(err)
@@ -102,11 +102,11 @@ func (a *Appender) AppendInTx(ctx context.Context, tx pgx.Tx, aggregateID string
 // explainInTx answers for an append inside a caller's transaction that
 // inserted nothing (explainRefusals), after its savepoint was rolled
 // back (undone reports how that went).
-func explainInTx(ctx context.Context, tx pgx.Tx, m *appendRequest, undone error) error {
+func (a *Appender) explainInTx(ctx context.Context, tx pgx.Tx, m *appendRequest, undone error) error {
 	if undone != nil {
 		return undone
 	}
 	results := map[*appendRequest]error{}
-	explainRefusals(ctx, tx.Conn(), []*appendRequest{m}, results)
+	explainRefusals(ctx, tx.Conn(), a.table.sql, []*appendRequest{m}, results)
 	return results[m]
 }

@@ -6,7 +6,9 @@
 // appended (CheckStoredIDs), the pipelined append transaction on a pgx
 // connection with the coalescing of concurrent appends into one
 // transaction (Appender), and the decoding of a stored row into the
-// envelope readers see (Row). A backend of one's own may use it too.
+// envelope readers see (Row), all on one events table (Table: the
+// search_path's or a schema's, its append lock keyed by the table's
+// canonical name). A backend of one's own may use it too.
 //
 // It imports no GORM, directly or not, and works on pgx connections, not
 // database/sql ones: it imports only the standard library, pgx v5, the

@@ -18,6 +18,6 @@ func ExplainRefusal(ctx context.Context, pc *pgx.Conn, aggregateID string, expec
 	}
 	m := &appendRequest{ctx: ctx, aggregateID: aggregateID, expectedVersion: expectedVersion, events: events, prepared: prepared}
 	results := map[*appendRequest]error{}
-	explainRefusals(ctx, pc, []*appendRequest{m}, results)
+	explainRefusals(ctx, pc, searchPathTable.sql, []*appendRequest{m}, results)
 	return results[m]
 }

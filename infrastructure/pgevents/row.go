@@ -15,9 +15,12 @@ import (
 // Columns are the columns of a whole event, in the order of Row.Targets.
 const Columns = "id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at"
 
-// SelectEvents reads whole events from the events table; a caller appends
-// its WHERE, ORDER BY and LIMIT.
+// SelectEvents reads whole events from the search_path's events table
+// (Table.SelectEvents reads another); a caller appends its WHERE, ORDER
+// BY and LIMIT.
 const SelectEvents = "SELECT " + Columns + " FROM events "
+
+const selectEventsTemplate = "SELECT " + Columns + " FROM {{events}} "
 
 // PartitionHash is subscriptions.PartitionOf's hash as an SQL expression
 // on aggregate_id: the first eight hex digits of md5(aggregate_id) as an

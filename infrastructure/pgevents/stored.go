@@ -23,8 +23,11 @@ type Stored struct {
 }
 
 // SelectStored reads the Stored columns of the events whose IDs are in
-// $1 (a text[] on pgx).
+// $1 (a text[] on pgx), in the search_path's events table
+// (Table.SelectStored names another).
 const SelectStored = `SELECT id, aggregate_id, event_type, transaction_id, sequence_no, payload FROM events WHERE id = ANY($1)`
+
+const selectStoredTemplate = `SELECT id, aggregate_id, event_type, transaction_id, sequence_no, payload FROM {{events}} WHERE id = ANY($1)`
 
 // CheckStoredIDs tells an append whose event IDs may already be stored
 // apart from a new one, given the stored events among its IDs: nil when
