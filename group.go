@@ -201,13 +201,13 @@ func WithGroupWakeSignal(database string, wake <-chan struct{}) GroupOption {
 // whatever the number of tenants, and on each server no more than that,
 // since every batch cycle holds at most one connection (the Connections
 // rule); partitioned definitions, which
-// need a connection per partition worker, are not run by a group yet. On
-// top come the idle connections the tenants' pools keep: stores select a
-// schema through their pool's search_path, so each schema has a pool of
-// its own, and a pool keeps up to its SetMaxIdleConns (database/sql's
-// default: 2) after use. Open tenant pools with SetMaxIdleConns(0) (or a
-// short SetConnMaxIdleTime) for idle tenants to hold no connection; each
-// batch cycle then opens the connection it uses.
+// need a connection per partition worker, are not run by a group yet. The
+// tenants of one database share one pool when their stores name their
+// schema (WithSchema here and in infrastructure and pgxstore): size it to
+// the budget, whatever the number of tenants. Stores that select their
+// schema through their pool's search_path need a pool per schema, each
+// keeping up to its SetMaxIdleConns after use; open those with
+// SetMaxIdleConns(0) for idle tenants to hold no connection.
 //
 // # Databases that go down
 //

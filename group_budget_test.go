@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
+	"github.com/eventfeed/subscriptions/migrations/schema"
 	"github.com/eventfeed/subscriptions/pgxstore"
 )
 
@@ -67,6 +69,7 @@ func groupCountedDB(t *testing.T, dsn string, gauge *socketGauge, dials *atomic.
 		}
 		dials.Add(1)
 		gauge.opened()
+
 		return &countedSocket{Conn: conn, gauge: gauge}, nil
 	}
 	sqlDB := stdlib.OpenDB(*config)
@@ -171,4 +174,113 @@ func TestProbeHeads(t *testing.T) {
 	require.NoError(t, err)
 	_, err = sqlite.ProbeHeads(ctx, []domain.EventStore{sqlite})
 	require.ErrorIs(t, err, errors.ErrUnsupported)
+}
+
+// TestGroupTenantsShareOnePool runs two definitions over 8 tenant
+// schemas whose stores all name their schema (WithSchema, in this package
+// and in infrastructure) on one pool, counted at the sockets, whose
+// search_path names a schema with no table, on two workers woken by one
+// PostgresListener. Each handler writes into its own tenant's table,
+// qualified by TenantFromContext, through the batch transaction. While the
+// backlog drains the shared pool never has more than workers + 1 (the
+// probe) open at once; every tenant's events are projected exactly once,
+// into its own tables only; and once caught up
+// an append to one tenant reaches it through the listener.
+func TestGroupTenantsShareOnePool(t *testing.T) {
+	t.Parallel()
+	const tenantsN, workers, backlog = 8, 2, 8
+	pg := dbtest.NewPostgres(t) // its schema, the pool's search_path, stays empty
+	var gauge socketGauge
+	var dials atomic.Int64
+	db := groupCountedDB(t, pg.DSN, &gauge, &dials)
+	admin := groupAdmin(t)
+	channel := "grp_shared_" + strings.ToLower(strings.ReplaceAll(t.Name(), "/", "_"))[:20]
+	tables := []string{"shared_a", "shared_b"}
+	type tenant struct {
+		schema string
+		feed   subscriptions.Feed
+	}
+	var tenants []tenant
+	for range tenantsN {
+		s := dbtest.NewSchema(t)
+		events, err := infrastructure.NewGormEventStore(db, infrastructure.WithSchema(s), infrastructure.WithNotifyChannel(channel))
+		require.NoError(t, err)
+		cps, err := subscriptions.NewGormCheckpointStore(db, subscriptions.WithSchema(s))
+		require.NoError(t, err)
+		lot, err := subscriptions.NewGormParkingLot(db, subscriptions.WithSchema(s))
+		require.NoError(t, err)
+		for _, table := range tables {
+			require.NoError(t, admin.Exec("CREATE TABLE "+schema.Qualified(s, table)+" (event_id text NOT NULL, position bigint NOT NULL)").Error)
+		}
+		tenants = append(tenants, tenant{schema: s, feed: subscriptions.Feed{Tenant: s, Database: "pg", Events: events, Checkpoints: cps, Parking: lot}})
+		appendN(t, events, "Backlog", 0, backlog)
+	}
+	var empty int64
+	require.NoError(t, admin.Raw("SELECT count(*) FROM pg_tables WHERE schemaname = ?", pg.Schema).Scan(&empty).Error)
+	require.Zero(t, empty, "the pool's own schema got no table")
+
+	listener, err := subscriptions.NewPostgresListener(pg.DSN, subscriptions.WithListenerChannel(channel), subscriptions.WithListenerLogger(quietLogger()))
+	require.NoError(t, err)
+	lctx, stopListener := context.WithCancel(context.Background())
+	listened := make(chan error, 1)
+	go func() { listened <- listener.Run(lctx) }()
+	t.Cleanup(func() { stopListener(); require.NoError(t, <-listened) })
+
+	var calls atomic.Int64
+	var defs []subscriptions.GroupSubscriber
+	for _, table := range tables {
+		defs = append(defs, subscriptions.GroupSubscriber{Name: table, Handler: func(ctx context.Context, ev domain.EventEnvelope[any]) error {
+			calls.Add(1)
+			return project(ctx, schema.Qualified(subscriptions.TenantFromContext(ctx), table), ev)
+		}, Options: []subscriptions.SubscriberOption{subscriptions.WithPollInterval(groupPoll), subscriptions.WithBatchSize(3)}})
+	}
+	g, err := subscriptions.NewGroup(defs, subscriptions.WithGroupWorkers(workers),
+		subscriptions.WithGroupPollInterval(groupPoll), subscriptions.WithGroupWakeSignal("pg", listener.Subscribe()),
+		subscriptions.WithGroupLogger(quietLogger()))
+	require.NoError(t, err)
+	for _, tn := range tenants {
+		require.NoError(t, g.Add(tn.feed))
+	}
+	gauge.max.Store(gauge.open.Load())
+	runGroup(t, g)
+	// The test reads through a pool of its own (admin), so that the shared
+	// pool's sockets are the group's.
+	feedIDs := func(tn tenant) []string {
+		var ids []string
+		require.NoError(t, admin.Raw("SELECT id FROM "+schema.Qualified(tn.schema, "events")+" ORDER BY position").Scan(&ids).Error)
+		return ids
+	}
+	caughtUp := func(tn tenant) bool {
+		for _, table := range tables {
+			if len(projected(t, admin, schema.Qualified(tn.schema, table))) < len(feedIDs(tn)) {
+				return false
+			}
+		}
+		return true
+	}
+	require.Eventually(t, func() bool {
+		for _, tn := range tenants {
+			if !caughtUp(tn) {
+				return false
+			}
+		}
+		return true
+	}, 60*time.Second, 10*time.Millisecond, "the tenants did not catch up")
+	t.Logf("%d tenants on one pool, %d workers: at most %d connections open at once", tenantsN, workers, gauge.max.Load())
+	require.LessOrEqual(t, gauge.max.Load(), int64(workers+1), "the shared pool had more open than workers + the probe")
+
+	late := appendN(t, tenants[0].feed.Events, "Late", backlog, 1)
+	require.Eventually(t, func() bool { return caughtUp(tenants[0]) }, 30*time.Second, 5*time.Millisecond, "the late append was not handled")
+	for _, tn := range tenants {
+		want, wantN := feedIDs(tn), backlog
+		if tn.schema == tenants[0].schema {
+			wantN++ // the late append
+		}
+		require.Len(t, want, wantN, "tenant %s's table holds its own events only", tn.schema)
+		for _, table := range tables {
+			faultRequireExactlyOnce(t, table+"/"+tn.schema, projected(t, admin, schema.Qualified(tn.schema, table)), want)
+		}
+	}
+	require.Contains(t, projected(t, admin, schema.Qualified(tenants[0].schema, tables[0])), late[0])
+	require.EqualValues(t, 2*(tenantsN*backlog+1), calls.Load(), "a handler call per event and definition, none repeated")
 }
