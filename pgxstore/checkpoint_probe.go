@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/eventfeed/subscriptions"
-	"github.com/eventfeed/subscriptions/internal/ckprobe"
 	"github.com/eventfeed/subscriptions/migrations/schema"
 )
 
@@ -26,7 +25,7 @@ var _ subscriptions.CheckpointProber = (*CheckpointStore)(nil)
 // lacks fails the statement. Any other store is an error wrapping
 // errors.ErrUnsupported. Safe for concurrent use; it changes nothing.
 func (s *CheckpointStore) ProbeCheckpoints(ctx context.Context, stores []subscriptions.CheckpointStore, names []string) ([][]subscriptions.CheckpointProbe, error) {
-	tables := make([]ckprobe.Tables, len(stores))
+	tables := make([]schema.ProbeTables, len(stores))
 	for i, store := range stores {
 		other, ok := store.(*CheckpointStore)
 		if !ok || other == nil {
@@ -49,12 +48,12 @@ func (s *CheckpointStore) ProbeCheckpoints(ctx context.Context, stores []subscri
 	for i, name := range names {
 		keys[i] = subscriptions.PauseKey(name)
 	}
-	rows, err := s.pool.Query(ctx, ckprobe.Query(tables, "(SELECT unnest($1::text[]))", "(SELECT unnest($2::text[]))"), names, keys)
+	rows, err := s.pool.Query(ctx, schema.CheckpointProbeQuery(tables, "(SELECT unnest($1::text[]))", "(SELECT unnest($2::text[]))"), names, keys)
 	if err != nil {
 		return nil, fmt.Errorf("pgxstore: probe the checkpoints of %d stores: %w", len(stores), err)
 	}
 	defer rows.Close()
-	positions, paused, err := ckprobe.Scan(len(stores), names, keys, rows.Next, rows.Scan)
+	positions, paused, err := schema.ScanCheckpointProbe(len(stores), names, keys, rows.Next, rows.Scan)
 	if err == nil {
 		err = rows.Err()
 	}
@@ -74,13 +73,13 @@ func (s *CheckpointStore) ProbeCheckpoints(ctx context.Context, stores []subscri
 // store's probe: in WithSchema's schema, else in that of the events table
 // the constructor resolved (eventsTable, "schema".events); ok is false
 // when it resolved none.
-func (s *CheckpointStore) probeTables() (ckprobe.Tables, bool) {
+func (s *CheckpointStore) probeTables() (schema.ProbeTables, bool) {
 	if s.schema != "" {
-		return ckprobe.Tables{Checkpoints: schema.Qualified(s.schema, "subscriber_checkpoints"), Pauses: schema.Qualified(s.schema, "subscriber_pauses")}, true
+		return schema.ProbeTables{Checkpoints: schema.Qualified(s.schema, "subscriber_checkpoints"), Pauses: schema.Qualified(s.schema, "subscriber_pauses")}, true
 	}
 	prefix, ok := strings.CutSuffix(s.eventsTable, ".events")
 	if !ok || prefix == "" {
-		return ckprobe.Tables{}, false
+		return schema.ProbeTables{}, false
 	}
-	return ckprobe.Tables{Checkpoints: prefix + ".subscriber_checkpoints", Pauses: prefix + ".subscriber_pauses"}, true
+	return schema.ProbeTables{Checkpoints: prefix + ".subscriber_checkpoints", Pauses: prefix + ".subscriber_pauses"}, true
 }

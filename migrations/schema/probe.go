@@ -1,7 +1,4 @@
-// Package ckprobe is the one statement, and its decoder, of the checkpoint
-// probes of the module's database stores (subscriptions.CheckpointProber):
-// the GORM checkpoint store's, on Postgres and SQLite, and pgxstore's.
-package ckprobe
+package schema
 
 import (
 	"fmt"
@@ -9,19 +6,22 @@ import (
 	"strings"
 )
 
-// Tables names one store's checkpoint and pause tables as the statement
-// reads them (schema-qualified where the store's schema is not the
+// ProbeTables names one store's checkpoint and pause tables as
+// CheckpointProbeQuery reads them (schema-qualified where the store's schema is not the
 // connection's).
-type Tables struct {
+type ProbeTables struct {
 	Checkpoints, Pauses string
 }
 
-// Query is the probe of stores, in one statement: for store i, the row (i,
+// CheckpointProbeQuery is the checkpoint probe of stores
+// (subscriptions.CheckpointProber) in one statement, shared by the
+// module's GORM and pgx checkpoint stores so that both read the tables
+// alike: for store i, the row (i,
 // name, position, 0) of each checkpoint row whose name is in the list at
 // the placeholder names, and (i, key, 0, 1) of each pause row whose key is
 // in the list at keys. names and keys are the driver's list placeholders
 // ("?" expanded by GORM into a list, or "(SELECT unnest($1::text[]))").
-func Query(stores []Tables, names, keys string) string {
+func CheckpointProbeQuery(stores []ProbeTables, names, keys string) string {
 	var b strings.Builder
 	for i, t := range stores {
 		n := strconv.Itoa(i)
@@ -34,11 +34,11 @@ func Query(stores []Tables, names, keys string) string {
 	return b.String()
 }
 
-// Scan reads Query's rows (next, scan: a driver's row cursor) for n stores
+// ScanCheckpointProbe reads CheckpointProbeQuery's rows (next, scan: a driver's row cursor) for n stores
 // and names, whose pause keys are keys (one each): positions[i][j] is the
 // checkpoint of store i's name j (0 without a row), paused[i][j] whether
 // its key has a pause row.
-func Scan(n int, names, keys []string, next func() bool, scan func(dest ...any) error) (positions [][]int64, paused [][]bool, err error) {
+func ScanCheckpointProbe(n int, names, keys []string, next func() bool, scan func(dest ...any) error) (positions [][]int64, paused [][]bool, err error) {
 	positions, paused = make([][]int64, n), make([][]bool, n)
 	for i := range n {
 		positions[i], paused[i] = make([]int64, len(names)), make([]bool, len(names))
