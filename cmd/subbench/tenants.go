@@ -23,6 +23,7 @@ import (
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/internal/ctxsleep"
+	"github.com/eventfeed/subscriptions/internal/wirecount"
 	"github.com/eventfeed/subscriptions/migrations"
 )
 
@@ -113,26 +114,6 @@ func (c *gaugedConn) Close() error {
 	return c.Conn.Close()
 }
 
-// allStmts counts every statement pgx runs, a batch's each (as
-// internal/wirecount does; it has no accessor for them alone).
-type allStmts struct{ n atomic.Int64 }
-
-func (c *allStmts) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-
-func (c *allStmts) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (c *allStmts) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
-	c.n.Add(int64(d.Batch.Len()))
-	return ctx
-}
-
-func (c *allStmts) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-
-func (c *allStmts) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
-
 // tenantEnv is scenario 15's wiring: the template schema, the tenants'
 // schemas and stores, and the counters every subscriber pool reports to.
 type tenantEnv struct {
@@ -143,8 +124,8 @@ type tenantEnv struct {
 	schemas []string
 	channel string // the NOTIFY channel of every tenant's store
 	gauge   *connGauge
-	stmts   *allStmts
-	shared  *gorm.DB // checkpoint stores and parking lots of every tenant
+	stmts   *wirecount.Counter // every statement of the subscribers' pools (its tracer)
+	shared  *gorm.DB           // every tenant's stores (WithSchema)
 	feeds   []subscriptions.Feed
 	writers []domain.EventStore // the busy tenants', the application's side
 }
@@ -183,7 +164,7 @@ func runTenants(ctx context.Context, b *bench) (rows []Row, err error) {
 		return nil, err
 	}
 	e := &tenantEnv{b: b, sz: sz, dsn: dsn, tmpl: b.runID + "_tenants", channel: b.runID + "_tenants",
-		gauge: &connGauge{}, stmts: &allStmts{}}
+		gauge: &connGauge{}, stmts: &wirecount.Counter{}}
 	// The template: the module's migrations, once.
 	closeSetup := b.casePools()
 	tdb, err := b.openPG(dsn, 1, nil)
@@ -480,7 +461,7 @@ func (e *tenantEnv) measureIdle(ctx context.Context, tenants int, quiet bool) (i
 		return idleCost{}, err
 	}
 	e.gauge.reset()
-	s0, cpu0, t0 := e.stmts.n.Load(), processCPU(), time.Now()
+	s0, cpu0, t0 := e.stmts.Stmts(), processCPU(), time.Now()
 	var sum, n int64
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
@@ -497,7 +478,7 @@ func (e *tenantEnv) measureIdle(ctx context.Context, tenants int, quiet bool) (i
 		}
 	}
 	w := time.Since(t0).Seconds()
-	c := idleCost{tenants: tenants, stmtsPerSec: float64(e.stmts.n.Load()-s0) / w,
+	c := idleCost{tenants: tenants, stmtsPerSec: float64(e.stmts.Stmts()-s0) / w,
 		cpuPerSec: time.Duration(float64(processCPU()-cpu0) / w), peak: e.gauge.peak.Load(),
 		mean: float64(sum) / float64(max(n, 1)), waits: e.gauge.waits.Load(), settled: settled}
 	return c, nil
@@ -517,11 +498,11 @@ func (e *tenantEnv) settle(ctx context.Context, quiet bool) (time.Duration, erro
 		return time.Since(t0), nil
 	}
 	for time.Since(t0) < 30*time.Second {
-		s0 := e.stmts.n.Load()
+		s0 := e.stmts.Stmts()
 		if !ctxsleep.Sleep(ctx, e.sz.interval) {
 			return 0, ctx.Err()
 		}
-		if e.stmts.n.Load()-s0 <= 5 {
+		if e.stmts.Stmts()-s0 <= 5 {
 			return time.Since(t0), nil
 		}
 	}

@@ -45,6 +45,9 @@ func (c *Counter) Count(f func() error) (turns, stmts int64, err error) {
 // Turns is the number of round trips counted so far.
 func (c *Counter) Turns() int64 { return c.turns.Load() }
 
+// Stmts is the number of statements counted so far, a batch's each.
+func (c *Counter) Stmts() int64 { return c.stmts.Load() }
+
 // Batches is the number of batches counted so far.
 func (c *Counter) Batches() int64 { return c.batches.Load() }
 
