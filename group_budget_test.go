@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 	"gorm.io/driver/postgres"
@@ -177,24 +178,82 @@ func TestProbeHeads(t *testing.T) {
 }
 
 // TestGroupTenantsShareOnePool runs two definitions over 8 tenant
-// schemas whose stores all name their schema (WithSchema, in this package
-// and in infrastructure) on one pool, counted at the sockets, whose
-// search_path names a schema with no table, on two workers woken by one
-// PostgresListener. Each handler writes into its own tenant's table,
-// qualified by TenantFromContext, through the batch transaction. While the
-// backlog drains the shared pool never has more than workers + 1 (the
-// probe) open at once; every tenant's events are projected exactly once,
-// into its own tables only; and once caught up
+// schemas whose stores all name their schema (WithSchema: GORM's, in this
+// package and in infrastructure, and pgxstore's) on one pool, counted at
+// the sockets, whose search_path names a schema with no table, on two
+// workers woken by one PostgresListener. Each handler writes into its own
+// tenant's table, qualified by TenantFromContext, through the batch
+// transaction. While the backlog drains the shared pool never has more
+// than workers + 1 (the probe) open at once; every tenant's events are
+// projected exactly once, into its own tables only; and once caught up
 // an append to one tenant reaches it through the listener.
 func TestGroupTenantsShareOnePool(t *testing.T) {
 	t.Parallel()
+	t.Run("gorm", func(t *testing.T) {
+		t.Parallel()
+		pg := dbtest.NewPostgres(t)
+		var gauge socketGauge
+		var dials atomic.Int64
+		db := groupCountedDB(t, pg.DSN, &gauge, &dials)
+		runSharedPoolGroup(t, pg, &gauge, func(s, channel string) subscriptions.Feed {
+			events, err := infrastructure.NewGormEventStore(db, infrastructure.WithSchema(s), infrastructure.WithNotifyChannel(channel))
+			require.NoError(t, err)
+			cps, err := subscriptions.NewGormCheckpointStore(db, subscriptions.WithSchema(s))
+			require.NoError(t, err)
+			lot, err := subscriptions.NewGormParkingLot(db, subscriptions.WithSchema(s))
+			require.NoError(t, err)
+			return subscriptions.Feed{Tenant: s, Database: "pg", Events: events, Checkpoints: cps, Parking: lot}
+		}, project)
+	})
+	t.Run("pgx", func(t *testing.T) {
+		t.Parallel()
+		pg := dbtest.NewPostgres(t)
+		var gauge socketGauge
+		cfg, err := pgxpool.ParseConfig(pg.DSN)
+		require.NoError(t, err)
+		cfg.MaxConns = 8 // above the budget: the bound is the group's
+		var dialer net.Dialer
+		cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			conn, err := dialer.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			gauge.opened()
+			return &countedSocket{Conn: conn, gauge: &gauge}, nil
+		}
+		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		ctx := context.Background()
+		runSharedPoolGroup(t, pg, &gauge, func(s, channel string) subscriptions.Feed {
+			events, err := pgxstore.NewEventStore(ctx, pool, pgxstore.WithSchema(s), pgxstore.WithNotifyChannel(channel))
+			require.NoError(t, err)
+			cps, err := pgxstore.NewCheckpointStore(ctx, pool, pgxstore.WithSchema(s))
+			require.NoError(t, err)
+			lot, err := pgxstore.NewParkingLot(ctx, pool, pgxstore.WithSchema(s))
+			require.NoError(t, err)
+			return subscriptions.Feed{Tenant: s, Database: "pg", Events: events, Checkpoints: cps, Parking: lot}
+		}, func(ctx context.Context, table string, ev domain.EventEnvelope[any]) error {
+			tx := pgxstore.TxFromContext(ctx)
+			if tx == nil {
+				return errors.New("no pgx batch transaction in the handler's context")
+			}
+			_, err := tx.Exec(ctx, "INSERT INTO "+table+" (event_id, position) VALUES ($1, $2)", ev.ID, ev.Position)
+			return err
+		})
+	})
+}
+
+// runSharedPoolGroup is TestGroupTenantsShareOnePool on one backend:
+// newFeed builds a tenant's stores on the counted pool (gauge) for a
+// schema and NOTIFY channel, write writes an event into a table through
+// the batch transaction.
+func runSharedPoolGroup(t *testing.T, pg *dbtest.Postgres, gauge *socketGauge,
+	newFeed func(schema, channel string) subscriptions.Feed,
+	write func(ctx context.Context, table string, ev domain.EventEnvelope[any]) error) {
 	const tenantsN, workers, backlog = 8, 2, 8
-	pg := dbtest.NewPostgres(t) // its schema, the pool's search_path, stays empty
-	var gauge socketGauge
-	var dials atomic.Int64
-	db := groupCountedDB(t, pg.DSN, &gauge, &dials)
 	admin := groupAdmin(t)
-	channel := "grp_shared_" + strings.ToLower(strings.ReplaceAll(t.Name(), "/", "_"))[:20]
+	channel := "grp_shared_" + strings.ToLower(pg.Schema)
 	tables := []string{"shared_a", "shared_b"}
 	type tenant struct {
 		schema string
@@ -203,17 +262,12 @@ func TestGroupTenantsShareOnePool(t *testing.T) {
 	var tenants []tenant
 	for range tenantsN {
 		s := dbtest.NewSchema(t)
-		events, err := infrastructure.NewGormEventStore(db, infrastructure.WithSchema(s), infrastructure.WithNotifyChannel(channel))
-		require.NoError(t, err)
-		cps, err := subscriptions.NewGormCheckpointStore(db, subscriptions.WithSchema(s))
-		require.NoError(t, err)
-		lot, err := subscriptions.NewGormParkingLot(db, subscriptions.WithSchema(s))
-		require.NoError(t, err)
+		feed := newFeed(s, channel)
 		for _, table := range tables {
 			require.NoError(t, admin.Exec("CREATE TABLE "+schema.Qualified(s, table)+" (event_id text NOT NULL, position bigint NOT NULL)").Error)
 		}
-		tenants = append(tenants, tenant{schema: s, feed: subscriptions.Feed{Tenant: s, Database: "pg", Events: events, Checkpoints: cps, Parking: lot}})
-		appendN(t, events, "Backlog", 0, backlog)
+		tenants = append(tenants, tenant{schema: s, feed: feed})
+		appendN(t, feed.Events, "Backlog", 0, backlog)
 	}
 	var empty int64
 	require.NoError(t, admin.Raw("SELECT count(*) FROM pg_tables WHERE schemaname = ?", pg.Schema).Scan(&empty).Error)
@@ -231,7 +285,7 @@ func TestGroupTenantsShareOnePool(t *testing.T) {
 	for _, table := range tables {
 		defs = append(defs, subscriptions.GroupSubscriber{Name: table, Handler: func(ctx context.Context, ev domain.EventEnvelope[any]) error {
 			calls.Add(1)
-			return project(ctx, schema.Qualified(subscriptions.TenantFromContext(ctx), table), ev)
+			return write(ctx, schema.Qualified(subscriptions.TenantFromContext(ctx), table), ev)
 		}, Options: []subscriptions.SubscriberOption{subscriptions.WithPollInterval(groupPoll), subscriptions.WithBatchSize(3)}})
 	}
 	g, err := subscriptions.NewGroup(defs, subscriptions.WithGroupWorkers(workers),
