@@ -88,7 +88,7 @@ type resolvedTables = atomic.Pointer[gormTables]
 const checkpointsSchemaQuery = `SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 	WHERE c.oid = to_regclass('subscriber_checkpoints')`
 
-// probesOf is ckprobe.Scan's answer as ProbeCheckpoints returns it.
+// probesOf is schema.ScanCheckpointProbe's answer as ProbeCheckpoints returns it.
 func probesOf(positions [][]int64, paused [][]bool) [][]CheckpointProbe {
 	out := make([][]CheckpointProbe, len(positions))
 	for i := range positions {

@@ -228,12 +228,12 @@ func WithGroupWakeSignal(database string, wake <-chan struct{}) GroupOption {
 // on with the rest. A second database that hangs while the first's
 // cycles still do can take the last worker.
 //
-// # What a group does not run yet
+// # Poison events
 //
 // A failing event's retry backoff (WithRetryBackoff) holds no worker: its
 // cycle ends there and the group runs the next attempt once the backoff
-// is over, or at once after a reset or resume through the tenant's
-// Subscriber; Remove ends it.
+// is over, or at once after a reset or resume (through the tenant's
+// Subscriber, or elsewhere, read by the checkpoint probe); Remove ends it.
 //
 // A Group's methods are safe for concurrent use. Run runs one at a time;
 // Add and Remove may be called before, during and after it.

@@ -2,7 +2,11 @@ package subscriptions_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -55,7 +59,10 @@ func TestGroupNoticesChangesMadeElsewhere(t *testing.T) {
 		require.NoError(t, err)
 		appendN(t, gt.feed.Events, "E", 2, 1)
 	}
-	require.Equal(t, 4*len(tenants), ledger.total(), "a paused tenant runs nothing")
+	// Several poll intervals (probes and polls) pass with the new events
+	// unhandled.
+	require.Never(t, func() bool { return ledger.total() != 4*len(tenants) }, 5*groupPoll, 5*time.Millisecond,
+		"a paused tenant runs nothing")
 	for _, gt := range tenants {
 		require.NoError(t, elsewhere(gt).(subscriptions.Pauser).Resume(ctx, "proj"))
 	}
@@ -110,4 +117,96 @@ func TestGroupFirstRunCatchUp(t *testing.T) {
 	for _, gt := range tenants {
 		require.Equal(t, []subscriptions.DeliveryKind{catchUp, catchUp, catchUp, live}, kinds[gt.feed.Tenant], gt.feed.Tenant)
 	}
+}
+
+// shortProber is a memory checkpoint store whose CheckpointProber answers
+// with no rows at all, as a broken third-party prober might.
+type shortProber struct {
+	*subscriptions.MemoryCheckpointStore
+}
+
+func (shortProber) ProbeCheckpoints(context.Context, []subscriptions.CheckpointStore, []string) ([][]subscriptions.CheckpointProbe, error) {
+	return nil, nil
+}
+
+// TestGroupProbeAnswerOfWrongShape gives a group a CheckpointProber whose
+// answer lacks the stores it was asked for: the group logs the failed
+// probe and goes on, the tenant's events handled once each, before and
+// after probes ran, instead of indexing past the answer.
+func TestGroupProbeAnswerOfWrongShape(t *testing.T) {
+	t.Parallel()
+	logger, logs := newLogger()
+	gt := groupMemoryTenants("short", 1)[0]
+	gt.feed.Checkpoints = shortProber{subscriptions.NewMemoryCheckpointStore()}
+	ledger := newGroupLedger()
+	names := map[string]string{"short": ""}
+	g, err := subscriptions.NewGroup(groupDefs(ledger, names), subscriptions.WithGroupWorkers(1),
+		subscriptions.WithGroupPollInterval(groupPoll), subscriptions.WithGroupLogger(logger))
+	require.NoError(t, err)
+	require.NoError(t, g.Add(gt.feed))
+	appendN(t, gt.feed.Events, "Before", 0, 3)
+	runGroup(t, g)
+	ledger.waitCalls(t, 3)
+	require.Eventually(t, func() bool {
+		return strings.Count(logs.String(), "probing the tenants' checkpoints failed") >= 2
+	}, 30*time.Second, 5*time.Millisecond, "the probe's bad answer was not logged as a failure, twice")
+	appendN(t, gt.feed.Events, "After", 3, 2)
+	ledger.waitCalls(t, 5)
+	ledger.requireOnce(t, []*groupTenant{gt}, names)
+}
+
+// refusingProber is a memory checkpoint store whose CheckpointProber reads
+// its stores until refuse is set, and then refuses them
+// (errors.ErrUnsupported), as a database's prober does once a tenant of
+// another kind joins it.
+type refusingProber struct {
+	*subscriptions.MemoryCheckpointStore
+	refuse *atomic.Bool
+}
+
+func (r refusingProber) ProbeCheckpoints(ctx context.Context, stores []subscriptions.CheckpointStore, names []string) ([][]subscriptions.CheckpointProbe, error) {
+	if r.refuse.Load() {
+		return nil, fmt.Errorf("refusingProber: %w", errors.ErrUnsupported)
+	}
+	inner := make([]subscriptions.CheckpointStore, len(stores))
+	for i, s := range stores {
+		inner[i] = s.(refusingProber).MemoryCheckpointStore
+	}
+	return r.MemoryCheckpointStore.ProbeCheckpoints(ctx, inner, names)
+}
+
+// TestGroupPausedTenantPollsOnceProbesRefused pauses an idle tenant
+// elsewhere (through its store, the group not told) and appends to it:
+// its unit goes dormant on the pause the checkpoint probe reads. Then the
+// database's prober starts refusing, and the tenant is resumed elsewhere:
+// with no probe left to read the resume, the unit polls for it again, and
+// the event is handled.
+func TestGroupPausedTenantPollsOnceProbesRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	logger, logs := newLogger()
+	gt := groupMemoryTenants("refused", 1)[0]
+	mem := subscriptions.NewMemoryCheckpointStore()
+	refuse := &atomic.Bool{}
+	gt.feed.Checkpoints = refusingProber{mem, refuse}
+	ledger := newGroupLedger()
+	names := map[string]string{"proj": ""}
+	g, err := subscriptions.NewGroup(groupDefs(ledger, names), subscriptions.WithGroupWorkers(1),
+		subscriptions.WithGroupPollInterval(groupPoll), subscriptions.WithGroupLogger(logger))
+	require.NoError(t, err)
+	require.NoError(t, g.Add(gt.feed))
+	appendN(t, gt.feed.Events, "E", 0, 2)
+	runGroup(t, g)
+	ledger.waitCalls(t, 2)
+
+	_, err = mem.Pause(ctx, "proj", []string{"proj"}, "elsewhere")
+	require.NoError(t, err)
+	appendN(t, gt.feed.Events, "E", 2, 1)
+	require.Never(t, func() bool { return ledger.total() != 2 }, 5*groupPoll, 5*time.Millisecond, "a paused tenant runs nothing")
+	refuse.Store(true)
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "checkpoints cannot be read together") }, 30*time.Second, 5*time.Millisecond,
+		"the prober's refusal was not logged")
+	require.NoError(t, mem.Resume(ctx, "proj"))
+	ledger.waitCalls(t, 3)
+	ledger.requireOnce(t, []*groupTenant{gt}, names)
 }

@@ -726,8 +726,9 @@ func (g *Group) probeDB(run *groupRun, set *probeSet, checkpoints bool) (moved b
 	tenants, heads, err := g.readHeads(run.ctx, set, down, pick)
 	var cpTenants []*groupTenant
 	var cps [][]CheckpointProbe
+	var refused bool
 	if err == nil && checkpoints && !down {
-		cpTenants, cps = g.readCheckpoints(run.ctx, set)
+		cpTenants, cps, refused = g.readCheckpoints(run.ctx, set)
 	}
 	now := time.Now()
 	g.mu.Lock()
@@ -774,6 +775,18 @@ func (g *Group) probeDB(run *groupRun, set *probeSet, checkpoints bool) (moved b
 			g.noticeCheckpoint(run, u, cps[i][j])
 		}
 	}
+	if refused {
+		// No probe will read a resume for the units that went dormant on
+		// a pause (noticeCheckpoint): they run, find the pause, and poll
+		// for it again.
+		for _, t := range set.tenants {
+			for _, u := range t.units {
+				if t.live > 0 && u.state == unitDormant && u.paused {
+					g.wake(run, u, true, time.Time{})
+				}
+			}
+		}
+	}
 	return moved
 }
 
@@ -804,9 +817,10 @@ func (g *Group) noticeCheckpoint(run *groupRun, u *groupUnit, p CheckpointProbe)
 // tenants; it returns the tenants it read, with what it read (by tenant,
 // then definition). Without the capability, or once the prober refused
 // the database's stores (logged once), it reads nothing: a change made
-// elsewhere is then noticed at the tenant's next event. A failure is
-// logged and leaves its tenants out.
-func (g *Group) readCheckpoints(ctx context.Context, set *probeSet) ([]*groupTenant, [][]CheckpointProbe) {
+// elsewhere is then noticed at the tenant's next event; refused reports
+// the prober refusing them just now (see probeDB). A failure, or an answer
+// of the wrong shape, is logged and leaves its tenants out.
+func (g *Group) readCheckpoints(ctx context.Context, set *probeSet) (tenants []*groupTenant, out [][]CheckpointProbe, refused bool) {
 	prober, ok := set.tenants[0].feed.Checkpoints.(CheckpointProber)
 	g.mu.Lock()
 	if g.unprobedCheckpoints[set.key] {
@@ -814,11 +828,9 @@ func (g *Group) readCheckpoints(ctx context.Context, set *probeSet) ([]*groupTen
 	}
 	g.mu.Unlock()
 	if !ok {
-		return nil, nil
+		return nil, nil, false
 	}
 	names := g.Names()
-	var tenants []*groupTenant
-	var out [][]CheckpointProbe
 	for from := 0; from < len(set.tenants); from += probeChunk {
 		chunk := set.tenants[from:min(from+probeChunk, len(set.tenants))]
 		stores := make([]CheckpointStore, len(chunk))
@@ -832,7 +844,10 @@ func (g *Group) readCheckpoints(ctx context.Context, set *probeSet) ([]*groupTen
 			g.mu.Unlock()
 			g.cfg.logger.Warn("group: the database's checkpoints cannot be read together; a reset or resume made elsewhere on an idle tenant waits for its next event",
 				"database", set.tenants[0].feed.Database, "tenants", len(set.tenants), "error", err)
-			return nil, nil
+			return nil, nil, true
+		}
+		if err == nil && !probeShaped(got, len(chunk), len(names)) {
+			err = fmt.Errorf("%T.ProbeCheckpoints answered %d stores for %d, or not one probe per name", prober, len(got), len(chunk))
 		}
 		if err != nil {
 			if ctx.Err() == nil {
@@ -842,7 +857,22 @@ func (g *Group) readCheckpoints(ctx context.Context, set *probeSet) ([]*groupTen
 		}
 		tenants, out = append(tenants, chunk...), append(out, got...)
 	}
-	return tenants, out
+	return tenants, out, false
+}
+
+// probeShaped reports whether a CheckpointProber's answer has one row per
+// store and one probe per name in each: another's prober is checked
+// before the group indexes it.
+func probeShaped(got [][]CheckpointProbe, stores, names int) bool {
+	if len(got) != stores {
+		return false
+	}
+	for _, row := range got {
+		if len(row) != names {
+			return false
+		}
+	}
+	return true
 }
 
 // overran puts set's database down when its read is still running after

@@ -11,7 +11,7 @@ import (
 // TableQuery resolves the events table named $1 (TableName's form: bare
 // for the search_path's, or schema-qualified) to its schema-qualified
 // name as EventsTableQuery spells it (quote_ident of the schema and of
-// the table); NULL when there is none. It is what NewTable's qualified
+// the table); no row when there is none. It is what NewTable's qualified
 // is.
 const TableQuery = `SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
 	FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`
@@ -41,7 +41,7 @@ type Table struct {
 // NewTable returns the events table of schemaName ("" for the
 // search_path's), whose canonical name qualified is what TableQuery (or
 // EventsTableQuery for "") returned for TableName(schemaName). An empty
-// qualified, which is TableQuery's NULL, is an error saying that the
+// qualified (TableQuery returned no row) is an error saying that the
 // table does not exist.
 func NewTable(schemaName, qualified string) (Table, error) {
 	if schemaName != "" {
