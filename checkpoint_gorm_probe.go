@@ -38,23 +38,43 @@ func (g *GormCheckpointStore) ProbeCheckpoints(ctx context.Context, stores []Che
 		return emptyProbes(len(stores), len(names)), nil
 	}
 	keys := pauseKeys(names)
-	args := make([]any, 0, 2*len(stores))
-	for range tables {
-		args = append(args, names, keys)
+	// GORM binds every name and key of every store, 2 x stores x names
+	// parameters: a statement reads as many stores as keep it within the
+	// drivers' limits (probeParams), the next ones in another.
+	per := max(1, probeParams/(2*len(names)))
+	var positions [][]int64
+	var paused [][]bool
+	for from := 0; from < len(tables); from += per {
+		part := tables[from:min(from+per, len(tables))]
+		args := make([]any, 0, 2*len(part))
+		for range part {
+			args = append(args, names, keys)
+		}
+		pos, pau, err := g.probeStatement(ctx, part, names, keys, args)
+		if err != nil {
+			return nil, fmt.Errorf("subscriptions: probe the checkpoints of %d stores: %w", len(stores), err)
+		}
+		positions, paused = append(positions, pos...), append(paused, pau...)
 	}
+	return probesOf(positions, paused), nil
+}
+
+// probeParams bounds the parameters of one probe statement: SQLite's
+// default limit is 32,766, Postgres's 65,535.
+const probeParams = 32000
+
+// probeStatement runs the checkpoint probe of tables in one statement.
+func (g *GormCheckpointStore) probeStatement(ctx context.Context, tables []schema.ProbeTables, names, keys []string, args []any) ([][]int64, [][]bool, error) {
 	rows, err := g.db.WithContext(ctx).Raw(schema.CheckpointProbeQuery(tables, "?", "?"), args...).Rows()
 	if err != nil {
-		return nil, fmt.Errorf("subscriptions: probe the checkpoints of %d stores: %w", len(stores), err)
+		return nil, nil, err
 	}
 	defer rows.Close()
-	positions, paused, err := schema.ScanCheckpointProbe(len(stores), names, keys, rows.Next, rows.Scan)
+	positions, paused, err := schema.ScanCheckpointProbe(len(tables), names, keys, rows.Next, rows.Scan)
 	if err == nil {
 		err = rows.Err()
 	}
-	if err != nil {
-		return nil, fmt.Errorf("subscriptions: probe the checkpoints of %d stores: %w", len(stores), err)
-	}
-	return probesOf(positions, paused), nil
+	return positions, paused, err
 }
 
 // probeTables returns the store's tables as another store's probe names

@@ -3,6 +3,8 @@ package subscriptions_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -121,6 +123,29 @@ func TestCheckpointProber(t *testing.T) {
 
 			_, err = p.a.(subscriptions.CheckpointProber).ProbeCheckpoints(ctx, []subscriptions.CheckpointStore{p.a, otherKind(p.a)}, names)
 			require.True(t, errors.Is(err, errors.ErrUnsupported), "a store of another kind: %v", err)
+
+			// Many names and stores (the stores repeated): more parameters
+			// than one Postgres statement binds. (A SQLite probe reads the
+			// stores of one file: one store, and a name per definition.)
+			if strings.HasPrefix(bk.name, "sqlite") {
+				return
+			}
+			many := append([]string(nil), names...)
+			for i := range 297 {
+				many = append(many, fmt.Sprintf("unknown-%d", i))
+			}
+			var reps []subscriptions.CheckpointStore
+			for range 120 {
+				reps = append(reps, stores...)
+			}
+			got, err := p.a.(subscriptions.CheckpointProber).ProbeCheckpoints(ctx, reps, many)
+			require.NoError(t, err)
+			require.Len(t, got, len(reps))
+			for i, row := range got {
+				require.Len(t, row, len(many))
+				require.Equal(t, want[i%len(stores)], row[:len(names)], "store %d", i)
+				require.Equal(t, make([]subscriptions.CheckpointProbe, len(many)-len(names)), row[len(names):], "store %d: names without rows", i)
+			}
 		})
 	}
 }
