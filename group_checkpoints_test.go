@@ -119,6 +119,25 @@ func TestGroupFirstRunCatchUp(t *testing.T) {
 	}
 }
 
+// runProbedMemoryTenant runs a one-worker group of names over one memory
+// tenant whose checkpoint store is cps, after appending backlog events to
+// it, and waits until they were handled; logs holds the group's log.
+func runProbedMemoryTenant(t *testing.T, prefix string, cps subscriptions.CheckpointStore, names map[string]string, backlog int) (*groupTenant, *groupLedger, *logBuffer) {
+	t.Helper()
+	logger, logs := newLogger()
+	gt := groupMemoryTenants(prefix, 1)[0]
+	gt.feed.Checkpoints = cps
+	ledger := newGroupLedger()
+	g, err := subscriptions.NewGroup(groupDefs(ledger, names), subscriptions.WithGroupWorkers(1),
+		subscriptions.WithGroupPollInterval(groupPoll), subscriptions.WithGroupLogger(logger))
+	require.NoError(t, err)
+	require.NoError(t, g.Add(gt.feed))
+	appendN(t, gt.feed.Events, "Before", 0, backlog)
+	runGroup(t, g)
+	ledger.waitCalls(t, backlog)
+	return gt, ledger, logs
+}
+
 // shortProber is a memory checkpoint store whose CheckpointProber answers
 // with no rows at all, as a broken third-party prober might.
 type shortProber struct {
@@ -135,18 +154,8 @@ func (shortProber) ProbeCheckpoints(context.Context, []subscriptions.CheckpointS
 // after probes ran, instead of indexing past the answer.
 func TestGroupProbeAnswerOfWrongShape(t *testing.T) {
 	t.Parallel()
-	logger, logs := newLogger()
-	gt := groupMemoryTenants("short", 1)[0]
-	gt.feed.Checkpoints = shortProber{subscriptions.NewMemoryCheckpointStore()}
-	ledger := newGroupLedger()
 	names := map[string]string{"short": ""}
-	g, err := subscriptions.NewGroup(groupDefs(ledger, names), subscriptions.WithGroupWorkers(1),
-		subscriptions.WithGroupPollInterval(groupPoll), subscriptions.WithGroupLogger(logger))
-	require.NoError(t, err)
-	require.NoError(t, g.Add(gt.feed))
-	appendN(t, gt.feed.Events, "Before", 0, 3)
-	runGroup(t, g)
-	ledger.waitCalls(t, 3)
+	gt, ledger, logs := runProbedMemoryTenant(t, "short", shortProber{subscriptions.NewMemoryCheckpointStore()}, names, 3)
 	require.Eventually(t, func() bool {
 		return strings.Count(logs.String(), "probing the tenants' checkpoints failed") >= 2
 	}, 30*time.Second, 5*time.Millisecond, "the probe's bad answer was not logged as a failure, twice")
@@ -184,22 +193,12 @@ func (r refusingProber) ProbeCheckpoints(ctx context.Context, stores []subscript
 func TestGroupPausedTenantPollsOnceProbesRefused(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	logger, logs := newLogger()
-	gt := groupMemoryTenants("refused", 1)[0]
 	mem := subscriptions.NewMemoryCheckpointStore()
 	refuse := &atomic.Bool{}
-	gt.feed.Checkpoints = refusingProber{mem, refuse}
-	ledger := newGroupLedger()
 	names := map[string]string{"proj": ""}
-	g, err := subscriptions.NewGroup(groupDefs(ledger, names), subscriptions.WithGroupWorkers(1),
-		subscriptions.WithGroupPollInterval(groupPoll), subscriptions.WithGroupLogger(logger))
-	require.NoError(t, err)
-	require.NoError(t, g.Add(gt.feed))
-	appendN(t, gt.feed.Events, "E", 0, 2)
-	runGroup(t, g)
-	ledger.waitCalls(t, 2)
+	gt, ledger, logs := runProbedMemoryTenant(t, "refused", refusingProber{mem, refuse}, names, 2)
 
-	_, err = mem.Pause(ctx, "proj", []string{"proj"}, "elsewhere")
+	_, err := mem.Pause(ctx, "proj", []string{"proj"}, "elsewhere")
 	require.NoError(t, err)
 	appendN(t, gt.feed.Events, "E", 2, 1)
 	require.Never(t, func() bool { return ledger.total() != 2 }, 5*groupPoll, 5*time.Millisecond, "a paused tenant runs nothing")
