@@ -196,8 +196,6 @@ func (s *Subscriber) runPartitioned(ctx context.Context) error {
 	s.logger.Info("subscriber started", "subscriber", s.name, "batch_size", s.batchSize, "poll_interval", s.pollInterval,
 		"partitions", s.partitions, "concurrency", k)
 	defer s.logger.Info("subscriber stopped", "subscriber", s.name)
-	s.tel.started()
-	defer s.tel.setState(StateStopped)
 	defer s.tel.observe(s)()
 
 	wctx, abort := context.WithCancel(ctx)

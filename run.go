@@ -69,6 +69,12 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		return fmt.Errorf("subscriptions: run %q: %w", s.name, ErrRunning)
 	}
 	defer s.running.Store(false)
+	// Running from here on, though the start may still retry a database
+	// that does not answer: Healthy and Status report a Run that is
+	// starting as running (and then stuck, past the threshold), not as a
+	// process that does not run the subscriber.
+	s.tel.started()
+	defer s.tel.setState(StateStopped)
 	if s.partitions > 0 {
 		return s.runPartitioned(ctx)
 	}
@@ -85,8 +91,6 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	}
 	s.logger.Info("subscriber started", "subscriber", s.name, "batch_size", s.batchSize, "poll_interval", s.pollInterval)
 	defer s.logger.Info("subscriber stopped", "subscriber", s.name)
-	s.tel.started()
-	defer s.tel.setState(StateStopped)
 	defer s.tel.observe(s)()
 
 	drain, stopDrain := s.drainContext(ctx)

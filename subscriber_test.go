@@ -517,6 +517,62 @@ func TestSubscriberTransientErrorsAreRetried(t *testing.T) {
 	}
 }
 
+// catchUpFailingCheckpoints is a checkpoint store whose catch-up mark
+// cannot be recorded, like a database that refuses the first start's
+// write: Run stays in its start, retrying.
+type catchUpFailingCheckpoints struct {
+	*subscriptions.MemoryCheckpointStore
+	calls atomic.Int32
+}
+
+func (c *catchUpFailingCheckpoints) StartCatchUp(context.Context, string, []string, int64) error {
+	c.calls.Add(1)
+	return errors.New("core fake checkpoints: catch-up: read-only transaction")
+}
+
+// TestStartingRunIsRunning: a Run still retrying its start (here the
+// first start's catch-up mark, as a database that does not answer yet)
+// is reported running, never "not running in this process": a readiness
+// probe sent then must not tell the operator the process runs nothing.
+// Once Run returns it is stopped again.
+func TestStartingRunIsRunning(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, parts := range []int{0, 3} {
+		t.Run(fmt.Sprintf("partitions=%d", parts), func(t *testing.T) {
+			t.Parallel()
+			store := infrastructure.NewMemoryStore()
+			appendN(t, store, "core.start", 0, 5)
+			cps := &catchUpFailingCheckpoints{MemoryCheckpointStore: subscriptions.NewMemoryCheckpointStore()}
+			opts := []subscriptions.SubscriberOption{subscriptions.WithLogger(quietLogger()),
+				subscriptions.WithPollInterval(5 * time.Millisecond), subscriptions.WithFirstRunCatchUp(1)}
+			if parts > 0 {
+				opts = append(opts, subscriptions.WithPartitions(parts))
+			}
+			sub := coreNewSub(t, "core-starting", store, cps,
+				func(context.Context, coreEnvelope) error { return nil }, opts...)
+			st, err := sub.Status(ctx)
+			require.NoError(t, err)
+			require.Equal(t, subscriptions.StateStopped, st.State, "before Run")
+
+			run := start(t, sub)
+			require.Eventually(t, func() bool { return cps.calls.Load() >= 3 }, 30*time.Second, time.Millisecond,
+				"Run retries its start")
+			st, err = sub.Status(ctx)
+			require.NoError(t, err)
+			require.Equal(t, subscriptions.StateRunning, st.State, "a starting Run")
+			require.NotErrorIs(t, sub.Healthy(ctx), subscriptions.ErrSubscriberStopped)
+			require.False(t, run.returned())
+
+			run.stop(t)
+			st, err = sub.Status(ctx)
+			require.NoError(t, err)
+			require.Equal(t, subscriptions.StateStopped, st.State, "after Run returned")
+			require.ErrorIs(t, sub.Healthy(ctx), subscriptions.ErrSubscriberStopped)
+		})
+	}
+}
+
 // TestNewSubscriberValidation: every out-of-range argument is rejected with
 // an error naming it.
 func TestNewSubscriberValidation(t *testing.T) {
