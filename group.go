@@ -32,11 +32,13 @@ var (
 // it, under Name, for every tenant, as NewSubscriber(Name, the tenant's
 // event store, its checkpoint store, Handler, Options...) would.
 //
-// Options are any SubscriberOption but those the group provides or does
-// not run yet, which NewGroup refuses: WithWakeSignal (the group wakes its
-// tenants itself, see WithGroupWakeSignal), WithParkingLot (a lot is a
-// tenant's: Feed.Parking), WithPartitions and WithConcurrency.
-// WithFirstRunCatchUp's mark is recorded by each tenant's first cycle of
+// Options are any SubscriberOption but those the group provides, which
+// NewGroup refuses: WithWakeSignal (the group wakes its tenants itself,
+// see WithGroupWakeSignal) and WithParkingLot (a lot is a tenant's:
+// Feed.Parking). A definition WithPartitions(n) runs each tenant's n
+// partitions as the group's own units, each one batch cycle at a time on
+// the group's workers, at most WithConcurrency(k) (default 1) of one
+// tenant at once in this process; see Group. WithFirstRunCatchUp's mark is recorded by each tenant's first cycle of
 // the name in a Run. WithPollInterval is the delay before a tenant's
 // name is tried again after a failure, or while another process holds its
 // checkpoint; the group's own probe interval is WithGroupPollInterval.
@@ -189,6 +191,20 @@ func WithGroupWakeSignal(database string, wake <-chan struct{}) GroupOption {
 // noticed within the interval; a paused name is then not polled either.
 // Without the capability such a change waits for the tenant's next event.
 //
+// A partitioned definition (WithPartitions) is a unit per partition of
+// each tenant, plus one that scans the tenant's feed: when the probe finds
+// the head moved, the scan reads the new events in one statement and only
+// the partitions that got some run; at most WithConcurrency of them (1 by
+// default) at once per tenant in this process, and every partition's
+// checkpoint coordinates across processes as a standalone partitioned
+// Subscriber's does. The scan's first cycle of a Run checks the tenant's
+// partition count (and seeds the partitions on first use, from the
+// name's plain checkpoint if it has one): a tenant whose name has
+// checkpoints for another count has that definition stopped, as any
+// fatal misconfiguration (see Run), the others running on; so has one
+// repartitioned elsewhere while the group runs, at its next batch or
+// checkpoint probe.
+//
 // The connections a process running a Group uses at once are at most
 //
 //	workers + 1 (the probe: one statement at a time, but for a database
@@ -200,8 +216,7 @@ func WithGroupWakeSignal(database string, wake <-chan struct{}) GroupOption {
 //
 // whatever the number of tenants, and on each server no more than that,
 // since every batch cycle holds at most one connection (the Connections
-// rule); partitioned definitions, which
-// need a connection per partition worker, are not run by a group yet. The
+// rule), a partition's as any other. The
 // tenants of one database share one pool when their stores name their
 // schema (WithSchema here and in infrastructure and pgxstore): size it to
 // the budget, whatever the number of tenants. Stores that select their
@@ -252,6 +267,11 @@ type Group struct {
 	// (errors.ErrUnsupported), logged once; unprobedCheckpoints those whose
 	// CheckpointProber did. Guarded by mu.
 	unprobed, unprobedCheckpoints map[string]bool
+	// probeNames are the checkpoint rows the checkpoint probe reads of
+	// every tenant, one per unit in the order of groupTenant.units: a
+	// definition's name, or a partitioned one's count row (its scan unit)
+	// and partitions. Fixed by NewGroup.
+	probeNames []string
 }
 
 // NewGroup returns a group of the definitions defs, with no tenant yet.
@@ -294,8 +314,14 @@ func NewGroup(defs []GroupSubscriber, opts ...GroupOption) (*Group, error) {
 			return nil, fmt.Errorf("subscriptions: NewGroup: subscriber %q defined twice", def.Name)
 		}
 		names[def.Name] = true
-		if err := g.checkDef(def); err != nil {
+		s, err := g.checkDef(def)
+		if err != nil {
 			return nil, fmt.Errorf("subscriptions: NewGroup: subscriber %q: %w", def.Name, err)
+		}
+		if s.partitions == 0 {
+			g.probeNames = append(g.probeNames, s.name)
+		} else {
+			g.probeNames = append(append(g.probeNames, partitionMarker(s.name)), s.partitionNames()...)
 		}
 	}
 	return g, nil
@@ -303,8 +329,8 @@ func NewGroup(defs []GroupSubscriber, opts ...GroupOption) (*Group, error) {
 
 // checkDef refuses the options a group provides or does not run, then
 // builds the definition once on memory stores, so that every other
-// mistake is reported here rather than at Add.
-func (g *Group) checkDef(def GroupSubscriber) error {
+// mistake is reported here rather than at Add; it returns that build.
+func (g *Group) checkDef(def GroupSubscriber) (*Subscriber, error) {
 	scratch := &Subscriber{config: &config{}}
 	for _, opt := range def.Options {
 		if opt != nil {
@@ -313,14 +339,11 @@ func (g *Group) checkDef(def GroupSubscriber) error {
 	}
 	switch {
 	case scratch.wake != nil:
-		return errors.New("WithWakeSignal: the group wakes its tenants (WithGroupWakeSignal)")
+		return nil, errors.New("WithWakeSignal: the group wakes its tenants (WithGroupWakeSignal)")
 	case scratch.parking != nil:
-		return errors.New("WithParkingLot: a parking lot is a tenant's (Feed.Parking)")
-	case scratch.partitions != 0 || scratch.concurrency != 0:
-		return errors.New("WithPartitions, WithConcurrency: a group does not run partitioned subscribers yet")
+		return nil, errors.New("WithParkingLot: a parking lot is a tenant's (Feed.Parking)")
 	}
-	_, err := g.newSubscriber(def, checkFeed())
-	return err
+	return g.newSubscriber(def, checkFeed())
 }
 
 // newSubscriber builds def's Subscriber for feed.
@@ -360,9 +383,23 @@ func (g *Group) Add(feed Feed) error {
 			return fmt.Errorf("subscriptions: group: add tenant %q: %w", feed.Tenant, err)
 		}
 		s.running.Store(true) // the group's: see Add
+		t.subs = append(t.subs, s)
 		u := &groupUnit{t: t, s: s}
-		s.afterReset = func() { g.resetWoken(u) }
 		t.units = append(t.units, u)
+		if s.partitions == 0 {
+			s.afterReset = func() { g.resetWoken(u) }
+			continue
+		}
+		// A partitioned definition: u scans the tenant's feed for the
+		// partitions, which are units of their own (see groupParts).
+		ps := &groupParts{parent: s, scan: u, limit: max(s.concurrency, 1)}
+		u.parts = ps
+		for p := range s.partitions {
+			pu := &groupUnit{t: t, parts: ps, partition: p}
+			ps.units = append(ps.units, pu)
+			t.units = append(t.units, pu)
+		}
+		s.afterReset = func() { g.resetWoken(u) }
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -441,9 +478,9 @@ func (g *Group) Subscriber(tenant, name string) (*Subscriber, error) {
 	if t == nil {
 		return nil, fmt.Errorf("subscriptions: group: tenant %q: %w", tenant, ErrUnknownTenant)
 	}
-	for _, u := range t.units {
-		if u.s.name == name {
-			return u.s, nil
+	for _, s := range t.subs {
+		if s.name == name {
+			return s, nil
 		}
 	}
 	return nil, fmt.Errorf("subscriptions: group: tenant %q: no subscriber named %q", tenant, name)
@@ -474,8 +511,8 @@ func (g *Group) Status(ctx context.Context, tenants ...string) ([]Status, error)
 	g.mu.Unlock()
 	out := make([]Status, 0, len(list)*len(g.defs))
 	for _, t := range list {
-		for _, u := range t.units {
-			st, err := u.s.Status(ctx)
+		for _, s := range t.subs {
+			st, err := s.Status(ctx)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("tenant %q: %w", t.feed.Tenant, err))
 				if !errors.Is(err, ErrCheckpointAhead) { // a row all the same, as Subscriber.Status

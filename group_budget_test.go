@@ -177,7 +177,8 @@ func TestProbeHeads(t *testing.T) {
 	require.ErrorIs(t, err, errors.ErrUnsupported)
 }
 
-// TestGroupTenantsShareOnePool runs two definitions over 8 tenant
+// TestGroupTenantsShareOnePool runs two definitions, one of them
+// partitioned (4 partitions, 2 at once), over 8 tenant
 // schemas whose stores all name their schema (WithSchema: GORM's, in this
 // package and in infrastructure, and pgxstore's) on one pool, counted at
 // the sockets, whose search_path names a schema with no table, on two
@@ -282,11 +283,15 @@ func runSharedPoolGroup(t *testing.T, pg *dbtest.Postgres, gauge *socketGauge,
 
 	var calls atomic.Int64
 	var defs []subscriptions.GroupSubscriber
-	for _, table := range tables {
+	for i, table := range tables {
+		opts := []subscriptions.SubscriberOption{subscriptions.WithPollInterval(groupPoll), subscriptions.WithBatchSize(3)}
+		if i == 1 {
+			opts = append(opts, subscriptions.WithPartitions(4), subscriptions.WithConcurrency(2))
+		}
 		defs = append(defs, subscriptions.GroupSubscriber{Name: table, Handler: func(ctx context.Context, ev domain.EventEnvelope[any]) error {
 			calls.Add(1)
 			return write(ctx, schema.Qualified(subscriptions.TenantFromContext(ctx), table), ev)
-		}, Options: []subscriptions.SubscriberOption{subscriptions.WithPollInterval(groupPoll), subscriptions.WithBatchSize(3)}})
+		}, Options: opts})
 	}
 	g, err := subscriptions.NewGroup(defs, subscriptions.WithGroupWorkers(workers),
 		subscriptions.WithGroupPollInterval(groupPoll), subscriptions.WithGroupWakeSignal("pg", listener.Subscribe()),

@@ -66,7 +66,13 @@ type groupTenant struct {
 	feed Feed
 	// key groups the tenants probed together: Feed.Database, or the
 	// tenant's own key when it has none.
-	key   string
+	key string
+	// subs are the tenant's Subscribers, one per definition in order:
+	// what Group.Subscriber and Group.Status answer with.
+	subs []*Subscriber
+	// units are what the group schedules: a unit per definition, and for
+	// a partitioned one its scan unit followed by its partitions' (the
+	// order of Group.probeNames).
 	units []*groupUnit
 
 	// ctx is the tenant's context in the Run in progress, a child of the
@@ -87,7 +93,14 @@ type groupTenant struct {
 // used only by the worker that holds the unit (unitRunning).
 type groupUnit struct {
 	t *groupTenant
+	// s is the unit's Subscriber: the definition's, or for a partition
+	// the partition's (Subscriber.partitionChild, made by startTenant for
+	// each Run).
 	s *Subscriber
+	// parts is the partitioned definition the unit belongs to (its scan
+	// unit, or partition number partition); nil for an unpartitioned one.
+	parts     *groupParts
+	partition int
 
 	r         *runner
 	stopDrain func()
@@ -117,6 +130,60 @@ type groupUnit struct {
 	// Run (by the unit's worker: see cycle).
 	catchUp bool
 }
+
+// groupParts is a partitioned definition run over one tenant: the work of
+// a standalone partitioned Run's coordinator and workers, as units of the
+// group. The scan unit (scan, whose Subscriber is the definition's) is
+// woken by the probe when the tenant's head moves, as any unit is; its
+// cycle reads the feed past scanned in one statement and wakes the
+// partitions that got events, and only those run (a partition's unit is
+// the ordinary unit over the partition's view of the feed). Its first
+// cycle in a Run does what a partitioned Run does before its loop: reads
+// the head (where the scans start), checks the partition count and seeds
+// the partitions (initPartitions), reads their checkpoints, and then
+// queues every partition; until then no partition runs (ready). A reset
+// or resume of the definition queues the scan reading the checkpoints
+// (check), which then queues every partition reading its own. Its fields
+// are guarded by the group's mu, but for those the scan's worker owns
+// while it runs (scanned, found).
+type groupParts struct {
+	parent *Subscriber
+	scan   *groupUnit
+	units  []*groupUnit
+	// limit is WithConcurrency (1 when not given): how many of the
+	// partitions run at once in this process; running counts them.
+	limit, running int
+	// ready: the first scan of the Run is done; until then the
+	// partitions are not woken.
+	ready bool
+	// failed: a fatal error ended the definition for the tenant in this
+	// Run; every unit of it ends (one running ends after its cycle).
+	failed bool
+	// index is the partitions' shared feed index in this Run (nil when
+	// the store is not a FeedIndex), and drain their drain context, which
+	// stopDrain ends once live, the units not ended, is 0.
+	index     *partitionIndex
+	stopDrain func()
+	live      int
+	// scanned is where the next scan starts; woken is when the wake-up
+	// that queued the scan was seen; found and foundAll are what the scan
+	// just run found (the partitions to wake, or all), with check for
+	// a scan that read the checkpoints. Owned by the scan's worker while
+	// it runs; read by after.
+	scanned    int64
+	woken      time.Time
+	found      []int
+	foundAll   bool
+	foundCheck bool
+	// nowReady: the scan's first cycle is done (afterScan sets ready);
+	// fatal is the scan's fatal error. Owned like found.
+	nowReady bool
+	fatal    error
+}
+
+// isPartition reports whether u runs a partition (not a definition, nor
+// a partitioned definition's scan).
+func (u *groupUnit) isPartition() bool { return u.parts != nil && u.parts.scan != u }
 
 // groupRun is one Run's state, guarded by the group's mu.
 type groupRun struct {
@@ -240,17 +307,47 @@ func (g *Group) startTenant(run *groupRun, t *groupTenant) {
 		db.live++
 	}
 	for _, u := range t.units {
-		drain, stop := u.s.drainContext(t.ctx)
-		u.r = newRunner(u.s, nil, drain)
-		u.r.deferBackoff = true // a backoff holds no worker: see after
-		u.stopDrain = stop
+		u.check, u.dirty, u.recheck, u.woken = true, false, false, time.Time{}
+		u.at, u.paused, u.catchUp = -1, false, false
+		t.live++
+		if u.isPartition() {
+			g.startPartition(u)
+			continue
+		}
 		u.s.tel.started()
 		u.unobserve = u.s.tel.observe(u.s)
-		u.check, u.dirty, u.recheck, u.woken = true, false, false, time.Time{}
-		u.at, u.paused, u.catchUp = -1, false, u.s.firstRunCatchUp
-		t.live++
+		u.catchUp = u.s.firstRunCatchUp
+		if ps := u.parts; ps != nil {
+			// The scan: it holds no checkpoint, and so no runner.
+			ps.index = u.s.newPartitionIndex(nil)
+			ps.ready, ps.failed, ps.running, ps.live, ps.scanned = false, false, 0, 1+len(ps.units), -1
+			ps.found, ps.foundAll, ps.foundCheck, ps.fatal = nil, false, false, nil
+			drain, stop := u.s.drainContext(t.ctx)
+			ps.stopDrain, u.stopDrain, u.r = stop, nil, nil
+			tels := u.s.tel.partitions(len(ps.units))
+			names := u.s.partitionNames()
+			for p, pu := range ps.units {
+				pu.s = u.s.partitionChild(names[p], p, ps.index, tels[p])
+				pu.r = newRunner(pu.s, nil, drain)
+			}
+		} else {
+			drain, stop := u.s.drainContext(t.ctx)
+			u.r = newRunner(u.s, nil, drain)
+			u.r.deferBackoff = true // a backoff holds no worker: see after
+			u.stopDrain = stop
+		}
 		g.enqueue(run, u)
 	}
+}
+
+// startPartition readies the partition unit u for the Run its scan was
+// just started in (startTenant made its Subscriber and runner): dormant
+// until the scan's first cycle queues it. Called with mu held.
+func (g *Group) startPartition(u *groupUnit) {
+	u.r.deferBackoff = true
+	u.r.countChecked = true // the scan's first cycle checks the count
+	u.unobserve = func() {} // the definition's gauges cover its partitions
+	u.state = unitDormant
 }
 
 // enqueue puts u at the back of the ready queue. Called with mu held.
@@ -301,7 +398,13 @@ func (g *Group) end(u *groupUnit) {
 		g.stopTimer(g.run, u)
 	}
 	u.state = unitEnded
-	u.stopDrain()
+	if ps := u.parts; ps != nil {
+		if ps.live--; ps.live == 0 {
+			ps.stopDrain() // no unit of it drains any more
+		}
+	} else {
+		u.stopDrain()
+	}
 	u.unobserve()
 	u.s.tel.setState(StateStopped)
 	u.r = nil
@@ -328,8 +431,8 @@ func (g *Group) removed(t *groupTenant) {
 	if i := indexOf(g.order, t); i >= 0 {
 		g.order = append(g.order[:i], g.order[i+1:]...)
 	}
-	for _, u := range t.units {
-		u.s.running.Store(false)
+	for _, s := range t.subs {
+		s.running.Store(false)
 	}
 	close(t.done)
 }
@@ -346,6 +449,9 @@ func indexOf(list []*groupTenant, t *groupTenant) int {
 // wake queues u after a wake-up (its feed head moved: check false) or a
 // reset (check true). Called with mu held.
 func (g *Group) wake(run *groupRun, u *groupUnit, check bool, at time.Time) {
+	if u.isPartition() && (!u.parts.ready || u.parts.failed) {
+		return // the scan's first cycle queues it; or it ends
+	}
 	switch u.state {
 	case unitDormant:
 		u.check, u.woken = check, at
@@ -411,7 +517,12 @@ func (g *Group) next(run *groupRun) (*groupUnit, bool) {
 	for run.ctx.Err() == nil {
 		if u := g.take(run); u != nil {
 			u.state = unitRunning
-			u.r.wokenAt, u.woken = u.woken, time.Time{}
+			if u.r != nil {
+				u.r.wokenAt = u.woken
+			} else {
+				u.parts.woken = u.woken // a scan
+			}
+			u.woken = time.Time{}
 			return u, u.check
 		}
 		run.cond.Wait()
@@ -447,8 +558,14 @@ func (g *Group) take(run *groupRun) *groupUnit {
 		if db.running >= limit {
 			continue // another database's unit may run
 		}
+		if u.isPartition() && u.parts.running >= u.parts.limit {
+			continue // WithConcurrency: another definition's unit may run
+		}
 		run.ready = slices.Delete(run.ready, i, i+1)
 		db.running++
+		if u.isPartition() {
+			u.parts.running++
+		}
 		return u
 	}
 	return nil
@@ -497,7 +614,10 @@ func (g *Group) cycle(run *groupRun, u *groupUnit, check bool) (out outcome, ok 
 		}
 		u.catchUp = false
 	}
-	return u.r.cycle(u.t.ctx, check), true
+	if u.parts != nil && !u.isPartition() {
+		return g.scanCycle(u.t.ctx, u.parts, check), true
+	}
+	return u.r.cycle(u.t.ctx, check || u.r.known < 0), true
 }
 
 // after schedules u by what its cycle came to, as Run's loop does.
@@ -507,6 +627,27 @@ func (g *Group) after(run *groupRun, u *groupUnit, out outcome) {
 	defer g.mu.Unlock()
 	run.db(u.t.key).running--
 	run.cond.Signal() // a unit its database's limit kept queued may run
+	if u.isPartition() {
+		u.parts.running--
+	}
+	if ps := u.parts; ps != nil {
+		if out == outcomeFatal {
+			err := ps.fatal
+			if u.isPartition() {
+				err = u.r.fatal
+			}
+			g.failParts(run, ps, err)
+		}
+		if ps.failed {
+			u.dirty, u.recheck = false, false
+			g.end(u)
+			return
+		}
+		if !u.isPartition() {
+			g.afterScan(run, u, out)
+			return
+		}
+	}
 	dirty, recheck := u.dirty, u.recheck
 	u.dirty, u.recheck = false, false
 	u.at = -1
@@ -764,7 +905,9 @@ func (g *Group) probeDB(run *groupRun, set *probeSet, checkpoints bool) (moved b
 		}
 		t.seen, moved = heads[i], true
 		for _, u := range t.units {
-			g.wake(run, u, false, now)
+			if !u.isPartition() { // a partitioned definition's scan wakes those with events
+				g.wake(run, u, false, now)
+			}
 		}
 	}
 	for i, t := range cpTenants {
@@ -797,6 +940,16 @@ func (g *Group) probeDB(run *groupRun, set *probeSet, checkpoints bool) (moved b
 // paused goes dormant instead, until a probe reads it resumed (or its
 // head moves). Called with mu held.
 func (g *Group) noticeCheckpoint(run *groupRun, u *groupUnit, p CheckpointProbe) {
+	if u.parts != nil && !u.isPartition() {
+		// A partitioned definition's count row: a count another process
+		// changed (Repartition) queues the scan reading the checkpoints,
+		// which finds it and ends the definition for the tenant. Its
+		// partitions notice their own rows.
+		if u.state == unitDormant && p.Position != 0 && p.Position != int64(len(u.parts.units)) {
+			g.wake(run, u, true, time.Time{})
+		}
+		return
+	}
 	resumed := u.paused && !p.Paused
 	u.paused = p.Paused
 	moved := u.at >= 0 && p.Position != u.at
@@ -830,7 +983,7 @@ func (g *Group) readCheckpoints(ctx context.Context, set *probeSet) (tenants []*
 	if !ok {
 		return nil, nil, false
 	}
-	names := g.Names()
+	names := g.probeNames
 	for from := 0; from < len(set.tenants); from += probeChunk {
 		chunk := set.tenants[from:min(from+probeChunk, len(set.tenants))]
 		stores := make([]CheckpointStore, len(chunk))

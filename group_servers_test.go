@@ -29,6 +29,10 @@ import (
 // child writes its four columns into it (internal/cmd/crashchild).
 const serversTable = "srv_proj"
 
+// serversPartsTable is the projection of the partitioned definition of
+// TestGroupServersSurviveSIGKILL's children.
+const serversPartsTable = serversTable + "_parts"
+
 // serverTenant is one tenant of the servers tests: a schema on one of the
 // servers, which the test appends to and reads through a pool of its own
 // (pg.DB, straight to the server), while the group reaches it through
@@ -91,9 +95,11 @@ func (s *server) addTenants(t *testing.T, prefix, app string, n int) []*serverTe
 		go func() {
 			defer wg.Done()
 			events, err := infrastructure.NewGormEventStore(st.pg.DB)
-			if err == nil {
-				err = st.pg.DB.Exec("CREATE TABLE " + serversTable + " (event_id text NOT NULL, position bigint NOT NULL," +
-					" pid bigint, handled_at bigint, seq bigserial)").Error
+			for _, table := range []string{serversTable, serversPartsTable} {
+				if err == nil {
+					err = st.pg.DB.Exec("CREATE TABLE " + table + " (event_id text NOT NULL, position bigint NOT NULL," +
+						" pid bigint, handled_at bigint, seq bigserial)").Error
+				}
 			}
 			st.events, errs[i] = events, err
 		}()
@@ -147,8 +153,17 @@ func (s *server) sessions(app string) ([]session, error) {
 
 // progress reads the tenant's feed head and the checkpoint of name (0 if
 // none yet), through the test's own pool; an error while its server is
-// down.
+// down. For a partitioned name (ending in -parts), whose partitions have
+// checkpoints of their own, the checkpoint is the position before the
+// first event not in its projection (serversPartsTable): every event up
+// to it is handled, as a checkpoint says.
 func (st *serverTenant) progress(name string) (head, checkpoint int64, err error) {
+	if strings.HasSuffix(name, "-parts") {
+		err = st.pg.DB.Raw("SELECT (SELECT COALESCE(MAX(position), 0) FROM events), "+
+			"(SELECT COALESCE(MIN(e.position) - 1, (SELECT COALESCE(MAX(position), 0) FROM events)) FROM events e "+
+			"WHERE NOT EXISTS (SELECT 1 FROM "+serversPartsTable+" p WHERE p.event_id = e.id))").Row().Scan(&head, &checkpoint)
+		return head, checkpoint, err
+	}
 	err = st.pg.DB.Raw("SELECT (SELECT COALESCE(MAX(position), 0) FROM events), "+
 		"(SELECT COALESCE(MAX(position), 0) FROM subscriber_checkpoints WHERE subscriber = ?)", name).Row().Scan(&head, &checkpoint)
 	return head, checkpoint, err
@@ -310,7 +325,8 @@ func waitAllAtHead(t *testing.T, tenants []*serverTenant, names []string) {
 	}
 }
 
-// TestGroupTenantsOnSeveralServers runs a Group of two definitions over
+// TestGroupTenantsOnSeveralServers runs a Group of two definitions (one
+// partitioned: 4 partitions, 2 at once) over
 // tenants on three servers: two schemas on the test server, two on a
 // private cluster reached directly, two on another reached through a
 // PgBouncer, while every tenant is appended to. Both clusters are stopped
@@ -327,8 +343,8 @@ func TestGroupTenantsOnSeveralServers(t *testing.T) {
 	t.Parallel()
 	began := time.Now()
 	const workers = 3
-	names := []string{"srv-a", "srv-b"}
-	tables := map[string]string{"srv-a": serversTable, "srv-b": serversTable + "_b"}
+	names := []string{"srv-a", "srv-parts"} // srv-parts is partitioned
+	tables := map[string]string{"srv-a": serversTable, "srv-parts": serversPartsTable}
 	app := faultAppName()
 
 	home := newServer(t, "home", nil, false)
@@ -344,15 +360,17 @@ func TestGroupTenantsOnSeveralServers(t *testing.T) {
 		all = append(all, s.addTenants(t, "srv", app, n)...)
 	}
 	for _, st := range all {
-		require.NoError(t, st.pg.DB.Exec("CREATE TABLE "+tables["srv-b"]+" (LIKE "+serversTable+" INCLUDING DEFAULTS)").Error)
 		st.feed = serversFeed(t, st)
 	}
 	late := home.tenants[2]
 
 	var defs []subscriptions.GroupSubscriber
 	for _, name := range names {
-		defs = append(defs, subscriptions.GroupSubscriber{Name: name, Handler: serversProject(tables[name]),
-			Options: []subscriptions.SubscriberOption{subscriptions.WithPollInterval(groupPoll), subscriptions.WithBatchSize(10)}})
+		opts := []subscriptions.SubscriberOption{subscriptions.WithPollInterval(groupPoll), subscriptions.WithBatchSize(10)}
+		if name == "srv-parts" {
+			opts = append(opts, subscriptions.WithPartitions(4), subscriptions.WithConcurrency(2))
+		}
+		defs = append(defs, subscriptions.GroupSubscriber{Name: name, Handler: serversProject(tables[name]), Options: opts})
 	}
 	logger, logs := newLogger()
 	t.Cleanup(func() {
@@ -441,13 +459,15 @@ func TestGroupTenantsOnSeveralServers(t *testing.T) {
 // two schemas on the test server and two on a private cluster, appended
 // to all along. The cluster is stopped, and one child is SIGKILLed while
 // it is down; the cluster is started again, a new child takes the killed
-// one's place, and the other is SIGKILLed in turn. The children never
+// one's place, and the other is SIGKILLed in turn. Each child runs a plain
+// and a partitioned definition (4 partitions, 2 at once). The children never
 // held more than workers + 1 sessions on a server each, counted by the
 // server, and once the last one has caught up every event of every tenant
 // was handled exactly once, each aggregate's in order.
 func TestGroupServersSurviveSIGKILL(t *testing.T) {
 	t.Parallel()
 	const workers, name = 2, "srv-kill"
+	names := []string{name, name + "-parts"} // the child's plain and partitioned definitions
 	bin := faultBuildChild(t)
 	home := newServer(t, "home", nil, false)
 	cluster := newServer(t, "cluster", dbtest.NewCluster(t), false)
@@ -466,7 +486,8 @@ func TestGroupServersSurviveSIGKILL(t *testing.T) {
 	start := func() *faultChild {
 		app := apps[started]
 		started++
-		args := []string{"-name", name, "-workers", fmt.Sprint(workers), "-batch", "10", "-poll", groupPoll.String(), "-table", serversTable}
+		args := []string{"-name", name, "-workers", fmt.Sprint(workers), "-batch", "10", "-poll", groupPoll.String(), "-table", serversTable,
+			"-partitions", "4", "-concurrency", "2"}
 		for _, st := range tenants {
 			args = append(args, "-tenant", st.name+"|"+st.database+"|"+faultDSN(t, st.groupDSN, "application_name", app))
 		}
@@ -489,19 +510,19 @@ func TestGroupServersSurviveSIGKILL(t *testing.T) {
 		"both children commit batches")
 
 	cluster.cluster.Stop(t)
-	waitAdvanced(t, "while the cluster is down", home.tenants, []string{name}, 3)
+	waitAdvanced(t, "while the cluster is down", home.tenants, names, 3)
 	first.kill(t)
-	waitAdvanced(t, "after a child was killed", home.tenants, []string{name}, 3)
+	waitAdvanced(t, "after a child was killed", home.tenants, names, 3)
 	cluster.cluster.Start(t)
 	third := start()
-	waitAdvanced(t, "after the cluster came back", tenants, []string{name}, 3)
+	waitAdvanced(t, "after the cluster came back", tenants, names, 3)
 	second.kill(t)
-	waitAdvanced(t, "after the second kill", tenants, []string{name}, 3)
+	waitAdvanced(t, "after the second kill", tenants, names, 3)
 
 	for _, w := range writers {
 		w.stop()
 	}
-	waitAllAtHead(t, tenants, []string{name})
+	waitAllAtHead(t, tenants, names)
 	third.term(t)
 	faultRequireCleanOutput(t, first.out.String(), second.out.String(), third.out.String())
 	for _, app := range apps {
@@ -509,5 +530,6 @@ func TestGroupServersSurviveSIGKILL(t *testing.T) {
 	}
 	for _, st := range tenants {
 		serversRequireOnceInOrder(t, st, serversTable)
+		serversRequireOnceInOrder(t, st, serversPartsTable)
 	}
 }

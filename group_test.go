@@ -628,7 +628,7 @@ func TestNewGroupRefuses(t *testing.T) {
 		"twice":         {append(def(), def()...), nil, "defined twice"},
 		"wake signal":   {def(subscriptions.WithWakeSignal(make(chan struct{}))), nil, "WithWakeSignal"},
 		"parking lot":   {def(subscriptions.WithParkingLot(subscriptions.NewMemoryParkingLot())), nil, "Feed.Parking"},
-		"partitions":    {def(subscriptions.WithPartitions(4)), nil, "partitioned"},
+		"concurrency":   {def(subscriptions.WithPartitions(4), subscriptions.WithConcurrency(5)), nil, "exceeds the 4 partitions"},
 		"batch size":    {def(subscriptions.WithBatchSize(0)), nil, "WithBatchSize"},
 		"nil handler":   {[]subscriptions.GroupSubscriber{{Name: "proj"}}, nil, "nil handler"},
 		"workers":       {def(), []subscriptions.GroupOption{subscriptions.WithGroupWorkers(0)}, "WithGroupWorkers"},

@@ -462,37 +462,59 @@ func (ps *partitionSet) requeueDue(now time.Time) {
 // probe reads the feed past scanned and marks the partitions that got
 // events; it reports whether there were any.
 func (s *Subscriber) probe(ctx context.Context, ps *partitionSet, scanned *int64) bool {
-	events, err := s.events.ReadAfter(ctx, *scanned, partitionProbeLimit)
+	parts, all, next, err := s.scanFeed(ctx, *scanned)
 	if err != nil {
 		if ctx.Err() == nil {
 			s.logger.Error("subscriber: reading the feed failed; will retry", "subscriber", s.name, "error", err)
 		}
 		return false
 	}
-	if len(events) == 0 {
+	if next == *scanned {
 		return false
 	}
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
+	if all {
+		for p := range ps.parts {
+			ps.mark(p, false)
+		}
+	}
+	for _, p := range parts {
+		ps.mark(p, false)
+	}
+	*scanned = next
+	return true
+}
+
+// scanFeed reads the feed past scanned (one statement, at most
+// partitionProbeLimit events) and returns the partitions that got events
+// and the position the next scan starts after (scanned when there was
+// none). Past the limit it returns all instead: a backlog, in which every
+// partition with events reads until it is idle, so that marking them all
+// covers everything up to the head, where the next scan starts. The
+// coordinator of a partitioned Run and a Group's scan of a partitioned
+// definition share it.
+func (s *Subscriber) scanFeed(ctx context.Context, scanned int64) (parts []int, all bool, next int64, err error) {
+	events, err := s.events.ReadAfter(ctx, scanned, partitionProbeLimit)
+	if err != nil || len(events) == 0 {
+		return nil, false, scanned, err
+	}
 	last := events[len(events)-1].Position
 	if len(events) == partitionProbeLimit {
-		// A backlog: every partition with events reads until it is idle,
-		// so marking them all covers everything up to the head.
 		head, err := s.events.HeadPosition(ctx)
 		if err != nil {
 			head = last
 		}
-		for p := range ps.parts {
-			ps.mark(p, false)
-		}
-		*scanned = max(last, head)
-		return true
+		return nil, true, max(last, head), nil
 	}
+	seen := make(map[int]bool)
 	for _, ev := range events {
-		ps.mark(PartitionOf(ev.AggregateID, s.partitions), false)
+		if p := PartitionOf(ev.AggregateID, s.partitions); !seen[p] {
+			seen[p] = true
+			parts = append(parts, p)
+		}
 	}
-	*scanned = last
-	return true
+	return parts, false, last, nil
 }
 
 // sweep reads every partition's checkpoint, and the partition count, in

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,8 +23,8 @@ import (
 )
 
 // groupFixture is a running Group over tenants t1 and t2, with the
-// definitions "orders" (which parks group.poison events while failing is
-// set) and "emails", behind admin.NewGroupHandler mounted under /ops/.
+// definitions "orders" (partitioned in 3, which parks group.poison events
+// while failing is set) and "emails", behind admin.NewGroupHandler mounted under /ops/.
 // t1 has one parked event; t2 none.
 type groupFixture struct {
 	backend envBackend
@@ -94,7 +95,7 @@ func newGroupFixture(t *testing.T, b envBackend) *groupFixture {
 		subscriptions.WithPollInterval(10 * time.Millisecond)}
 	var err error
 	f.group, err = subscriptions.NewGroup([]subscriptions.GroupSubscriber{
-		{Name: "orders", Handler: h, Options: opts},
+		{Name: "orders", Handler: h, Options: append(slices.Clone(opts), subscriptions.WithPartitions(3), subscriptions.WithConcurrency(2))},
 		{Name: "emails", Handler: func(context.Context, domain.EventEnvelope[any]) error { return nil }, Options: opts},
 	}, subscriptions.WithGroupPollInterval(10*time.Millisecond), subscriptions.WithGroupLogger(quietLogger()))
 	require.NoError(t, err)

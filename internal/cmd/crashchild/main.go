@@ -19,12 +19,15 @@
 //	           [-table NAME] [-delay D] [-listen] [-partitions N -concurrency K]
 //	           [-repartition N] [-kill-after K]
 //	crashchild -tenant 'TENANT|DATABASE|DSN' [-tenant ...] [-workers N] -name SUBSCRIBER [-batch N] [-poll D] [-table NAME]
+//	           [-partitions N -concurrency K]
 //
 // With -tenant (repeated) it runs a Group instead (group_servers_test.go):
 // the definition SUBSCRIBER over every tenant, each a Postgres schema
 // selected by its DSN, opened through GORM on a pool of its own that keeps
 // no idle connection, on -workers workers, probing every -poll. The
-// projection table is each tenant's.
+// projection table is each tenant's. With -partitions the group runs a
+// second definition, SUBSCRIBER-parts, with WithPartitions(N) and
+// WithConcurrency(K), into the table NAME_parts.
 //
 // It prints "READY <pid>" on stdout once its subscriber is about to run.
 // With -repartition N it does not run the subscriber but repartitions its
@@ -43,6 +46,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -89,7 +93,7 @@ func main() {
 	flag.Parse()
 
 	if len(tenants) > 0 {
-		if err := runGroup(tenants, *workers, *name, *batch, *poll, *table); err != nil {
+		if err := runGroup(tenants, *workers, *name, *batch, *poll, *table, *partitions, *concurrency); err != nil {
 			fmt.Fprintln(os.Stderr, "crashchild:", err)
 			os.Exit(1)
 		}
@@ -239,9 +243,9 @@ func (f *tenantFlags) Set(v string) error {
 	return nil
 }
 
-// runGroup runs one definition, name, as a Group over the tenants, until
-// SIGTERM or SIGINT.
-func runGroup(tenants []subscriptions.Feed, workers int, name string, batch int, poll time.Duration, table string) error {
+// runGroup runs the definition name (and, with partitions, name-parts
+// partitioned) as a Group over the tenants, until SIGTERM or SIGINT.
+func runGroup(tenants []subscriptions.Feed, workers int, name string, batch int, poll time.Duration, table string, partitions, concurrency int) error {
 	if !tableName.MatchString(table) {
 		return fmt.Errorf("-table %q is not a plain identifier", table)
 	}
@@ -263,12 +267,16 @@ func runGroup(tenants []subscriptions.Feed, workers int, name string, batch int,
 		tenants[i].Events, tenants[i].Checkpoints = st.events, st.checkpoints
 		byTenant[feed.Tenant] = st.execInBatch
 	}
-	handler := projector(table, 0, func(ctx context.Context, sql string, args ...any) error {
+	exec := func(ctx context.Context, sql string, args ...any) error {
 		return byTenant[subscriptions.TenantFromContext(ctx)](ctx, sql, args...)
-	})
-	g, err := subscriptions.NewGroup([]subscriptions.GroupSubscriber{{Name: name, Handler: handler, Options: []subscriptions.SubscriberOption{
-		subscriptions.WithBatchSize(batch), subscriptions.WithPollInterval(poll),
-	}}}, subscriptions.WithGroupWorkers(workers), subscriptions.WithGroupPollInterval(poll), subscriptions.WithGroupLogger(logger))
+	}
+	opts := []subscriptions.SubscriberOption{subscriptions.WithBatchSize(batch), subscriptions.WithPollInterval(poll)}
+	defs := []subscriptions.GroupSubscriber{{Name: name, Handler: projector(table, 0, exec), Options: opts}}
+	if partitions > 0 {
+		defs = append(defs, subscriptions.GroupSubscriber{Name: name + "-parts", Handler: projector(table+"_parts", 0, exec),
+			Options: append(slices.Clone(opts), subscriptions.WithPartitions(partitions), subscriptions.WithConcurrency(concurrency))})
+	}
+	g, err := subscriptions.NewGroup(defs, subscriptions.WithGroupWorkers(workers), subscriptions.WithGroupPollInterval(poll), subscriptions.WithGroupLogger(logger))
 	if err != nil {
 		return err
 	}
