@@ -347,7 +347,7 @@ DECLARE
 	r record;
 BEGIN
 	FOR i IN 0..%[3]d - 1 LOOP
-		s := '%[2]s' || lpad(i::text, 3, '0');
+		s := '%[2]s' || i::text;
 		EXECUTE format('CREATE SCHEMA %%I', s);
 		FOR r IN SELECT relname FROM pg_class WHERE relnamespace = tmpl::regnamespace AND relkind = 'r' LOOP
 			EXECUTE format('CREATE TABLE %%I.%%I (LIKE %%I.%%I INCLUDING DEFAULTS)', s, r.relname, tmpl, r.relname);
@@ -375,7 +375,7 @@ $bench$`
 const dropTenantsSQL = `DO $bench$
 BEGIN
 	FOR i IN 0..%[2]d - 1 LOOP
-		EXECUTE format('DROP SCHEMA IF EXISTS %%I CASCADE', '%[1]s' || lpad(i::text, 3, '0'));
+		EXECUTE format('DROP SCHEMA IF EXISTS %%I CASCADE', '%[1]s' || i::text);
 		IF i %% 20 = 19 THEN
 			COMMIT;
 		END IF;
@@ -389,7 +389,7 @@ $bench$`
 func (e *tenantEnv) createTenants(ctx context.Context) error {
 	prefix := e.tmpl + "_t"
 	for i := range e.sz.tenants {
-		e.schemas = append(e.schemas, fmt.Sprintf("%s%03d", prefix, i))
+		e.schemas = append(e.schemas, fmt.Sprintf("%s%d", prefix, i))
 	}
 	e.b.schemas = append(e.b.schemas, e.schemas...) // dropped by the bench if not by dropTenants
 	if err := e.script(ctx, fmt.Sprintf(cloneTenantsSQL, e.tmpl, prefix, e.sz.tenants)); err != nil {
