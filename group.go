@@ -227,7 +227,8 @@ func WithGroupWakeSignal(database string, wake <-chan struct{}) GroupOption {
 // # Databases that go down
 //
 // Tenants may be on different servers (one Database each). A database
-// whose probe fails, or is still running after a poll interval, is down:
+// whose head probe fails, or is still running after a poll interval, is
+// down (a checkpoint probe that is slow only delays its next probe):
 // its tenants start no cycle (they wait, holding no worker) until a probe
 // reaches it again, then resume on their own; a down database costs one
 // probe statement per poll interval, and a probe that hangs is not

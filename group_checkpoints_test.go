@@ -209,3 +209,54 @@ func TestGroupPausedTenantPollsOnceProbesRefused(t *testing.T) {
 	ledger.waitCalls(t, 3)
 	ledger.requireOnce(t, []*groupTenant{gt}, names)
 }
+
+// hangingProber is a memory checkpoint store whose CheckpointProber, once
+// hang is closed, hangs until release is closed, as a checkpoint
+// statement stuck behind a lock would.
+type hangingProber struct {
+	*subscriptions.MemoryCheckpointStore
+	hang, release chan struct{}
+	hung          *atomic.Int32
+}
+
+func (h hangingProber) ProbeCheckpoints(ctx context.Context, stores []subscriptions.CheckpointStore, names []string) ([][]subscriptions.CheckpointProbe, error) {
+	select {
+	case <-h.hang:
+		h.hung.Add(1)
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	default:
+	}
+	inner := make([]subscriptions.CheckpointStore, len(stores))
+	for i, s := range stores {
+		inner[i] = s.(hangingProber).MemoryCheckpointStore
+	}
+	return h.MemoryCheckpointStore.ProbeCheckpoints(ctx, inner, names)
+}
+
+// TestGroupSlowCheckpointProbeKeepsDatabaseUp makes the checkpoint probe
+// of a tenant's database hang for several poll intervals, after its heads
+// were read: the database answered, so it is not put down (it was, when
+// the probe waited for both reads: a slow checkpoint statement held the
+// tenants of a healthy database), no second checkpoint probe starts
+// meanwhile, and events appended during the hang are handled once it
+// ends.
+func TestGroupSlowCheckpointProbeKeepsDatabaseUp(t *testing.T) {
+	t.Parallel()
+	prober := hangingProber{subscriptions.NewMemoryCheckpointStore(), make(chan struct{}), make(chan struct{}), &atomic.Int32{}}
+	names := map[string]string{"proj": ""}
+	gt, ledger, logs := runProbedMemoryTenant(t, "hanging", prober, names, 2)
+	close(prober.hang)
+	require.Eventually(t, func() bool { return prober.hung.Load() > 0 }, 30*time.Second, time.Millisecond, "the checkpoint probe hangs")
+	appendN(t, gt.feed.Events, "During", 2, 3)
+	require.Never(t, func() bool { return strings.Contains(logs.String(), "takes longer than the poll interval") }, 5*groupPoll, groupPoll/4,
+		"a database whose heads answered was put down for its checkpoint statement")
+	require.EqualValues(t, 1, prober.hung.Load(), "no second checkpoint probe while the first hangs")
+	close(prober.release)
+	ledger.waitCalls(t, 5)
+	ledger.requireOnce(t, []*groupTenant{gt}, names)
+	require.NotContains(t, logs.String(), "takes longer than the poll interval")
+}

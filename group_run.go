@@ -632,11 +632,11 @@ func (g *Group) after(run *groupRun, u *groupUnit, out outcome) {
 	}
 	if ps := u.parts; ps != nil {
 		if out == outcomeFatal {
-			err := ps.fatal
 			if u.isPartition() {
-				err = u.r.fatal
+				g.failParts(run, ps, u.r.fatal)
+			} else {
+				g.failParts(run, ps, ps.fatal) // the scan's own: see groupParts
 			}
-			g.failParts(run, ps, err)
 		}
 		if ps.failed {
 			u.dirty, u.recheck = false, false
@@ -799,7 +799,7 @@ type probeSet struct {
 // With checkpoints (the poll interval's probe, not a wake-up's), a
 // database that answers has its tenants' checkpoints probed too
 // (readCheckpoints), so that a reset, pause or resume made elsewhere on an
-// idle tenant is noticed.
+// idle tenant is noticed; the probe does not wait for that read (probeDB).
 func (g *Group) probe(run *groupRun, only map[string]bool, checkpoints bool) (moved bool) {
 	g.mu.Lock()
 	var sets []*probeSet
@@ -839,7 +839,7 @@ func (g *Group) probe(run *groupRun, only map[string]bool, checkpoints bool) (mo
 		run.probes.Add(1)
 		go func() {
 			defer run.probes.Done()
-			done <- g.probeDB(run, set, checkpoints)
+			g.probeDB(run, set, checkpoints, done)
 		}()
 		timer := time.NewTimer(g.cfg.pollInterval)
 		select {
@@ -854,30 +854,50 @@ func (g *Group) probe(run *groupRun, only map[string]bool, checkpoints bool) (mo
 	return moved
 }
 
-// probeDB reads the heads of set's tenants and applies what it read:
-// units of tenants whose head moved are woken, and the database is put
-// down if nothing could be read, or up again (its held units queued) if
-// something was; moved reports a head moved.
-func (g *Group) probeDB(run *groupRun, set *probeSet, checkpoints bool) (moved bool) {
+// probeDB reads the heads of set's tenants and applies what it read
+// (applyHeads), then sends on headsDone whether a head moved: the probe
+// waits for that, not for the checkpoints, so that a slow checkpoint
+// statement neither puts a database that answered down nor holds up the
+// wake-ups just read. With checkpoints, on a database that answered, it
+// then reads and applies the tenants' checkpoints; the database stays
+// probing (no other probe of it starts) until that returns.
+func (g *Group) probeDB(run *groupRun, set *probeSet, checkpoints bool, headsDone chan<- bool) {
 	g.mu.Lock()
 	db := run.db(set.key)
 	down, pick := db.down, db.pick
 	db.pick++
 	g.mu.Unlock()
 	tenants, heads, err := g.readHeads(run.ctx, set, down, pick)
-	var cpTenants []*groupTenant
-	var cps [][]CheckpointProbe
-	var refused bool
-	if err == nil && checkpoints && !down {
-		cpTenants, cps, refused = g.readCheckpoints(run.ctx, set)
+	g.mu.Lock()
+	moved := g.applyHeads(run, set, db, tenants, heads, err)
+	read := err == nil && checkpoints && !down && run.ctx.Err() == nil
+	if !read {
+		db.probing = false
 	}
-	now := time.Now()
+	g.mu.Unlock()
+	headsDone <- moved
+	if !read {
+		return
+	}
+	cpTenants, cps, refused := g.readCheckpoints(run.ctx, set)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	db.probing = false
 	if run.ctx.Err() != nil || g.run != run {
+		return
+	}
+	g.applyCheckpoints(run, set, cpTenants, cps, refused)
+}
+
+// applyHeads applies what a probe read of set's heads: the database is
+// put down if nothing could be read (err), or up again (its held units
+// queued) if something was, and the units of tenants whose head moved are
+// woken; moved reports a head moved. Called with mu held.
+func (g *Group) applyHeads(run *groupRun, set *probeSet, db *groupDB, tenants []*groupTenant, heads []int64, err error) (moved bool) {
+	if run.ctx.Err() != nil || g.run != run {
 		return false
 	}
+	now := time.Now()
 	if err != nil {
 		if !db.down || db.downErr == nil {
 			g.cfg.logger.Warn("group: the database does not answer; its tenants wait until a probe reaches it",
@@ -910,6 +930,12 @@ func (g *Group) probeDB(run *groupRun, set *probeSet, checkpoints bool) (moved b
 			}
 		}
 	}
+	return moved
+}
+
+// applyCheckpoints applies what a checkpoint probe of set's tenants read
+// (readCheckpoints). Called with mu held.
+func (g *Group) applyCheckpoints(run *groupRun, set *probeSet, cpTenants []*groupTenant, cps [][]CheckpointProbe, refused bool) {
 	for i, t := range cpTenants {
 		if t.live == 0 {
 			continue
@@ -930,7 +956,6 @@ func (g *Group) probeDB(run *groupRun, set *probeSet, checkpoints bool) (moved b
 			}
 		}
 	}
-	return moved
 }
 
 // noticeCheckpoint applies what a checkpoint probe read of u's checkpoint
