@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 
 	"github.com/eventfeed/subscriptions/migrations/schema"
@@ -94,6 +95,11 @@ func (g *GormCheckpointStore) probeTables(ctx context.Context) (gormTables, erro
 	}
 	if len(schemas) == 0 || schemas[0] == "" {
 		return gormTables{}, errors.New("resolve the checkpoint table's schema: the search_path has no subscriber_checkpoints table")
+	}
+	if strings.Contains(schemas[0], "?") {
+		// GORM takes every ? of the statement for a placeholder, as
+		// WithSchema refuses such a name for.
+		return gormTables{}, fmt.Errorf("the search_path's schema %q contains \"?\", which GORM reads as a placeholder: %w", schemas[0], errors.ErrUnsupported)
 	}
 	t := tablesIn(schemas[0])
 	g.resolved.Store(&t)

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/eventfeed/subscriptions"
 	"github.com/eventfeed/subscriptions/internal/dbtest"
+	"github.com/eventfeed/subscriptions/migrations/schema"
 	"github.com/eventfeed/subscriptions/pgxstore"
 )
 
@@ -160,3 +162,25 @@ func otherKind(s subscriptions.CheckpointStore) subscriptions.CheckpointStore {
 
 // wrappedCheckpoints is a checkpoint store without the capability.
 type wrappedCheckpoints struct{ subscriptions.CheckpointStore }
+
+// TestCheckpointProberRefusesPlaceholderSchema: a GORM checkpoint store
+// whose pool's search_path selects a schema named with a "?" (which GORM
+// would read as a placeholder in the probe's statement, as WithSchema
+// refuses it for) is refused by the probe with errors.ErrUnsupported, so
+// that a Group does without the probe for its database instead of
+// failing its statement every interval.
+func TestCheckpointProberRefusesPlaceholderSchema(t *testing.T) {
+	t.Parallel()
+	dbtest.RequirePostgres(t)
+	admin := dbtest.OpenPostgresDSN(t, dbtest.PostgresDSN())
+	name := fmt.Sprintf("odd?%d", time.Now().UnixNano())
+	require.NoError(t, admin.Exec(`CREATE SCHEMA `+schema.QuoteIdent(name)).Error)
+	t.Cleanup(func() { require.NoError(t, admin.Exec(`DROP SCHEMA `+schema.QuoteIdent(name)+` CASCADE`).Error) })
+	dsn, err := dbtest.WithSearchPath(dbtest.PostgresDSN(), name)
+	require.NoError(t, err)
+	cps, err := subscriptions.NewGormCheckpointStore(dbtest.OpenPostgresDSN(t, dsn))
+	require.NoError(t, err)
+	_, err = cps.ProbeCheckpoints(context.Background(), []subscriptions.CheckpointStore{cps}, []string{"proj"})
+	require.ErrorIs(t, err, errors.ErrUnsupported)
+	require.ErrorContains(t, err, "placeholder")
+}
