@@ -193,8 +193,9 @@ func WithGroupWakeSignal(database string, wake <-chan struct{}) GroupOption {
 //
 // A partitioned definition (WithPartitions) is a unit per partition of
 // each tenant, plus one that scans the tenant's feed: when the probe finds
-// the head moved, the scan reads the new events in one statement and only
-// the partitions that got some run; at most WithConcurrency of them (1 by
+// the head moved, the scan reads the new events in one statement (two on
+// a backlog of more than a thousand) and only the partitions that got
+// some run; at most WithConcurrency of them (1 by
 // default) at once per tenant in this process, and every partition's
 // checkpoint coordinates across processes as a standalone partitioned
 // Subscriber's does. The scan's first cycle of a Run checks the tenant's
@@ -228,7 +229,8 @@ func WithGroupWakeSignal(database string, wake <-chan struct{}) GroupOption {
 //
 // Tenants may be on different servers (one Database each). A database
 // whose head probe fails, or is still running after a poll interval, is
-// down (a checkpoint probe that is slow only delays its next probe):
+// down (a checkpoint probe is given a poll interval, at least a second,
+// and does not put a database down):
 // its tenants start no cycle (they wait, holding no worker) until a probe
 // reaches it again, then resume on their own; a down database costs one
 // probe statement per poll interval, and a probe that hangs is not
@@ -395,8 +397,8 @@ func (g *Group) Add(feed Feed) error {
 		// partitions, which are units of their own (see groupParts).
 		ps := &groupParts{parent: s, scan: u, limit: max(s.concurrency, 1)}
 		u.parts = ps
-		for p := range s.partitions {
-			pu := &groupUnit{t: t, parts: ps, partition: p}
+		for range s.partitions {
+			pu := &groupUnit{t: t, parts: ps}
 			ps.units = append(ps.units, pu)
 			t.units = append(t.units, pu)
 		}

@@ -216,10 +216,15 @@ func TestGroupPausedTenantPollsOnceProbesRefused(t *testing.T) {
 type hangingProber struct {
 	*subscriptions.MemoryCheckpointStore
 	hang, release chan struct{}
-	hung          *atomic.Int32
+	// hung counts the calls that hung; twice, that two ran at once.
+	hung, inFlight, twice *atomic.Int32
 }
 
 func (h hangingProber) ProbeCheckpoints(ctx context.Context, stores []subscriptions.CheckpointStore, names []string) ([][]subscriptions.CheckpointProbe, error) {
+	if h.inFlight.Add(1) > 1 {
+		h.twice.Add(1)
+	}
+	defer h.inFlight.Add(-1)
 	select {
 	case <-h.hang:
 		h.hung.Add(1)
@@ -241,12 +246,12 @@ func (h hangingProber) ProbeCheckpoints(ctx context.Context, stores []subscripti
 // of a tenant's database hang for several poll intervals, after its heads
 // were read: the database answered, so it is not put down (it was, when
 // the probe waited for both reads: a slow checkpoint statement held the
-// tenants of a healthy database), no second checkpoint probe starts
-// meanwhile, and events appended during the hang are handled once it
-// ends.
+// tenants of a healthy database), no second checkpoint probe runs beside
+// it, and events appended during the hang are handled once it ends (or
+// once the group gives the statement up, after a second).
 func TestGroupSlowCheckpointProbeKeepsDatabaseUp(t *testing.T) {
 	t.Parallel()
-	prober := hangingProber{subscriptions.NewMemoryCheckpointStore(), make(chan struct{}), make(chan struct{}), &atomic.Int32{}}
+	prober := hangingProber{subscriptions.NewMemoryCheckpointStore(), make(chan struct{}), make(chan struct{}), &atomic.Int32{}, &atomic.Int32{}, &atomic.Int32{}}
 	names := map[string]string{"proj": ""}
 	gt, ledger, logs := runProbedMemoryTenant(t, "hanging", prober, names, 2)
 	close(prober.hang)
@@ -254,9 +259,142 @@ func TestGroupSlowCheckpointProbeKeepsDatabaseUp(t *testing.T) {
 	appendN(t, gt.feed.Events, "During", 2, 3)
 	require.Never(t, func() bool { return strings.Contains(logs.String(), "takes longer than the poll interval") }, 5*groupPoll, groupPoll/4,
 		"a database whose heads answered was put down for its checkpoint statement")
-	require.EqualValues(t, 1, prober.hung.Load(), "no second checkpoint probe while the first hangs")
+	require.Zero(t, prober.twice.Load(), "no second checkpoint probe while one hangs")
 	close(prober.release)
 	ledger.waitCalls(t, 5)
 	ledger.requireOnce(t, []*groupTenant{gt}, names)
 	require.NotContains(t, logs.String(), "takes longer than the poll interval")
+}
+
+// probeStatementTime is how long concurrentProber's statement takes.
+const probeStatementTime = 20 * time.Millisecond
+
+// concurrentProber is a memory checkpoint store whose CheckpointProber
+// takes a while and records how many of its calls ran at once.
+type concurrentProber struct {
+	*subscriptions.MemoryCheckpointStore
+	inFlight, most *atomic.Int32
+}
+
+func (c concurrentProber) ProbeCheckpoints(ctx context.Context, stores []subscriptions.CheckpointStore, names []string) ([][]subscriptions.CheckpointProbe, error) {
+	n := c.inFlight.Add(1)
+	defer c.inFlight.Add(-1)
+	for {
+		m := c.most.Load()
+		if n <= m || c.most.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	select { // a checkpoint statement that takes a little
+	case <-time.After(probeStatementTime):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	inner := make([]subscriptions.CheckpointStore, len(stores))
+	for i, s := range stores {
+		inner[i] = s.(concurrentProber).MemoryCheckpointStore
+	}
+	return c.MemoryCheckpointStore.ProbeCheckpoints(ctx, inner, names)
+}
+
+// TestGroupProbesOneStatementAtATime runs a group over four tenants with
+// no Database (each a database of its own, as the Group documentation
+// says) whose checkpoint probe takes a tenth of a poll interval: the
+// budget (workers + 1: the probe, one statement at a time) allows one
+// probe statement at once, so the probe waits for a database's checkpoint
+// statement before it goes on to the next database (it did not, once).
+func TestGroupProbesOneStatementAtATime(t *testing.T) {
+	t.Parallel()
+	const poll = 200 * time.Millisecond
+	inFlight, most := &atomic.Int32{}, &atomic.Int32{}
+	tenants := groupMemoryTenants("budget", 4)
+	ledger := newGroupLedger()
+	names := map[string]string{"proj": ""}
+	g, err := subscriptions.NewGroup(groupDefs(ledger, names), subscriptions.WithGroupWorkers(1),
+		subscriptions.WithGroupPollInterval(poll), subscriptions.WithGroupLogger(quietLogger()))
+	require.NoError(t, err)
+	for _, gt := range tenants {
+		gt.feed.Checkpoints = concurrentProber{subscriptions.NewMemoryCheckpointStore(), inFlight, most}
+		appendN(t, gt.feed.Events, "E", 0, 1)
+		require.NoError(t, g.Add(gt.feed))
+	}
+	runGroup(t, g)
+	ledger.waitCalls(t, len(tenants))
+	require.Never(t, func() bool { return most.Load() > 1 }, 10*poll, poll/20,
+		"probe statements at once: the budget counts one")
+}
+
+// slowOnceProber is a memory checkpoint store whose CheckpointProber
+// counts its calls (started) and, once armed, holds the next one until
+// release is closed: a checkpoint statement that takes a while.
+type slowOnceProber struct {
+	*subscriptions.MemoryCheckpointStore
+	armed   *atomic.Bool
+	started *atomic.Int32
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (o slowOnceProber) ProbeCheckpoints(ctx context.Context, stores []subscriptions.CheckpointStore, names []string) ([][]subscriptions.CheckpointProbe, error) {
+	o.started.Add(1)
+	if o.armed.CompareAndSwap(true, false) {
+		close(o.entered)
+		select {
+		case <-o.release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	inner := make([]subscriptions.CheckpointStore, len(stores))
+	for i, s := range stores {
+		inner[i] = s.(slowOnceProber).MemoryCheckpointStore
+	}
+	return o.MemoryCheckpointStore.ProbeCheckpoints(ctx, inner, names)
+}
+
+// TestGroupWakeDuringCheckpointProbe sends a wake signal for an event
+// appended while the database's checkpoint statement runs, which the
+// wake's probe skips (one probe statement at a time): once the statement
+// returns the database is probed again for the wake, so the event is
+// handled before the next poll interval's probe starts (it waited for
+// that probe, once).
+func TestGroupWakeDuringCheckpointProbe(t *testing.T) {
+	t.Parallel()
+	const poll = 2 * time.Second
+	gt := groupMemoryTenants("wakeck", 1)[0]
+	prober := slowOnceProber{subscriptions.NewMemoryCheckpointStore(), &atomic.Bool{}, &atomic.Int32{}, make(chan struct{}), make(chan struct{})}
+	gt.feed.Checkpoints = prober
+	var handled atomic.Int32
+	probesAtHandling := make(chan int32, 10)
+	wake := make(chan struct{}, 1)
+	g, err := subscriptions.NewGroup([]subscriptions.GroupSubscriber{{Name: "proj", Handler: func(context.Context, domain.EventEnvelope[any]) error {
+		handled.Add(1)
+		probesAtHandling <- prober.started.Load()
+		return nil
+	}, Options: []subscriptions.SubscriberOption{subscriptions.WithPollInterval(poll)}}},
+		subscriptions.WithGroupWorkers(1), subscriptions.WithGroupPollInterval(poll), subscriptions.WithGroupWakeSignal("", wake),
+		subscriptions.WithGroupLogger(quietLogger()))
+	require.NoError(t, err)
+	require.NoError(t, g.Add(gt.feed))
+	prober.armed.Store(true) // the first poll interval's checkpoint statement is held
+	runGroup(t, g)
+	select {
+	case <-prober.entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no checkpoint probe")
+	}
+	appendN(t, gt.feed.Events, "E", 0, 1)
+	wake <- struct{}{}
+	// The wake's probe has run (and skipped the database) once the wake
+	// is taken; the statement then returns.
+	require.Eventually(t, func() bool { return len(wake) == 0 }, 30*time.Second, time.Millisecond)
+	close(prober.release)
+	var at int32
+	select {
+	case at = <-probesAtHandling:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the woken event was not handled")
+	}
+	require.EqualValues(t, 1, at, "the woken event waited for the next poll interval's probe")
+	require.EqualValues(t, 1, handled.Load())
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/eventfeed/subscriptions/domain"
 )
@@ -12,9 +13,9 @@ import (
 // scanCycle is the cycle of a partitioned definition's scan unit (see
 // groupParts): the first of a Run starts the partitions (firstScan); one
 // with check reads every partition's checkpoint and the count in one
-// statement, as the coordinator's sweep does, and queues every partition
-// reading its own; any other reads the feed past scanned in one statement
-// and queues the partitions that got events. It holds no checkpoint.
+// statement, as the coordinator's sweep does, and queues every partition (as the coordinator's sweep hands them over); any other reads
+// the feed past scanned in one statement (two on a backlog) and queues
+// the partitions that got events. It holds no checkpoint.
 // What it found is applied by afterScan. ps.ready is written only by
 // afterScan under the group's mu, before the worker running this took the
 // unit under it.
@@ -39,7 +40,7 @@ func (g *Group) scanCycle(ctx context.Context, ps *groupParts, check bool) outco
 		if ps.index != nil {
 			ps.index.rewind(slices.Min(positions), slices.Max(positions))
 		}
-		ps.foundAll, ps.foundCheck = true, true
+		ps.foundAll, ps.positions = true, positions
 		return outcomeIdle
 	}
 	parts, all, next, err := s.scanFeed(ctx, ps.scanned)
@@ -82,15 +83,10 @@ func (g *Group) firstScan(ctx context.Context, ps *groupParts) outcome {
 			s.logger.Warn("subscriber: reading the partition checkpoints failed; each partition reads its own instead", "subscriber", s.name, "error", err)
 		}
 	}
-	if positions != nil {
-		if ps.index != nil {
-			ps.index.start(slices.Min(positions))
-		}
-		for p, pu := range ps.units {
-			pu.r.known = positions[p] // no worker holds it: not ready yet
-		}
+	if positions != nil && ps.index != nil {
+		ps.index.start(slices.Min(positions))
 	}
-	ps.scanned, ps.foundAll, ps.foundCheck, ps.nowReady = head, true, positions == nil, true
+	ps.scanned, ps.foundAll, ps.foundCheck, ps.positions, ps.nowReady = head, true, positions == nil, positions, true
 	return outcomeIdle
 }
 
@@ -114,8 +110,8 @@ func (g *Group) afterScan(run *groupRun, u *groupUnit, out outcome) {
 	if ps.nowReady {
 		ps.ready, ps.nowReady = true, false
 	}
-	found, all, check := ps.found, ps.foundAll, ps.foundCheck
-	ps.found, ps.foundAll, ps.foundCheck = nil, false, false
+	found, all, check, positions := ps.found, ps.foundAll, ps.foundCheck, ps.positions
+	ps.found, ps.foundAll, ps.foundCheck, ps.positions = nil, false, false, nil
 	if u.t.ctx.Err() != nil || out == outcomeStopped {
 		g.end(u) // removed, or the Run ends
 		return
@@ -123,8 +119,10 @@ func (g *Group) afterScan(run *groupRun, u *groupUnit, out outcome) {
 	switch out {
 	case outcomeIdle:
 		if all {
-			for _, pu := range ps.units {
-				g.wake(run, pu, check, ps.woken)
+			n := len(ps.units)
+			for i := range n {
+				p := (ps.offset + i) % n
+				g.wakeRead(run, ps.units[p], check, positions, p, ps.woken)
 			}
 		}
 		for _, p := range found {
@@ -140,6 +138,24 @@ func (g *Group) afterScan(run *groupRun, u *groupUnit, out outcome) {
 		u.check = u.check || recheck
 		g.wait(run, u, ps.parent.pollInterval, false, false)
 	}
+}
+
+// wakeRead queues partition unit pu of a scan that woke every partition:
+// with the checkpoint the scan read (positions[p]; positions nil: to read
+// first when check), handed to its runner unless a worker holds it or a
+// retry is due (those read their checkpoint again before the next batch,
+// and a due retry runs at once, as after a reset). Called with mu held.
+func (g *Group) wakeRead(run *groupRun, pu *groupUnit, check bool, positions []int64, p int, at time.Time) {
+	if positions == nil || pu.r == nil {
+		g.wake(run, pu, check, at)
+		return
+	}
+	if pu.state == unitRunning || (pu.state == unitWaiting && pu.backoff) {
+		g.wake(run, pu, true, at)
+		return
+	}
+	pu.r.known = positions[p] // no worker holds it
+	g.wake(run, pu, false, at)
 }
 
 // failParts ends a partitioned definition for a tenant in this Run: a

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -405,4 +406,80 @@ func TestGroupPartitionedRepartitionedElsewhere(t *testing.T) {
 			ledger.requireInOrder(t)
 		})
 	}
+}
+
+// gatedPositions is a memory checkpoint store whose Positions of the
+// partitions alone (the first scan's read, not a read with the count row)
+// signals entered and then waits for release, answering as a statement
+// that completed just as its context was cancelled would.
+type gatedPositions struct {
+	*subscriptions.MemoryCheckpointStore
+	parts   int
+	armed   *atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (g gatedPositions) Positions(ctx context.Context, names []string) ([]int64, error) {
+	if len(names) == g.parts && g.armed.CompareAndSwap(true, false) {
+		close(g.entered)
+		<-g.release
+		return g.MemoryCheckpointStore.Positions(context.Background(), names)
+	}
+	return g.MemoryCheckpointStore.Positions(ctx, names)
+}
+
+// TestGroupRemoveDuringFirstScan removes a tenant while its partitioned
+// definition's first scan reads the partitions' checkpoints: Remove ends
+// the dormant partition units (their runner set to nil) while the scan's
+// worker then writes each partition's runner.known without the group's
+// mu. Run must not panic (and -race must not report the write).
+func TestGroupRemoveDuringFirstScan(t *testing.T) {
+	t.Parallel()
+	gt := groupMemoryTenants("rmscan", 1)[0]
+	cps := gatedPositions{MemoryCheckpointStore: subscriptions.NewMemoryCheckpointStore(), parts: 2, armed: &atomic.Bool{},
+		entered: make(chan struct{}), release: make(chan struct{})}
+	cps.armed.Store(true)
+	gt.feed.Checkpoints = cps
+	handler := func(context.Context, domain.EventEnvelope[any]) error { return nil }
+	g, err := subscriptions.NewGroup([]subscriptions.GroupSubscriber{{Name: "parts", Handler: handler, Options: []subscriptions.SubscriberOption{
+		subscriptions.WithPollInterval(groupPoll), subscriptions.WithPartitions(2),
+	}}}, subscriptions.WithGroupWorkers(1), subscriptions.WithGroupPollInterval(groupPoll), subscriptions.WithGroupLogger(quietLogger()))
+	require.NoError(t, err)
+	appendN(t, gt.feed.Events, "E", 0, 3)
+	require.NoError(t, g.Add(gt.feed))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		defer func() {
+			if v := recover(); v != nil {
+				done <- fmt.Errorf("Run panicked: %v", v)
+			}
+		}()
+		done <- g.Run(ctx)
+	}()
+	select {
+	case <-cps.entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first scan did not read the partitions' checkpoints")
+	}
+	// Remove with a context already done: it ends the units that do not
+	// run and returns at once (the scan still runs).
+	gone, stop := context.WithCancel(context.Background())
+	stop()
+	require.Error(t, g.Remove(gone, gt.feed.Tenant))
+	close(cps.release)
+	rmCtx, rmCancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer rmCancel()
+	removeErr := g.Remove(rmCtx, gt.feed.Tenant)
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return")
+	}
+	require.NoError(t, removeErr)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -47,7 +48,9 @@ type groupDB struct {
 	running int
 	// probing: a probe of it is in flight; probes skip it meanwhile, so
 	// that it has one probe statement at a time however long one takes.
-	probing bool
+	// rewake: a wake-up's probe skipped it meanwhile; probeDB asks for
+	// another once the probe in flight returns.
+	probing, rewake bool
 	// down: its last probe failed, or ran past a poll interval; no unit
 	// of it starts a cycle (they are held) until a probe reaches it.
 	down bool
@@ -98,9 +101,14 @@ type groupUnit struct {
 	// each Run).
 	s *Subscriber
 	// parts is the partitioned definition the unit belongs to (its scan
-	// unit, or partition number partition); nil for an unpartitioned one.
-	parts     *groupParts
-	partition int
+	// unit, or one of its partitions); nil for an unpartitioned one.
+	parts *groupParts
+	// skipDelay is a partition's wait after another process held its
+	// checkpoint: doubled from partitionSkipRetry up to the poll interval
+	// while that goes on, so that the group's idle workers pick up a
+	// partition another process released between its batches, as a
+	// standalone partitioned Run's do (partitionState.skipDelay).
+	skipDelay time.Duration
 
 	r         *runner
 	stopDrain func()
@@ -160,11 +168,16 @@ type groupParts struct {
 	// Run; every unit of it ends (one running ends after its cycle).
 	failed bool
 	// index is the partitions' shared feed index in this Run (nil when
-	// the store is not a FeedIndex), and drain their drain context, which
-	// stopDrain ends once live, the units not ended, is 0.
+	// the store is not a FeedIndex); stopDrain ends their drain context
+	// (one for the definition's units) once live, the units not ended, is
+	// 0.
 	index     *partitionIndex
 	stopDrain func()
 	live      int
+	// offset is where this process starts waking every partition (a
+	// random one per Run, as a standalone Run starts), so that the
+	// processes sharing the tenant seldom collide.
+	offset int
 	// scanned is where the next scan starts; woken is when the wake-up
 	// that queued the scan was seen; found and foundAll are what the scan
 	// just run found (the partitions to wake, or all), with check for
@@ -176,9 +189,12 @@ type groupParts struct {
 	foundAll   bool
 	foundCheck bool
 	// nowReady: the scan's first cycle is done (afterScan sets ready);
-	// fatal is the scan's fatal error. Owned like found.
-	nowReady bool
-	fatal    error
+	// fatal is the scan's fatal error; positions are the partitions'
+	// checkpoints the scan read (nil when it read none), which afterScan
+	// hands to their runners under mu. Owned like found.
+	nowReady  bool
+	fatal     error
+	positions []int64
 }
 
 // isPartition reports whether u runs a partition (not a definition, nor
@@ -296,7 +312,8 @@ func (g *Group) Run(ctx context.Context) error {
 }
 
 // startTenant starts t's units in run, each queued with its checkpoint to
-// read. Called with mu held.
+// read, but for a partitioned definition's partitions, which its scan
+// queues (startPartition). Called with mu held.
 func (g *Group) startTenant(run *groupRun, t *groupTenant) {
 	t.ctx, t.cancel = context.WithCancel(withTenant(run.ctx, t.feed.Tenant))
 	t.seen = -1
@@ -321,7 +338,8 @@ func (g *Group) startTenant(run *groupRun, t *groupTenant) {
 			// The scan: it holds no checkpoint, and so no runner.
 			ps.index = u.s.newPartitionIndex(nil)
 			ps.ready, ps.failed, ps.running, ps.live, ps.scanned = false, false, 0, 1+len(ps.units), -1
-			ps.found, ps.foundAll, ps.foundCheck, ps.fatal = nil, false, false, nil
+			ps.found, ps.foundAll, ps.foundCheck, ps.fatal, ps.positions = nil, false, false, nil, nil
+			ps.offset = rand.IntN(len(ps.units))
 			drain, stop := u.s.drainContext(t.ctx)
 			ps.stopDrain, u.stopDrain, u.r = stop, nil, nil
 			tels := u.s.tel.partitions(len(ps.units))
@@ -347,7 +365,7 @@ func (g *Group) startPartition(u *groupUnit) {
 	u.r.deferBackoff = true
 	u.r.countChecked = true // the scan's first cycle checks the count
 	u.unobserve = func() {} // the definition's gauges cover its partitions
-	u.state = unitDormant
+	u.state, u.skipDelay = unitDormant, 0
 }
 
 // enqueue puts u at the back of the ready queue. Called with mu held.
@@ -650,6 +668,9 @@ func (g *Group) after(run *groupRun, u *groupUnit, out outcome) {
 	}
 	dirty, recheck := u.dirty, u.recheck
 	u.dirty, u.recheck = false, false
+	if out != outcomeSkipped {
+		u.skipDelay = 0
+	}
 	u.at = -1
 	switch out {
 	case outcomeIdle, outcomeSkipped:
@@ -684,12 +705,19 @@ func (g *Group) after(run *groupRun, u *groupUnit, out outcome) {
 		}
 	case outcomeSkipped:
 		s.tel.setState(StateIdle)
+		wait := s.pollInterval
+		if u.isPartition() {
+			u.skipDelay = min(max(2*u.skipDelay, partitionSkipRetry), s.pollInterval)
+			wait = u.skipDelay
+		}
 		if dirty || recheck {
 			u.check = recheck
 			g.enqueue(run, u)
 		} else {
-			u.check = true
-			g.wait(run, u, s.pollInterval, true, false)
+			// A partition needs no read of its checkpoint first: the
+			// batch's lock returns its position (runner.cycle).
+			u.check = !u.isPartition()
+			g.wait(run, u, wait, true, false)
 		}
 	case outcomeFailed:
 		u.check = recheck
@@ -811,7 +839,13 @@ func (g *Group) probe(run *groupRun, only map[string]bool, checkpoints bool) (mo
 		if only != nil && !only[t.feed.Database] {
 			continue
 		}
-		if run.db(t.key).probing {
+		if db := run.db(t.key); db.probing {
+			if !checkpoints {
+				// A wake-up's probe: the read in flight may have read the
+				// head before the event it announces; read it again once
+				// that returns (probeDB).
+				db.rewake = true
+			}
 			continue // its last read has not returned
 		}
 		set := byKey[t.key]
@@ -835,16 +869,26 @@ func (g *Group) probe(run *groupRun, only map[string]bool, checkpoints bool) (mo
 			g.mu.Unlock()
 			return moved
 		}
-		done := make(chan bool, 1)
+		heads, done := make(chan bool, 1), make(chan struct{})
 		run.probes.Add(1)
 		go func() {
 			defer run.probes.Done()
-			g.probeDB(run, set, checkpoints, done)
+			defer close(done)
+			g.probeDB(run, set, checkpoints, heads)
 		}()
 		timer := time.NewTimer(g.cfg.pollInterval)
 		select {
-		case m := <-done:
+		case m := <-heads:
 			moved = moved || m
+			// The checkpoints next, within the same poll interval: the
+			// database's heads answered, so a slow checkpoint statement
+			// does not put it down, and the probe goes on to the next
+			// database once the interval is over.
+			select {
+			case <-done:
+			case <-timer.C:
+			case <-run.ctx.Done():
+			}
 		case <-timer.C:
 			g.overran(run, set)
 		case <-run.ctx.Done():
@@ -855,12 +899,14 @@ func (g *Group) probe(run *groupRun, only map[string]bool, checkpoints bool) (mo
 }
 
 // probeDB reads the heads of set's tenants and applies what it read
-// (applyHeads), then sends on headsDone whether a head moved: the probe
-// waits for that, not for the checkpoints, so that a slow checkpoint
-// statement neither puts a database that answered down nor holds up the
-// wake-ups just read. With checkpoints, on a database that answered, it
-// then reads and applies the tenants' checkpoints; the database stays
-// probing (no other probe of it starts) until that returns.
+// (applyHeads), then sends on headsDone whether a head moved: the wake-ups
+// just read do not wait for the checkpoints, and a database whose heads
+// answered is not put down for a slow checkpoint statement. With
+// checkpoints, on a database that answered, it then reads and applies the
+// tenants' checkpoints, given a poll interval (at least a second); the
+// database stays probing (no other probe of it starts) until that
+// returns. A wake-up's probe that skipped the database meanwhile is
+// probed again then (groupDB.rewake).
 func (g *Group) probeDB(run *groupRun, set *probeSet, checkpoints bool, headsDone chan<- bool) {
 	g.mu.Lock()
 	db := run.db(set.key)
@@ -872,21 +918,39 @@ func (g *Group) probeDB(run *groupRun, set *probeSet, checkpoints bool, headsDon
 	moved := g.applyHeads(run, set, db, tenants, heads, err)
 	read := err == nil && checkpoints && !down && run.ctx.Err() == nil
 	if !read {
-		db.probing = false
+		g.probed(run, set, db)
 	}
 	g.mu.Unlock()
 	headsDone <- moved
 	if !read {
 		return
 	}
-	cpTenants, cps, refused := g.readCheckpoints(run.ctx, set)
+	cctx, cancel := context.WithTimeout(run.ctx, max(g.cfg.pollInterval, time.Second))
+	cpTenants, cps, refused := g.readCheckpoints(cctx, set)
+	cancel()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	db.probing = false
+	g.probed(run, set, db)
 	if run.ctx.Err() != nil || g.run != run {
 		return
 	}
 	g.applyCheckpoints(run, set, cpTenants, cps, refused)
+}
+
+// probed ends the probe of set's database in flight, and asks for
+// another if a wake-up's probe skipped it meanwhile (rewake). Called with
+// mu held.
+func (g *Group) probed(run *groupRun, set *probeSet, db *groupDB) {
+	db.probing = false
+	if !db.rewake || run.ctx.Err() != nil || g.run != run {
+		return
+	}
+	db.rewake = false
+	run.wakeDBs[set.tenants[0].feed.Database] = true
+	select {
+	case run.wakeReq <- struct{}{}:
+	default: // a request is pending: it covers this one
+	}
 }
 
 // applyHeads applies what a probe read of set's heads: the database is
@@ -1028,8 +1092,11 @@ func (g *Group) readCheckpoints(ctx context.Context, set *probeSet) (tenants []*
 			err = fmt.Errorf("%T.ProbeCheckpoints answered %d stores for %d, or not one probe per name", prober, len(got), len(chunk))
 		}
 		if err != nil {
-			if ctx.Err() == nil {
+			if ctx.Err() == nil || errors.Is(ctx.Err(), context.DeadlineExceeded) { // not the Run's end
 				g.cfg.logger.Warn("group: probing the tenants' checkpoints failed; will retry", "database", set.tenants[0].feed.Database, "tenants", len(chunk), "error", err)
+			}
+			if ctx.Err() != nil {
+				break // out of time: the next chunks too
 			}
 			continue
 		}
