@@ -114,12 +114,12 @@ const (
 	// partLock: pg_advisory_xact_lock (a lock of the plain table's own),
 	// then the plain INSERT.
 	partLock singlePart = iota
-	// partChecked: the stores' append lock (with the isolation level the
-	// library reads beside it), then the library's checked single-row
-	// INSERT into events: the version check and the position read under
-	// the lock.
+	// partChecked: the stores' append lock, then the library's checked
+	// single-row INSERT into events: the version check and the position
+	// read under the append lock.
 	partChecked
-	// partNotify: partChecked and the library's NOTIFY: the library's
+	// partNotify: the stores' append lock, then partChecked's INSERT with
+	// the NOTIFY in one statement, as the library writes: the library's
 	// statements, without its client side.
 	partNotify
 )
@@ -128,13 +128,19 @@ const (
 // reproduced for the parts, as previousAppend reproduces the design
 // before issue 19.
 const (
-	handLock   = `SELECT current_setting('transaction_isolation'), pg_advisory_xact_lock($1)`
+	handLock   = `SELECT pg_advisory_xact_lock($1)`
 	handInsert = `INSERT INTO events (id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at)
 	SELECT $3, $1, $4, cur.version + 1, $5, head.position + 1, $6::text::jsonb, $7::text::jsonb, $8
 	FROM (SELECT COALESCE(MAX(sequence_no), 0) AS version FROM events WHERE aggregate_id = $1) AS cur,
 	(SELECT COALESCE(MAX(position), 0) AS position FROM events) AS head
 	WHERE ($2::bigint < 0 OR cur.version = $2::bigint) AND current_setting('transaction_isolation') = 'read committed'`
-	handNotify = `SELECT (SELECT MAX(position) FROM events), pg_notify($1, '') WHERE txid_current_if_assigned() IS NOT NULL`
+	// handWrite is handInsert with the NOTIFY, the library's statement
+	// that writes.
+	handWrite = `WITH written AS (` + handInsert + `
+	RETURNING aggregate_id, position)
+	SELECT COUNT(*), MAX(position), current_setting('transaction_isolation'),
+		CASE WHEN $9::boolean AND COUNT(*) > 0 THEN pg_notify($10, '') END
+	FROM written`
 )
 
 // singleByHand appends the event e to aggregate as part p says, on one
@@ -155,12 +161,14 @@ func singleByHand(ctx context.Context, db *gorm.DB, p singlePart, lockKey, store
 		}
 		b.Queue(handLock, storeKey)
 		var inserted int64
-		b.Queue(handInsert, aggregate, 0, e.ID, e.EventType, e.TransactionID, string(payload), string(metadata), created).Exec(func(tag pgconn.CommandTag) error {
-			inserted = tag.RowsAffected()
-			return nil
-		})
 		if p == partNotify {
-			b.Queue(handNotify, infrastructure.PostgresNotifyChannel)
+			b.Queue(handWrite, aggregate, 0, e.ID, e.EventType, e.TransactionID, string(payload), string(metadata), created, true, infrastructure.PostgresNotifyChannel).
+				QueryRow(func(row pgx.Row) error { return row.Scan(&inserted, nil, nil, nil) })
+		} else {
+			b.Queue(handInsert, aggregate, 0, e.ID, e.EventType, e.TransactionID, string(payload), string(metadata), created).Exec(func(tag pgconn.CommandTag) error {
+				inserted = tag.RowsAffected()
+				return nil
+			})
 		}
 		if err := c.SendBatch(ctx, b).Close(); err != nil {
 			return err
@@ -399,7 +407,7 @@ func singleParts(name string, res map[string]*singleResult) []Row {
 	plain := res[singlePlain]
 	p50 := func(key string) float64 { return median(res[key].p50s) }
 	us := func(a, b string) float64 { return (p50(a) - p50(b)) * 1000 }
-	where := fmt.Sprintf("where a lone single-event append's time goes (medians of the rounds' p50s, in µs over the step before): plain INSERT %.0f µs; + advisory lock (a second statement in the pipeline) %+.0f; + version check and position read under the append lock (the checked INSERT instead of the plain one, into events) %+.0f; + NOTIFY %+.0f (the library's statements by hand); + the client side: GORM %+.0f, pgx %+.0f (GormEventStore/pgxstore Append beside its own statements); the WAL flush the append lock is held through: pgx %.0f µs (its Append minus the same Append on sessions with synchronous_commit off)",
+	where := fmt.Sprintf("where a lone single-event append's time goes (medians of the rounds' p50s, in µs over the step before): plain INSERT %.0f µs; + advisory lock (a second statement in the pipeline) %+.0f; + version check and position read under the append lock (the checked INSERT instead of the plain one, into events) %+.0f; + NOTIFY %+.0f (in the INSERT's statement: the library's statements by hand); + the client side: GORM %+.0f, pgx %+.0f (GormEventStore/pgxstore Append beside its own statements); the WAL flush the append lock is held through: pgx %.0f µs (its Append minus the same Append on sessions with synchronous_commit off)",
 		p50(singlePlain)*1000, us(singleLock, singlePlain), us(singleChecked, singleLock), us(singleHand, singleChecked),
 		us(singleGorm, singleHand), us(singlePgx, singleHand), us(singlePgx, singleAsync))
 	var rows []Row
@@ -539,7 +547,7 @@ func loneAppendTrips(ctx context.Context, b *bench, dsn string) ([]Row, error) {
 	if err != nil {
 		return nil, err
 	}
-	note := fmt.Sprintf("lone single-event Append, counted on the wire (a write after a read starts a round trip; statements: each query and each query of a pipeline, pgx's tracer) on a pool of one warm connection: GORM %d round trip(s), %d statements; pgx %d round trip(s), %d statements; plain INSERT %d, %d (before issue 31 both stores sent 1 round trip of 5 statements: BEGIN, the lock, the checked INSERT, the NOTIFY, COMMIT)",
+	note := fmt.Sprintf("lone single-event Append, counted on the wire (a write after a read starts a round trip; statements: each query and each query of a pipeline, pgx's tracer) on a pool of one warm connection: GORM %d round trip(s), %d statements; pgx %d round trip(s), %d statements; plain INSERT %d, %d (before issue 31 both stores sent 1 round trip of 5 statements: BEGIN, the lock, the checked INSERT, the NOTIFY, COMMIT; then 3, without BEGIN and COMMIT; now 2, the NOTIFY in the INSERT's statement)",
 		g.turns, g.stmts, p.turns, p.stmts, plain.turns, plain.stmts)
 	bname := "the plain single-row INSERT's, counted the same way"
 	return []Row{
