@@ -62,6 +62,7 @@ const (
 	singleLock    = "single-lock"
 	singleChecked = "single-checked"
 	singleHand    = "single-hand"
+	singleHand3   = "single-hand3"
 )
 
 const plainSingleName = "a plain single-row INSERT per call (its own implicit transaction, one statement, one round trip, pgx on the GORM pool), position from a sequence: no lock, no version check, no NOTIFY, no ordering guarantee"
@@ -102,6 +103,7 @@ func singleVariants(lockKey, storeKey int64) []appendVariant {
 		{key: singleLock, label: "[advisory lock, plain INSERT]", perCall: 1, appendOne: part(partLock)},
 		{key: singleChecked, label: "[append lock, checked INSERT]", perCall: 1, appendOne: part(partChecked)},
 		{key: singleHand, label: "[append lock, checked INSERT, NOTIFY]", perCall: 1, appendOne: part(partNotify)},
+		{key: singleHand3, label: "[append lock and isolation level, checked INSERT, NOTIFY statement]", perCall: 1, appendOne: part(partThree)},
 	}
 }
 
@@ -122,6 +124,12 @@ const (
 	// the NOTIFY in one statement, as the library writes: the library's
 	// statements, without its client side.
 	partNotify
+	// partThree: the library's three statements before the NOTIFY moved
+	// into the INSERT's (issue 31): the append lock beside the isolation
+	// level, the checked INSERT, the NOTIFY in a statement of its own
+	// (handNotify3), which also read the feed head; beside partNotify, the
+	// price of the third statement under the same load.
+	partThree
 )
 
 // The library's statements for one event (infrastructure/pgevents),
@@ -134,6 +142,9 @@ const (
 	FROM (SELECT COALESCE(MAX(sequence_no), 0) AS version FROM events WHERE aggregate_id = $1) AS cur,
 	(SELECT COALESCE(MAX(position), 0) AS position FROM events) AS head
 	WHERE ($2::bigint < 0 OR cur.version = $2::bigint) AND current_setting('transaction_isolation') = 'read committed'`
+	// handLock3 and handNotify3 are partThree's lock and NOTIFY.
+	handLock3   = `SELECT current_setting('transaction_isolation'), pg_advisory_xact_lock($1)`
+	handNotify3 = `SELECT (SELECT MAX(position) FROM events), pg_notify($1, '') WHERE txid_current_if_assigned() IS NOT NULL`
 	// handWrite is handInsert with the NOTIFY, the library's statement
 	// that writes.
 	handWrite = `WITH written AS (` + handInsert + `
@@ -159,7 +170,11 @@ func singleByHand(ctx context.Context, db *gorm.DB, p singlePart, lockKey, store
 				e.ID, aggregate, e.EventType, e.TransactionID, string(payload), string(metadata), created)
 			return c.SendBatch(ctx, b).Close()
 		}
-		b.Queue(handLock, storeKey)
+		if p == partThree {
+			b.Queue(handLock3, storeKey)
+		} else {
+			b.Queue(handLock, storeKey)
+		}
 		var inserted int64
 		if p == partNotify {
 			b.Queue(handWrite, aggregate, 0, e.ID, e.EventType, e.TransactionID, string(payload), string(metadata), created, true, infrastructure.PostgresNotifyChannel).
@@ -169,6 +184,9 @@ func singleByHand(ctx context.Context, db *gorm.DB, p singlePart, lockKey, store
 				inserted = tag.RowsAffected()
 				return nil
 			})
+		}
+		if p == partThree {
+			b.Queue(handNotify3, infrastructure.PostgresNotifyChannel)
 		}
 		if err := c.SendBatch(ctx, b).Close(); err != nil {
 			return err
@@ -270,7 +288,7 @@ func singleWriters(ctx context.Context, b *bench, dsn string, writers int, lockK
 		if t.async, err = asyncPgxStore(ctx, b, dsn, writers+1); err != nil {
 			return nil, err
 		}
-		keys = append(keys, singleLock, singleChecked, singleHand, singleAsync)
+		keys = append(keys, singleLock, singleChecked, singleHand, singleHand3, singleAsync)
 	}
 	variants := map[string]appendVariant{}
 	for _, v := range singleVariants(lockKey, storeKey) {
@@ -420,6 +438,11 @@ func singleParts(name string, res map[string]*singleResult) []Row {
 		r := medianRow(fmt.Sprintf("%s, parts: %s p50", name, p.label), res[p.key].p50s, plain.p50s, "ms", "p50 of the plain single-row INSERT, same rounds")
 		rows = append(rows, r.note(where))
 	}
+	three := "the library's three statements before issue 31 moved the NOTIFY into the INSERT's statement, by hand, same rounds"
+	rows = append(rows,
+		medianRow(name+", parts: the library's 2 statements vs its 3 before", res[singleHand].rates, res[singleHand3].rates, "ev/s", three).
+			note("the library's 2 statements vs its 3 before: [the append lock, the checked INSERT with the NOTIFY] against [the append lock beside the isolation level, the checked INSERT, the NOTIFY with the feed head], interleaved in the same rounds: what the fold saves under the run's load"),
+		medianRow(name+", parts: the library's 2 statements vs its 3 before p50", res[singleHand].p50s, res[singleHand3].p50s, "ms", three))
 	return rows
 }
 
