@@ -119,3 +119,35 @@ func TestPostgresAppendNotifiesOncePerTransaction(t *testing.T) {
 	require.NoError(t, rows.Err())
 	require.Equal(t, []string{"lone/1", "several/1", "several/2", "several/3", "m1/1", "m2/1", "m2/2", "m3/1", "m4/1", "m5/1", "quiet/1", "quiet2/1", "quiet2/2"}, got)
 }
+
+// TestPostgresMergedAppendPlannedOnce: a transaction of several appends
+// runs its INSERT on the statement's cached generic plan (Postgres would
+// plan it again on every execution, under the append lock), and the
+// session's own plan_cache_mode is back after every commit.
+func TestPostgresMergedAppendPlannedOnce(t *testing.T) {
+	ctx := feedtest.Context(t)
+	pg := dbtest.NewPostgres(t)
+	_, err := infrastructure.NewGormEventStore(pg.DB) // the schema
+	require.NoError(t, err)
+	conn := pgConnect(t, pg.DSN)
+	for i := range 8 {
+		var appends []pgevents.TestAppend
+		for j := range 3 {
+			agg := fmt.Sprintf("planned-%d-%d", i, j)
+			appends = append(appends, pgevents.TestAppend{AggregateID: agg, Events: []domain.EventEnvelope[any]{feedtest.NewEvent(agg, "x", nil)}, ExpectedVersion: 0})
+		}
+		errs, err := pgevents.RunAppendTransaction(ctx, conn, "pgevents_planned", true, appends...)
+		require.NoError(t, err)
+		for _, err := range errs {
+			require.NoError(t, err)
+		}
+		var mode string
+		require.NoError(t, conn.QueryRow(ctx, "SHOW plan_cache_mode").Scan(&mode))
+		require.Equal(t, "auto", mode, "the session's setting, after the commit")
+	}
+	var generic, custom int64
+	require.NoError(t, conn.QueryRow(ctx, `SELECT generic_plans, custom_plans FROM pg_prepared_statements
+		WHERE statement LIKE 'WITH written AS%' AND statement LIKE '%array_agg(aggregate_id)%'`).Scan(&generic, &custom))
+	require.Equal(t, int64(8), generic)
+	require.Zero(t, custom)
+}
