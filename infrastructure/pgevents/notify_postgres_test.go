@@ -120,8 +120,9 @@ func TestPostgresAppendNotifiesOncePerTransaction(t *testing.T) {
 	require.Equal(t, []string{"lone/1", "several/1", "several/2", "several/3", "m1/1", "m2/1", "m2/2", "m3/1", "m4/1", "m5/1", "quiet/1", "quiet2/1", "quiet2/2"}, got)
 }
 
-// TestPostgresMergedAppendPlannedOnce: a transaction of several appends
-// runs its INSERT on the statement's cached generic plan (Postgres would
+// TestPostgresMergedAppendPlannedOnce: a transaction of several appends,
+// or of one append of several events, runs its INSERT on the statement's
+// cached generic plan (Postgres would
 // plan it again on every execution, under the append lock), and the
 // session's own plan_cache_mode is back after every commit.
 func TestPostgresMergedAppendPlannedOnce(t *testing.T) {
@@ -141,6 +142,14 @@ func TestPostgresMergedAppendPlannedOnce(t *testing.T) {
 		for _, err := range errs {
 			require.NoError(t, err)
 		}
+		agg := fmt.Sprintf("planned-%d-many", i)
+		many := pgevents.TestAppend{AggregateID: agg, ExpectedVersion: 0}
+		for j := range 3 {
+			many.Events = append(many.Events, feedtest.NewEvent(agg, "x", j))
+		}
+		errs, err = pgevents.RunAppendTransaction(ctx, conn, "pgevents_planned", true, many)
+		require.NoError(t, err)
+		require.NoError(t, errs[0])
 		var mode string
 		require.NoError(t, conn.QueryRow(ctx, "SHOW plan_cache_mode").Scan(&mode))
 		require.Equal(t, "auto", mode, "the session's setting, after the commit")
@@ -149,5 +158,9 @@ func TestPostgresMergedAppendPlannedOnce(t *testing.T) {
 	require.NoError(t, conn.QueryRow(ctx, `SELECT generic_plans, custom_plans FROM pg_prepared_statements
 		WHERE statement LIKE 'WITH written AS%' AND statement LIKE '%array_agg(aggregate_id)%'`).Scan(&generic, &custom))
 	require.Equal(t, int64(8), generic)
+	require.Zero(t, custom)
+	require.NoError(t, conn.QueryRow(ctx, `SELECT generic_plans, custom_plans FROM pg_prepared_statements
+		WHERE statement LIKE 'WITH written AS%' AND statement LIKE '%unnest($3::text[]%'`).Scan(&generic, &custom))
+	require.Equal(t, int64(8), generic, "one append of several events")
 	require.Zero(t, custom)
 }
