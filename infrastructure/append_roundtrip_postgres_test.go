@@ -16,7 +16,7 @@ import (
 )
 
 // TestPostgresLoneAppendRoundTrips checks on the wire that a lone Append
-// is one round trip of three statements
+// is one round trip of two statements
 // (pgfeed.RequireLoneAppendRoundTrips), through GORM's pgx pool.
 func TestPostgresLoneAppendRoundTrips(t *testing.T) {
 	pgfeed.RequireLoneAppendRoundTrips(t, func(t testing.TB, dsn string, wire *wirecount.Counter) domain.EventStore {

@@ -13,7 +13,7 @@ import (
 )
 
 // TestLoneAppendRoundTrips checks on the wire that a lone Append is one
-// round trip of three statements (pgfeed.RequireLoneAppendRoundTrips).
+// round trip of two statements (pgfeed.RequireLoneAppendRoundTrips).
 func TestLoneAppendRoundTrips(t *testing.T) {
 	t.Parallel()
 	pgfeed.RequireLoneAppendRoundTrips(t, func(t testing.TB, dsn string, wire *wirecount.Counter) domain.EventStore {

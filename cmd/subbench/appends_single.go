@@ -27,6 +27,83 @@ import (
 // request handler appends, beside a plain single-row INSERT in the same
 // run, with the parts of the price measured one by one at 1 writer and
 // the round trips and statements of a lone Append counted on the wire.
+//
+// Where a lone single-event append's time goes (issue 31, goal 1;
+// measured 2026-12-03 on 2 shared CPUs, Postgres 15, fsync on, the load
+// average between 1.5 and 10 from other sessions: only figures taken
+// interleaved under one load are compared). pg_stat_statements is not
+// loaded on the test server, so round trips and statements are counted
+// on the wire (loneAppendTrips), the statements timed by hand in
+// interleaved pipelines and with pgbench -r, and the server's share read
+// from the backend's /proc/<pid>/schedstat.
+//
+//   - Round trips: 1, as the plain INSERT. Statements: 3 before (the
+//     lock beside current_setting('transaction_isolation'), the checked
+//     INSERT, a NOTIFY statement that also read MAX(position) again), now
+//     2: the lock alone, and the checked INSERT as a CTE whose one row
+//     carries the NOTIFY (pg_notify once, only when a row was inserted),
+//     the feed head (RETURNING position, no second MAX probe) and the
+//     isolation level (the INSERT's READ COMMITTED guard stays). No
+//     BEGIN/COMMIT: the pipeline's Sync commits the implicit transaction,
+//     and any error rolls it all back (afterRefusedInsert); 4 statements
+//     with BEGIN ISOLATION LEVEL READ COMMITTED/COMMIT on a stricter
+//     session default.
+//   - The WAL flush: 45-60% of a lone append's p50 (the rows with
+//     synchronous_commit off), and the append lock is held through it
+//     (the lock is released after the commit record is flushed and the
+//     transaction is visible, which the ordered feed needs). That is the
+//     4 processes x 4 writers rows: one flush per append transaction, in
+//     lock order, where the plain INSERTs' commits share flushes (group
+//     commit); it is also why those rows collapse under load (a lock
+//     holder descheduled stalls every process): 0.83 at load 5, 0.27 at
+//     load 10, same binary.
+//   - Over the plain INSERT, by hand (median of rounds' p50 ratios, the
+//     plain INSERT = 1.00, ~310 µs at load 2-3): the lock as a second
+//     statement +0.03; the checked INSERT instead of the plain one +0.10
+//     (two index probes, the aggregate's version on
+//     events_aggregate_sequence_key and the feed head on
+//     events_position_key, INSERT ... SELECT, and idx_events_transaction_id,
+//     which plain_events lacks; pgbench -r: 311 µs vs 243 µs for the
+//     plain INSERT, each its own round trip); the NOTIFY +0.04-0.06 as a
+//     statement of its own, +0.03-0.04 folded into the INSERT's (what is
+//     left is its commit: Postgres 15 takes a database-wide lock in
+//     PreCommit_Notify, held through the flush, and signals every
+//     listening backend of the database, other channels' too). The
+//     three statements of before: 1.20 and 1.24 in two runs, the two of
+//     now 1.17 in both (the NOTIFY's own statement about 0.01 of that,
+//     the isolation level moved from the lock's statement to the
+//     INSERT's row the rest).
+//   - The client side (the stores' Append beside their statements by
+//     hand): +0.03 to +0.08, the same syscalls per call as the plain
+//     INSERT (1 write, 2 reads, strace -c), the rest validation, JSON,
+//     the pool.
+//   - Planning under the lock (pg_prepared_statements): the INSERT of a
+//     shared transaction (several appends) and of one append of several
+//     events take their rows as arrays, whose lengths the custom plans
+//     are costed from, so the plan cache never chose the generic plan
+//     and planned the INSERT again on every execution (generic_plans 0,
+//     custom_plans every one): about 0.3 ms of planning (EXPLAIN
+//     SUMMARY; 0.03 ms on the generic plan), after the lock was granted,
+//     so under it, in every coalesced transaction. The lock statement of
+//     such a transaction now sets plan_cache_mode = force_generic_plan
+//     for the transaction (set_config LOCAL). 4 processes x 4 writers of
+//     pgxstore Append, 6 alternating rounds of 4 s: 4,590 -> 6,150
+//     appends/s in all (medians), the new one ahead in every round (a
+//     second series: 4,760 -> 6,500, 6 of 6 again). The rows of this
+//     scenario did not show it in the one pair run after the change (4
+//     processes x 4 writers 0.80/0.72 after, 0.85/0.85 before; 16
+//     writers 1.42/1.55 after, 1.52/1.49 before, load 1.6-2.7), within
+//     their round-to-round spread. A lone single-event append was
+//     already on its generic plan.
+//   - The store's Append, before and after, alternating processes of 5 s
+//     (8 pairs): p50 ratio to a plain INSERT 1.277 -> 1.267 (pgx), 1.276
+//     -> 1.270 (GORM), within the noise; the server backend's CPU per
+//     append (synchronous_commit off, 12 pairs) 1.74 -> 1.68 times the
+//     plain INSERT's (about 5 µs less). So the fold is worth a few per
+//     cent at 1 writer; the rest of the gap to 0.9 is the checked INSERT,
+//     the lock's statement and the NOTIFY's commit, which the guarantees
+//     need (one lock, one NOTIFY per committed transaction, the version
+//     checked in the database).
 
 // singleSize is the single-event rows' share of the mode's sizes. The
 // machine's load moves a commit's WAL flush, most of a lone append's
@@ -62,6 +139,7 @@ const (
 	singleLock    = "single-lock"
 	singleChecked = "single-checked"
 	singleHand    = "single-hand"
+	singleHand3   = "single-hand3"
 )
 
 const plainSingleName = "a plain single-row INSERT per call (its own implicit transaction, one statement, one round trip, pgx on the GORM pool), position from a sequence: no lock, no version check, no NOTIFY, no ordering guarantee"
@@ -102,6 +180,7 @@ func singleVariants(lockKey, storeKey int64) []appendVariant {
 		{key: singleLock, label: "[advisory lock, plain INSERT]", perCall: 1, appendOne: part(partLock)},
 		{key: singleChecked, label: "[append lock, checked INSERT]", perCall: 1, appendOne: part(partChecked)},
 		{key: singleHand, label: "[append lock, checked INSERT, NOTIFY]", perCall: 1, appendOne: part(partNotify)},
+		{key: singleHand3, label: "[append lock and isolation level, checked INSERT, NOTIFY statement]", perCall: 1, appendOne: part(partThree)},
 	}
 }
 
@@ -114,27 +193,42 @@ const (
 	// partLock: pg_advisory_xact_lock (a lock of the plain table's own),
 	// then the plain INSERT.
 	partLock singlePart = iota
-	// partChecked: the stores' append lock (with the isolation level the
-	// library reads beside it), then the library's checked single-row
-	// INSERT into events: the version check and the position read under
-	// the lock.
+	// partChecked: the stores' append lock, then the library's checked
+	// single-row INSERT into events: the version check and the position
+	// read under the append lock.
 	partChecked
-	// partNotify: partChecked and the library's NOTIFY: the library's
+	// partNotify: the stores' append lock, then partChecked's INSERT with
+	// the NOTIFY in one statement, as the library writes: the library's
 	// statements, without its client side.
 	partNotify
+	// partThree: the library's three statements before the NOTIFY moved
+	// into the INSERT's (issue 31): the append lock beside the isolation
+	// level, the checked INSERT, the NOTIFY in a statement of its own
+	// (handNotify3), which also read the feed head; beside partNotify, the
+	// price of the third statement under the same load.
+	partThree
 )
 
 // The library's statements for one event (infrastructure/pgevents),
 // reproduced for the parts, as previousAppend reproduces the design
 // before issue 19.
 const (
-	handLock   = `SELECT current_setting('transaction_isolation'), pg_advisory_xact_lock($1)`
+	handLock   = `SELECT pg_advisory_xact_lock($1)`
 	handInsert = `INSERT INTO events (id, aggregate_id, event_type, sequence_no, transaction_id, position, payload, metadata, created_at)
 	SELECT $3, $1, $4, cur.version + 1, $5, head.position + 1, $6::text::jsonb, $7::text::jsonb, $8
 	FROM (SELECT COALESCE(MAX(sequence_no), 0) AS version FROM events WHERE aggregate_id = $1) AS cur,
 	(SELECT COALESCE(MAX(position), 0) AS position FROM events) AS head
 	WHERE ($2::bigint < 0 OR cur.version = $2::bigint) AND current_setting('transaction_isolation') = 'read committed'`
-	handNotify = `SELECT (SELECT MAX(position) FROM events), pg_notify($1, '') WHERE txid_current_if_assigned() IS NOT NULL`
+	// handLock3 and handNotify3 are partThree's lock and NOTIFY.
+	handLock3   = `SELECT current_setting('transaction_isolation'), pg_advisory_xact_lock($1)`
+	handNotify3 = `SELECT (SELECT MAX(position) FROM events), pg_notify($1, '') WHERE txid_current_if_assigned() IS NOT NULL`
+	// handWrite is handInsert with the NOTIFY, the library's statement
+	// that writes.
+	handWrite = `WITH written AS (` + handInsert + `
+	RETURNING aggregate_id, position)
+	SELECT COUNT(*), MAX(position), current_setting('transaction_isolation'),
+		CASE WHEN $9::boolean AND COUNT(*) > 0 THEN pg_notify($10, '') END
+	FROM written`
 )
 
 // singleByHand appends the event e to aggregate as part p says, on one
@@ -153,14 +247,23 @@ func singleByHand(ctx context.Context, db *gorm.DB, p singlePart, lockKey, store
 				e.ID, aggregate, e.EventType, e.TransactionID, string(payload), string(metadata), created)
 			return c.SendBatch(ctx, b).Close()
 		}
-		b.Queue(handLock, storeKey)
+		if p == partThree {
+			b.Queue(handLock3, storeKey)
+		} else {
+			b.Queue(handLock, storeKey)
+		}
 		var inserted int64
-		b.Queue(handInsert, aggregate, 0, e.ID, e.EventType, e.TransactionID, string(payload), string(metadata), created).Exec(func(tag pgconn.CommandTag) error {
-			inserted = tag.RowsAffected()
-			return nil
-		})
 		if p == partNotify {
-			b.Queue(handNotify, infrastructure.PostgresNotifyChannel)
+			b.Queue(handWrite, aggregate, 0, e.ID, e.EventType, e.TransactionID, string(payload), string(metadata), created, true, infrastructure.PostgresNotifyChannel).
+				QueryRow(func(row pgx.Row) error { return row.Scan(&inserted, nil, nil, nil) })
+		} else {
+			b.Queue(handInsert, aggregate, 0, e.ID, e.EventType, e.TransactionID, string(payload), string(metadata), created).Exec(func(tag pgconn.CommandTag) error {
+				inserted = tag.RowsAffected()
+				return nil
+			})
+		}
+		if p == partThree {
+			b.Queue(handNotify3, infrastructure.PostgresNotifyChannel)
 		}
 		if err := c.SendBatch(ctx, b).Close(); err != nil {
 			return err
@@ -262,7 +365,7 @@ func singleWriters(ctx context.Context, b *bench, dsn string, writers int, lockK
 		if t.async, err = asyncPgxStore(ctx, b, dsn, writers+1); err != nil {
 			return nil, err
 		}
-		keys = append(keys, singleLock, singleChecked, singleHand, singleAsync)
+		keys = append(keys, singleLock, singleChecked, singleHand, singleHand3, singleAsync)
 	}
 	variants := map[string]appendVariant{}
 	for _, v := range singleVariants(lockKey, storeKey) {
@@ -399,7 +502,7 @@ func singleParts(name string, res map[string]*singleResult) []Row {
 	plain := res[singlePlain]
 	p50 := func(key string) float64 { return median(res[key].p50s) }
 	us := func(a, b string) float64 { return (p50(a) - p50(b)) * 1000 }
-	where := fmt.Sprintf("where a lone single-event append's time goes (medians of the rounds' p50s, in µs over the step before): plain INSERT %.0f µs; + advisory lock (a second statement in the pipeline) %+.0f; + version check and position read under the append lock (the checked INSERT instead of the plain one, into events) %+.0f; + NOTIFY %+.0f (the library's statements by hand); + the client side: GORM %+.0f, pgx %+.0f (GormEventStore/pgxstore Append beside its own statements); the WAL flush the append lock is held through: pgx %.0f µs (its Append minus the same Append on sessions with synchronous_commit off)",
+	where := fmt.Sprintf("where a lone single-event append's time goes (medians of the rounds' p50s, in µs over the step before): plain INSERT %.0f µs; + advisory lock (a second statement in the pipeline) %+.0f; + version check and position read under the append lock (the checked INSERT instead of the plain one, into events) %+.0f; + NOTIFY %+.0f (in the INSERT's statement: the library's statements by hand); + the client side: GORM %+.0f, pgx %+.0f (GormEventStore/pgxstore Append beside its own statements); the WAL flush the append lock is held through: pgx %.0f µs (its Append minus the same Append on sessions with synchronous_commit off)",
 		p50(singlePlain)*1000, us(singleLock, singlePlain), us(singleChecked, singleLock), us(singleHand, singleChecked),
 		us(singleGorm, singleHand), us(singlePgx, singleHand), us(singlePgx, singleAsync))
 	var rows []Row
@@ -412,6 +515,11 @@ func singleParts(name string, res map[string]*singleResult) []Row {
 		r := medianRow(fmt.Sprintf("%s, parts: %s p50", name, p.label), res[p.key].p50s, plain.p50s, "ms", "p50 of the plain single-row INSERT, same rounds")
 		rows = append(rows, r.note(where))
 	}
+	three := "the library's three statements before issue 31 moved the NOTIFY into the INSERT's statement, by hand, same rounds"
+	rows = append(rows,
+		medianRow(name+", parts: the library's 2 statements vs its 3 before", res[singleHand].rates, res[singleHand3].rates, "ev/s", three).
+			note("the library's 2 statements vs its 3 before: [the append lock, the checked INSERT with the NOTIFY] against [the append lock beside the isolation level, the checked INSERT, the NOTIFY with the feed head], interleaved in the same rounds: what the fold saves under the run's load"),
+		medianRow(name+", parts: the library's 2 statements vs its 3 before p50", res[singleHand].p50s, res[singleHand3].p50s, "ms", three))
 	return rows
 }
 
@@ -539,7 +647,7 @@ func loneAppendTrips(ctx context.Context, b *bench, dsn string) ([]Row, error) {
 	if err != nil {
 		return nil, err
 	}
-	note := fmt.Sprintf("lone single-event Append, counted on the wire (a write after a read starts a round trip; statements: each query and each query of a pipeline, pgx's tracer) on a pool of one warm connection: GORM %d round trip(s), %d statements; pgx %d round trip(s), %d statements; plain INSERT %d, %d (before issue 31 both stores sent 1 round trip of 5 statements: BEGIN, the lock, the checked INSERT, the NOTIFY, COMMIT)",
+	note := fmt.Sprintf("lone single-event Append, counted on the wire (a write after a read starts a round trip; statements: each query and each query of a pipeline, pgx's tracer) on a pool of one warm connection: GORM %d round trip(s), %d statements; pgx %d round trip(s), %d statements; plain INSERT %d, %d (before issue 31 both stores sent 1 round trip of 5 statements: BEGIN, the lock, the checked INSERT, the NOTIFY, COMMIT; then 3, without BEGIN and COMMIT; now 2, the NOTIFY in the INSERT's statement)",
 		g.turns, g.stmts, p.turns, p.stmts, plain.turns, plain.stmts)
 	bname := "the plain single-row INSERT's, counted the same way"
 	return []Row{

@@ -84,8 +84,8 @@ func (t Table) SelectStored() string { return t.sql.selectStored }
 type tableSQL struct {
 	name                                          string
 	selectEvents, selectStored, selectHeads       string
-	notifyIfWritten                               string
 	checkedInsert, checkedInsertOne, mergedInsert string
+	writeOne, writeMany, writeMerged              string
 }
 
 // eventsMarker is where a statement template names the events table.
@@ -98,10 +98,12 @@ func newTableSQL(name string) *tableSQL {
 		selectEvents:     in(selectEventsTemplate),
 		selectStored:     in(selectStoredTemplate),
 		selectHeads:      in(selectHeadsTemplate),
-		notifyIfWritten:  in(notifyIfWrittenTemplate),
 		checkedInsert:    in(checkedInsertTemplate),
 		checkedInsertOne: in(checkedInsertOneTemplate),
 		mergedInsert:     in(mergedInsertTemplate),
+		writeOne:         in(writeOneTemplate),
+		writeMany:        in(writeManyTemplate),
+		writeMerged:      in(writeMergedTemplate),
 	}
 }
 

@@ -20,7 +20,7 @@ func TestTableStatements(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, `"Tenant ""q""".events`, table.Name())
 	q := table.sql
-	for _, stmt := range []string{q.selectEvents, q.selectStored, q.selectHeads, q.notifyIfWritten, q.checkedInsert, q.checkedInsertOne, q.mergedInsert} {
+	for _, stmt := range []string{q.selectEvents, q.selectStored, q.selectHeads, q.checkedInsert, q.checkedInsertOne, q.mergedInsert, q.writeOne, q.writeMany, q.writeMerged} {
 		require.Contains(t, stmt, `"Tenant ""q""".events`)
 		require.NotContains(t, stmt, eventsMarker)
 		require.NotContains(t, strings.ReplaceAll(stmt, table.Name(), ""), "events", "every mention of events is the qualified table")

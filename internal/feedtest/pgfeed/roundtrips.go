@@ -20,11 +20,12 @@ type OpenCounted func(t testing.TB, dsn string, wire *wirecount.Counter) domain.
 
 // RequireLoneAppendRoundTrips checks on the wire what a lone append
 // costs, its connection warm and its statements prepared: one round trip
-// of three statements (the append lock, the checked INSERT, the NOTIFY,
-// in the implicit transaction the pipeline's Sync commits), one event or
+// of two statements (the append lock, then the checked INSERT with the
+// NOTIFY in one statement, in the implicit transaction the pipeline's
+// Sync commits), one event or
 // several. On sessions that default to SERIALIZABLE, where a transaction
 // sent without BEGIN would not run at READ COMMITTED, the appends are
-// stored all the same, each in one round trip of five statements (BEGIN
+// stored all the same, each in one round trip of four statements (BEGIN
 // ISOLATION LEVEL READ COMMITTED ... COMMIT) once the first found out.
 func RequireLoneAppendRoundTrips(t *testing.T, open OpenCounted) {
 	ctx := feedtest.Context(t)
@@ -42,8 +43,8 @@ func RequireLoneAppendRoundTrips(t *testing.T, open OpenCounted) {
 		stmts      int64
 		statements string
 	}{
-		{"read committed by default", pg.DSN, 3, "the lock, the checked INSERT, the NOTIFY"},
-		{"serializable by default", WithDefaultIsolation(t, pg.DSN, "serializable"), 5, "BEGIN, the lock, the checked INSERT, the NOTIFY, COMMIT"},
+		{"read committed by default", pg.DSN, 2, "the lock, the checked INSERT with the NOTIFY"},
+		{"serializable by default", WithDefaultIsolation(t, pg.DSN, "serializable"), 4, "BEGIN, the lock, the checked INSERT with the NOTIFY, COMMIT"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			wire := &wirecount.Counter{}
