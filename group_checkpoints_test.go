@@ -138,6 +138,23 @@ func runProbedMemoryTenant(t *testing.T, prefix string, cps subscriptions.Checkp
 	return gt, ledger, logs
 }
 
+// memoryWrapper is a test's CheckpointProber around a memory checkpoint
+// store: probeWrapped answers its calls from the stores it wraps.
+type memoryWrapper interface {
+	wrapped() *subscriptions.MemoryCheckpointStore
+}
+
+// probeWrapped is mem's ProbeCheckpoints of the memory stores inside
+// stores (each a memoryWrapper, as the group hands a prober its tenants'
+// stores).
+func probeWrapped(ctx context.Context, mem *subscriptions.MemoryCheckpointStore, stores []subscriptions.CheckpointStore, names []string) ([][]subscriptions.CheckpointProbe, error) {
+	inner := make([]subscriptions.CheckpointStore, len(stores))
+	for i, s := range stores {
+		inner[i] = s.(memoryWrapper).wrapped()
+	}
+	return mem.ProbeCheckpoints(ctx, inner, names)
+}
+
 // shortProber is a memory checkpoint store whose CheckpointProber answers
 // with no rows at all, as a broken third-party prober might.
 type shortProber struct {
@@ -177,11 +194,11 @@ func (r refusingProber) ProbeCheckpoints(ctx context.Context, stores []subscript
 	if r.refuse.Load() {
 		return nil, fmt.Errorf("refusingProber: %w", errors.ErrUnsupported)
 	}
-	inner := make([]subscriptions.CheckpointStore, len(stores))
-	for i, s := range stores {
-		inner[i] = s.(refusingProber).MemoryCheckpointStore
-	}
-	return r.MemoryCheckpointStore.ProbeCheckpoints(ctx, inner, names)
+	return probeWrapped(ctx, r.MemoryCheckpointStore, stores, names)
+}
+
+func (r refusingProber) wrapped() *subscriptions.MemoryCheckpointStore {
+	return r.MemoryCheckpointStore
 }
 
 // TestGroupPausedTenantPollsOnceProbesRefused pauses an idle tenant
@@ -235,12 +252,10 @@ func (h hangingProber) ProbeCheckpoints(ctx context.Context, stores []subscripti
 		}
 	default:
 	}
-	inner := make([]subscriptions.CheckpointStore, len(stores))
-	for i, s := range stores {
-		inner[i] = s.(hangingProber).MemoryCheckpointStore
-	}
-	return h.MemoryCheckpointStore.ProbeCheckpoints(ctx, inner, names)
+	return probeWrapped(ctx, h.MemoryCheckpointStore, stores, names)
 }
+
+func (h hangingProber) wrapped() *subscriptions.MemoryCheckpointStore { return h.MemoryCheckpointStore }
 
 // TestGroupSlowCheckpointProbeKeepsDatabaseUp makes the checkpoint probe
 // of a tenant's database hang for several poll intervals, after its heads
@@ -290,11 +305,11 @@ func (c concurrentProber) ProbeCheckpoints(ctx context.Context, stores []subscri
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	inner := make([]subscriptions.CheckpointStore, len(stores))
-	for i, s := range stores {
-		inner[i] = s.(concurrentProber).MemoryCheckpointStore
-	}
-	return c.MemoryCheckpointStore.ProbeCheckpoints(ctx, inner, names)
+	return probeWrapped(ctx, c.MemoryCheckpointStore, stores, names)
+}
+
+func (c concurrentProber) wrapped() *subscriptions.MemoryCheckpointStore {
+	return c.MemoryCheckpointStore
 }
 
 // TestGroupProbesOneStatementAtATime runs a group over four tenants with
@@ -345,11 +360,11 @@ func (o slowOnceProber) ProbeCheckpoints(ctx context.Context, stores []subscript
 			return nil, ctx.Err()
 		}
 	}
-	inner := make([]subscriptions.CheckpointStore, len(stores))
-	for i, s := range stores {
-		inner[i] = s.(slowOnceProber).MemoryCheckpointStore
-	}
-	return o.MemoryCheckpointStore.ProbeCheckpoints(ctx, inner, names)
+	return probeWrapped(ctx, o.MemoryCheckpointStore, stores, names)
+}
+
+func (o slowOnceProber) wrapped() *subscriptions.MemoryCheckpointStore {
+	return o.MemoryCheckpointStore
 }
 
 // TestGroupWakeDuringCheckpointProbe sends a wake signal for an event
