@@ -137,11 +137,11 @@ func partTable(t *testing.T, e *env, table string) string {
 // most 2 at once per tenant) beside a plain one over two tenants, in two
 // groups sharing them as two processes would (on Postgres each through
 // pools of its own), on every backend; events are appended before and
-// while they run, over 20 aggregates (each partition has some). Every event is committed once
-// per definition and tenant, each aggregate's events are handled in feed
-// order, no group ran more than 2 of a tenant's partitions at once, and
-// the partitioned definition's Status rows name the tenant and show its
-// 4 partitions caught up.
+// while they run, over 20 aggregates (each partition has some). Every
+// event is committed once per definition and tenant, each aggregate's
+// events are handled in feed order, no group ran more than 2 of a
+// tenant's partitions at once, and the partitioned definition's Status
+// rows name the tenant and show its 4 partitions caught up.
 func TestGroupPartitioned(t *testing.T) {
 	t.Parallel()
 	for _, b := range envBackends() {
