@@ -17,6 +17,16 @@ import (
 // TestMain fails the run if any goroutine outlives the tests.
 func TestMain(m *testing.M) { dbtest.VerifyTestMain(m) }
 
+// migratedPostgres is a fresh test schema with the events table (the
+// GORM event store's migrations run on it).
+func migratedPostgres(t testing.TB) *dbtest.Postgres {
+	t.Helper()
+	pg := dbtest.NewPostgres(t)
+	_, err := infrastructure.NewGormEventStore(pg.DB)
+	require.NoError(t, err)
+	return pg
+}
+
 // pgConnect opens one pgx connection, closed with the test.
 func pgConnect(t testing.TB, dsn string) *pgx.Conn {
 	t.Helper()

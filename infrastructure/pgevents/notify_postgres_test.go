@@ -9,9 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/eventfeed/subscriptions/domain"
-	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/infrastructure/pgevents"
-	"github.com/eventfeed/subscriptions/internal/dbtest"
 	"github.com/eventfeed/subscriptions/internal/feedtest"
 )
 
@@ -23,12 +21,10 @@ import (
 // positions follow one another.
 func TestPostgresAppendNotifiesOncePerTransaction(t *testing.T) {
 	ctx := feedtest.Context(t)
-	pg := dbtest.NewPostgres(t)
-	_, err := infrastructure.NewGormEventStore(pg.DB) // the schema
-	require.NoError(t, err)
+	pg := migratedPostgres(t)
 	const channel = "pgevents_notify_once"
 	listener := pgConnect(t, pg.DSN)
-	_, err = listener.Exec(ctx, "LISTEN "+channel)
+	_, err := listener.Exec(ctx, "LISTEN "+channel)
 	require.NoError(t, err)
 	marker := pgConnect(t, pg.DSN)
 	conn := pgConnect(t, pg.DSN)
@@ -127,9 +123,7 @@ func TestPostgresAppendNotifiesOncePerTransaction(t *testing.T) {
 // session's own plan_cache_mode is back after every commit.
 func TestPostgresMergedAppendPlannedOnce(t *testing.T) {
 	ctx := feedtest.Context(t)
-	pg := dbtest.NewPostgres(t)
-	_, err := infrastructure.NewGormEventStore(pg.DB) // the schema
-	require.NoError(t, err)
+	pg := migratedPostgres(t)
 	conn := pgConnect(t, pg.DSN)
 	for i := range 8 {
 		var appends []pgevents.TestAppend

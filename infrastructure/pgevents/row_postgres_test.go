@@ -7,9 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/eventfeed/subscriptions/infrastructure"
 	"github.com/eventfeed/subscriptions/infrastructure/pgevents"
-	"github.com/eventfeed/subscriptions/internal/dbtest"
 	"github.com/eventfeed/subscriptions/internal/feedtest"
 )
 
@@ -20,9 +18,7 @@ import (
 // with a *DecodeError.
 func TestReadEnvelopesMatchesRows(t *testing.T) {
 	ctx := feedtest.Context(t)
-	pg := dbtest.NewPostgres(t)
-	_, err := infrastructure.NewGormEventStore(pg.DB) // the schema
-	require.NoError(t, err)
+	pg := migratedPostgres(t)
 	conn := pgConnect(t, pg.DSN)
 	created := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	for i, c := range []struct{ payload, metadata any }{
