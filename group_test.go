@@ -597,18 +597,25 @@ func TestGroupTelemetryCarriesTenant(t *testing.T) {
 	}
 	require.Equal(t, map[string]int64{tenants[0].feed.Tenant: 0, tenants[1].feed.Tenant: 0}, lags)
 
-	spans := map[string]map[string]bool{}
-	for _, span := range k.spans.Ended() {
-		for _, kv := range span.Attributes() {
-			if kv.Key == subscriptions.AttrTenant {
-				if spans[span.Name()] == nil {
-					spans[span.Name()] = map[string]bool{}
+	endedSpans := func() map[string]map[string]bool {
+		spans := map[string]map[string]bool{}
+		for _, span := range k.spans.Ended() {
+			for _, kv := range span.Attributes() {
+				if kv.Key == subscriptions.AttrTenant {
+					if spans[span.Name()] == nil {
+						spans[span.Name()] = map[string]bool{}
+					}
+					spans[span.Name()][kv.Value.AsString()] = true
 				}
-				spans[span.Name()][kv.Value.AsString()] = true
 			}
 		}
+		return spans
 	}
 	want := map[string]bool{tenants[0].feed.Tenant: true, tenants[1].feed.Tenant: true}
+	// A batch span ends just after its commit, which the checkpoints
+	// above may show first: wait for both tenants' spans to end.
+	require.Eventually(t, func() bool { return len(endedSpans()[subscriptions.SpanBatch]) == len(want) }, 30*time.Second, time.Millisecond)
+	spans := endedSpans()
 	require.Equal(t, want, spans[subscriptions.SpanBatch])
 	require.Equal(t, want, spans[subscriptions.SpanHandle])
 }
