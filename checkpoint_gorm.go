@@ -162,7 +162,7 @@ func gormHandle(constructor string, db *gorm.DB) (*sql.DB, *dialect.Dialect, err
 		return nil, nil, fmt.Errorf("subscriptions: %s: %w", constructor, err)
 	}
 	if d == dialect.SQLite {
-		if err := sqliteconf.Check(context.Background(), db, pool, "subscriptions: "+constructor); err != nil {
+		if _, err := sqliteconf.Check(context.Background(), db, pool, "subscriptions: "+constructor); err != nil {
 			return nil, nil, err
 		}
 	}

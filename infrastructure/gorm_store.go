@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
@@ -19,6 +20,7 @@ import (
 	"github.com/eventfeed/subscriptions/internal/pgxconn"
 	"github.com/eventfeed/subscriptions/internal/sqlerr"
 	"github.com/eventfeed/subscriptions/internal/sqliteconf"
+	"github.com/eventfeed/subscriptions/internal/sqlitequeue"
 	"github.com/eventfeed/subscriptions/migrations"
 )
 
@@ -60,8 +62,11 @@ import (
 // On SQLite, writers are serialized by the database itself and positions
 // are MAX(position)+1 inside the write transaction, which takes the write
 // lock with its first statement (no read lock to upgrade, whatever the
-// DSN's transaction mode). Concurrent appends queue on the busy timeout;
-// NewGormEventStore refuses a SQLite handle that could not keep that
+// DSN's transaction mode). The appends of one process to one database
+// file take turns in arrival order, whichever store they go through, so
+// that none waits out the busy timeout while the others proceed
+// (internal/sqlitequeue); each then waits for other writers (a batch,
+// another process) for at most the busy timeout. NewGormEventStore refuses a SQLite handle that could not keep that
 // promise and switches a file database to WAL (internal/sqliteconf,
 // README). Any GORM SQLite driver works: none is imported.
 //
@@ -89,6 +94,12 @@ type GormEventStore struct {
 	// appender runs the pipelined append (and coalesces it); nil without
 	// pool.
 	appender *pgevents.Appender
+	// queue orders this process's appends to the SQLite file, each
+	// waiting at most busy for the queue to move (sqlitequeue); nil on
+	// Postgres and on a caller's transaction, which may hold the write
+	// lock already.
+	queue *sqlitequeue.Queue
+	busy  time.Duration
 }
 
 var _ domain.EventStore = (*GormEventStore)(nil)
@@ -122,12 +133,13 @@ func NewGormEventStore(db *gorm.DB, opts ...GormEventStoreOption) (*GormEventSto
 	if cfg.schemaSet && !d.AdvisoryLocks {
 		return nil, fmt.Errorf("infrastructure: NewGormEventStore: WithSchema(%q): %s has no schemas; give each tenant a database file of its own", cfg.schema, db.Name())
 	}
+	var sqlite sqliteconf.Settings
 	if d == dialect.SQLite {
 		pool, err := db.DB()
 		if err != nil {
 			return nil, fmt.Errorf("infrastructure: NewGormEventStore: %w", err)
 		}
-		if err := sqliteconf.Check(ctx, db, pool, "infrastructure: NewGormEventStore"); err != nil {
+		if sqlite, err = sqliteconf.Check(ctx, db, pool, "infrastructure: NewGormEventStore"); err != nil {
 			return nil, err
 		}
 	}
@@ -136,6 +148,9 @@ func NewGormEventStore(db *gorm.DB, opts ...GormEventStoreOption) (*GormEventSto
 	}
 	s := &GormEventStore{db: db, dialect: d, inTx: inTransaction(db), channel: cfg.channel,
 		schema: cfg.schema, events: pgevents.TableName(cfg.schema)}
+	if d == dialect.SQLite && !s.inTx {
+		s.queue, s.busy = sqlitequeue.For(sqlite.File), sqlite.BusyTimeout
+	}
 	if d.AdvisoryLocks {
 		// The lock key derives from the table's canonical name, so that
 		// every store of the table takes one lock however it names it.
@@ -273,6 +288,13 @@ func (s *GormEventStore) appendOnce(ctx context.Context, aggregateID string, exp
 	// Under a stricter default_transaction_isolation the snapshot would be
 	// taken before the lock (duplicate positions), or appends would fail
 	// with serialization errors, so the level is set explicitly (dialect.TxOptions).
+	if s.queue != nil {
+		done, err := s.queue.Wait(ctx, s.busy)
+		if err != nil {
+			return fmt.Errorf("append %d event(s) to aggregate %q: %w", len(events), aggregateID, err)
+		}
+		defer done()
+	}
 	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if show, readCommitted := s.dialect.ShowIsolation(); s.inTx && show != "" {
 			// The caller's transaction chose its isolation level. Only READ

@@ -32,31 +32,48 @@ import (
 	"database/sql"
 	"fmt"
 	"strings"
+	"time"
 
 	"gorm.io/gorm"
 )
 
+// Settings is what Check read of a SQLite handle.
+type Settings struct {
+	// File is the main database's full path, "" for a private in-memory
+	// database.
+	File string
+	// BusyTimeout is how long a connection of the handle waits for
+	// SQLite's write lock.
+	BusyTimeout time.Duration
+}
+
 // Check returns an error naming the setting and its fix when db (a SQLite
-// handle on pool) cannot be used by the module's stores. constructor names
-// the caller in the message.
-func Check(ctx context.Context, db *gorm.DB, pool *sql.DB, constructor string) error {
+// handle on pool) cannot be used by the module's stores, and otherwise
+// the handle's Settings. constructor names the caller in the message.
+func Check(ctx context.Context, db *gorm.DB, pool *sql.DB, constructor string) (s Settings, err error) {
 	db = db.WithContext(ctx)
 	var timeouts []int64
 	if err := db.Raw("PRAGMA busy_timeout").Scan(&timeouts).Error; err != nil {
-		return fmt.Errorf("%s: read SQLite busy_timeout: %w", constructor, err)
+		return s, fmt.Errorf("%s: read SQLite busy_timeout: %w", constructor, err)
+	}
+	if len(timeouts) == 1 {
+		s.BusyTimeout = time.Duration(timeouts[0]) * time.Millisecond
 	}
 	if len(timeouts) == 1 && timeouts[0] <= 0 {
-		return fmt.Errorf("%s: the SQLite connection has busy_timeout 0, so writers waiting for a batch would fail with \"database is locked\": "+
+		return s, fmt.Errorf("%s: the SQLite connection has busy_timeout 0, so writers waiting for a batch would fail with \"database is locked\": "+
 			"leave the driver's default (5 s) or set one in the DSN (_busy_timeout=10000 for gorm.io/driver/sqlite, _pragma=busy_timeout(10000) for github.com/glebarez/sqlite)", constructor)
 	}
 	var files []string
 	if err := db.Raw("SELECT file FROM pragma_database_list WHERE name = 'main'").Scan(&files).Error; err != nil {
-		return fmt.Errorf("%s: locate the SQLite database file: %w", constructor, err)
+		return s, fmt.Errorf("%s: locate the SQLite database file: %w", constructor, err)
 	}
 	inMemory := len(files) == 1 && files[0] == ""
+	if len(files) == 1 {
+		s.File = files[0]
+	}
 	if !inMemory {
 		if err := ensureWAL(db, constructor); err != nil {
-			return err
+			return s, err
 		}
 	}
 	if max := pool.Stats().MaxOpenConnections; inMemory && max != 1 {
@@ -64,11 +81,11 @@ func Check(ctx context.Context, db *gorm.DB, pool *sql.DB, constructor string) e
 		if max > 1 {
 			limit = fmt.Sprintf("up to %d", max)
 		}
-		return fmt.Errorf("%s: the SQLite database is in memory and the pool may open more than one connection (%s): "+
+		return s, fmt.Errorf("%s: the SQLite database is in memory and the pool may open more than one connection (%s): "+
 			"a private in-memory database is a different, empty database on each connection, so acknowledged appends would be lost; "+
 			"call SetMaxOpenConns(1) on the pool (db.DB()) before constructing the stores, or use a database file", constructor, limit)
 	}
-	return nil
+	return s, nil
 }
 
 // ensureWAL switches a file database that is in a rollback-journal mode to
