@@ -64,7 +64,10 @@ import (
 //     events_aggregate_sequence_key and the feed head on
 //     events_position_key, INSERT ... SELECT, and idx_events_transaction_id,
 //     which plain_events lacks; pgbench -r: 311 µs vs 243 µs for the
-//     plain INSERT, each its own round trip); the NOTIFY +0.04-0.06 as a
+//     plain INSERT, each its own round trip). Of that, the index is +4 µs
+//     of 193 (partIndexed, a quiet machine), the probes +24; the
+//     probes as VALUES with scalar subqueries instead of INSERT ...
+//     SELECT were no faster (pgbench, alternating rounds); the NOTIFY +0.04-0.06 as a
 //     statement of its own, +0.03-0.04 folded into the INSERT's (what is
 //     left is its commit: Postgres 15 takes a database-wide lock in
 //     PreCommit_Notify, held through the flush, and signals every
@@ -137,6 +140,7 @@ const (
 	singleAsync   = "single-async"
 	singlePlain   = "single-plain"
 	singleLock    = "single-lock"
+	singleIndexed = "single-indexed"
 	singleChecked = "single-checked"
 	singleHand    = "single-hand"
 	singleHand3   = "single-hand3"
@@ -178,6 +182,7 @@ func singleVariants(lockKey, storeKey int64) []appendVariant {
 			}
 		}},
 		{key: singleLock, label: "[advisory lock, plain INSERT]", perCall: 1, appendOne: part(partLock)},
+		{key: singleIndexed, label: "[advisory lock, plain INSERT with the events table's indexes]", perCall: 1, appendOne: part(partIndexed)},
 		{key: singleChecked, label: "[append lock, checked INSERT]", perCall: 1, appendOne: part(partChecked)},
 		{key: singleHand, label: "[append lock, checked INSERT, NOTIFY]", perCall: 1, appendOne: part(partNotify)},
 		{key: singleHand3, label: "[append lock and isolation level, checked INSERT, NOTIFY statement]", perCall: 1, appendOne: part(partThree)},
@@ -193,6 +198,10 @@ const (
 	// partLock: pg_advisory_xact_lock (a lock of the plain table's own),
 	// then the plain INSERT.
 	partLock singlePart = iota
+	// partIndexed: partLock into plain_events_indexed, which has the
+	// events table's index on transaction_id too: what the schema's
+	// indexes cost, apart from the checked INSERT's probes.
+	partIndexed
 	// partChecked: the stores' append lock, then the library's checked
 	// single-row INSERT into events: the version check and the position
 	// read under the append lock.
@@ -241,9 +250,13 @@ func singleByHand(ctx context.Context, db *gorm.DB, p singlePart, lockKey, store
 	created := e.Created.UTC().Truncate(time.Microsecond)
 	return onPgxConn(ctx, db, func(c *pgx.Conn) error {
 		b := &pgx.Batch{}
-		if p == partLock {
+		if p == partLock || p == partIndexed {
+			table := "plain_events"
+			if p == partIndexed {
+				table = "plain_events_indexed"
+			}
 			b.Queue("SELECT pg_advisory_xact_lock($1)", lockKey)
-			b.Queue(`INSERT INTO plain_events (id, aggregate_id, event_type, sequence_no, transaction_id, payload, metadata, created_at) VALUES ($1, $2, $3, 1, $4, $5::jsonb, $6::jsonb, $7)`,
+			b.Queue(`INSERT INTO `+table+` (id, aggregate_id, event_type, sequence_no, transaction_id, payload, metadata, created_at) VALUES ($1, $2, $3, 1, $4, $5::jsonb, $6::jsonb, $7)`,
 				e.ID, aggregate, e.EventType, e.TransactionID, string(payload), string(metadata), created)
 			return c.SendBatch(ctx, b).Close()
 		}
@@ -365,7 +378,7 @@ func singleWriters(ctx context.Context, b *bench, dsn string, writers int, lockK
 		if t.async, err = asyncPgxStore(ctx, b, dsn, writers+1); err != nil {
 			return nil, err
 		}
-		keys = append(keys, singleLock, singleChecked, singleHand, singleHand3, singleAsync)
+		keys = append(keys, singleLock, singleIndexed, singleChecked, singleHand, singleHand3, singleAsync)
 	}
 	variants := map[string]appendVariant{}
 	for _, v := range singleVariants(lockKey, storeKey) {
@@ -502,12 +515,13 @@ func singleParts(name string, res map[string]*singleResult) []Row {
 	plain := res[singlePlain]
 	p50 := func(key string) float64 { return median(res[key].p50s) }
 	us := func(a, b string) float64 { return (p50(a) - p50(b)) * 1000 }
-	where := fmt.Sprintf("where a lone single-event append's time goes (medians of the rounds' p50s, in µs over the step before): plain INSERT %.0f µs; + advisory lock (a second statement in the pipeline) %+.0f; + version check and position read under the append lock (the checked INSERT instead of the plain one, into events) %+.0f; + NOTIFY %+.0f (in the INSERT's statement: the library's statements by hand); + the client side: GORM %+.0f, pgx %+.0f (GormEventStore/pgxstore Append beside its own statements); the WAL flush the append lock is held through: pgx %.0f µs (its Append minus the same Append on sessions with synchronous_commit off)",
-		p50(singlePlain)*1000, us(singleLock, singlePlain), us(singleChecked, singleLock), us(singleHand, singleChecked),
+	where := fmt.Sprintf("where a lone single-event append's time goes (medians of the rounds' p50s, in µs over the step before): plain INSERT %.0f µs; + advisory lock (a second statement in the pipeline) %+.0f; + the events table's index on transaction_id (the same plain INSERT into a table with it) %+.0f; + version check and position read under the append lock (the checked INSERT into events instead) %+.0f; + NOTIFY %+.0f (in the INSERT's statement: the library's statements by hand); + the client side: GORM %+.0f, pgx %+.0f (GormEventStore/pgxstore Append beside its own statements); the WAL flush the append lock is held through: pgx %.0f µs (its Append minus the same Append on sessions with synchronous_commit off)",
+		p50(singlePlain)*1000, us(singleLock, singlePlain), us(singleIndexed, singleLock), us(singleChecked, singleIndexed), us(singleHand, singleChecked),
 		us(singleGorm, singleHand), us(singlePgx, singleHand), us(singlePgx, singleAsync))
 	var rows []Row
 	for _, p := range []struct{ key, label string }{
 		{singleLock, "[advisory lock, plain INSERT]"},
+		{singleIndexed, "[advisory lock, plain INSERT with the events table's indexes]"},
 		{singleChecked, "[append lock, checked INSERT]"},
 		{singleHand, "[append lock, checked INSERT, NOTIFY] (the library's statements by hand)"},
 		{singleAsync, "pgxstore Append, synchronous_commit off"},
