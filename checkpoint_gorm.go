@@ -14,6 +14,7 @@ import (
 
 	"github.com/eventfeed/subscriptions/internal/dialect"
 	"github.com/eventfeed/subscriptions/internal/sqliteconf"
+	"github.com/eventfeed/subscriptions/internal/sqlitequeue"
 )
 
 // GormCheckpointModel is the GORM model for subscriber checkpoints. The
@@ -41,7 +42,9 @@ func (GormCheckpointModel) TableName() string { return "subscriber_checkpoints" 
 // replicas: one wins each cycle, the others skip. SQLite relies on its
 // serialized writers (single process): a batch takes the write lock when it
 // is acquired, and within one store at most one batch per subscriber is
-// active.
+// active. The process's batches and appends on one database file take
+// turns in arrival order (see GormEventStore), so that none waits out the
+// busy timeout while the others proceed.
 //
 // Every Commit is a compare-and-set on the position the batch started
 // from, so a checkpoint moved underneath a batch (by a Reset) makes the
@@ -66,6 +69,13 @@ type GormCheckpointStore struct {
 	// can abort them and Acquire can skip instead of queueing on the write
 	// lock (forever, on a one-connection in-memory database).
 	reg *batchRegistry
+	// queue (SQLite) is the process's turns on the database file, which
+	// the file's appends take too (internal/sqlitequeue): a batch takes
+	// one for its life, waiting at most busy for the queue to move, so
+	// that neither a stream of appends nor other batches keep it from
+	// SQLite's write lock for a busy timeout.
+	queue *sqlitequeue.Queue
+	busy  time.Duration
 }
 
 // batchRegistry records the SQLite batches in flight on one pool.
@@ -132,7 +142,7 @@ var (
 // Connections, gives the budget). migrations.VerifyOnly(db) makes it, and
 // the other constructors given that handle, run no DDL.
 func NewGormCheckpointStore(db *gorm.DB, opts ...GormStoreOption) (*GormCheckpointStore, error) {
-	pool, d, err := gormHandle("NewGormCheckpointStore", db)
+	pool, d, sqlite, err := gormHandle("NewGormCheckpointStore", db)
 	if err != nil {
 		return nil, err
 	}
@@ -144,29 +154,33 @@ func NewGormCheckpointStore(db *gorm.DB, opts ...GormStoreOption) (*GormCheckpoi
 	if !d.RowLocks {
 		g.reg = registryFor(pool)
 	}
+	if d == dialect.SQLite {
+		g.queue, g.busy = sqlitequeue.For(sqlite.File), sqlite.BusyTimeout
+	}
 	return g, nil
 }
 
 // gormHandle checks a *gorm.DB handed to a constructor and returns its
-// pool and dialect.
-func gormHandle(constructor string, db *gorm.DB) (*sql.DB, *dialect.Dialect, error) {
+// pool and dialect, and on SQLite what sqliteconf.Check read of it.
+func gormHandle(constructor string, db *gorm.DB) (*sql.DB, *dialect.Dialect, sqliteconf.Settings, error) {
+	var sqlite sqliteconf.Settings
 	if db == nil {
-		return nil, nil, fmt.Errorf("subscriptions: %s: nil *gorm.DB", constructor)
+		return nil, nil, sqlite, fmt.Errorf("subscriptions: %s: nil *gorm.DB", constructor)
 	}
 	d := dialect.Of(db)
 	if d == nil {
-		return nil, nil, fmt.Errorf("subscriptions: %s: dialect %q is not supported (use postgres or sqlite)", constructor, db.Name())
+		return nil, nil, sqlite, fmt.Errorf("subscriptions: %s: dialect %q is not supported (use postgres or sqlite)", constructor, db.Name())
 	}
 	pool, err := db.DB()
 	if err != nil {
-		return nil, nil, fmt.Errorf("subscriptions: %s: %w", constructor, err)
+		return nil, nil, sqlite, fmt.Errorf("subscriptions: %s: %w", constructor, err)
 	}
 	if d == dialect.SQLite {
-		if _, err := sqliteconf.Check(context.Background(), db, pool, "subscriptions: "+constructor); err != nil {
-			return nil, nil, err
+		if sqlite, err = sqliteconf.Check(context.Background(), db, pool, "subscriptions: "+constructor); err != nil {
+			return nil, nil, sqlite, err
 		}
 	}
-	return pool, d, nil
+	return pool, d, sqlite, nil
 }
 
 // Acquire begins a batch transaction holding the subscriber's checkpoint
@@ -188,6 +202,14 @@ func (g *GormCheckpointStore) Acquire(ctx context.Context, subscriber string) (B
 		}
 		g.reg.active[subscriber] = b
 		g.reg.mu.Unlock()
+	}
+	if g.queue != nil {
+		turn, err := g.queue.Wait(ctx, g.busy)
+		if err != nil {
+			b.release()
+			return nil, false, fmt.Errorf("subscriptions: acquire checkpoint of %q: %w", subscriber, err)
+		}
+		b.turn = turn // ended by release, with the batch
 	}
 	acquired, err := g.begin(ctx, b)
 	if err != nil || !acquired {

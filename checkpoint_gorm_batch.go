@@ -54,6 +54,9 @@ type gormBatch struct {
 	// transaction.
 	abortMu sync.Mutex
 	aborted bool
+	// turn (SQLite) ends the batch's turn on the database file
+	// (GormCheckpointStore.queue), once its transaction has ended.
+	turn func()
 }
 
 // abortForReset marks the batch as moved and rolls its transaction back
@@ -152,9 +155,13 @@ func (b *gormBatch) DeliveryMarks() DeliveryMarks { return b.marks }
 // doing, not the event's, and must not count as a failed attempt.
 func (b *gormBatch) AbortedByReset() bool { return b.abortedByReset() }
 
-// release ends the batch's registration (SQLite) and wakes a waiting Reset.
+// release ends the batch's registration and its turn (SQLite) and wakes
+// a waiting Reset. Every end of a batch calls it, after its transaction.
 func (b *gormBatch) release() {
 	b.once.Do(func() {
+		if b.turn != nil {
+			b.turn()
+		}
 		if b.store != nil && b.store.reg != nil {
 			reg := b.store.reg
 			reg.mu.Lock()

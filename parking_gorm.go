@@ -13,6 +13,7 @@ import (
 
 	"github.com/eventfeed/subscriptions/domain"
 	"github.com/eventfeed/subscriptions/internal/dialect"
+	"github.com/eventfeed/subscriptions/internal/sqliteconf"
 )
 
 // GormParkedEventModel is the GORM model for parked events. The table is
@@ -76,7 +77,7 @@ var (
 // own connection. Every call holds one connection at a time, and Park in a
 // batch uses the batch's.
 func NewGormParkingLot(db *gorm.DB, opts ...GormStoreOption) (*GormParkingLot, error) {
-	pool, d, err := gormHandle("NewGormParkingLot", db)
+	pool, d, _, err := gormHandle("NewGormParkingLot", db)
 	if err != nil {
 		return nil, err
 	}
@@ -86,7 +87,7 @@ func NewGormParkingLot(db *gorm.DB, opts ...GormStoreOption) (*GormParkingLot, e
 	}
 	lot := &GormParkingLot{db: db, pool: pool, dialect: d, schema: schemaName, parked: tablesIn(schemaName).parked}
 	if d == dialect.SQLite {
-		if lot.sqliteFile, err = sqliteMainFile(db); err != nil {
+		if lot.sqliteFile, err = sqliteconf.MainFile(db); err != nil {
 			return nil, fmt.Errorf("subscriptions: NewGormParkingLot: locate the SQLite database file: %w", err)
 		}
 	}
@@ -160,18 +161,10 @@ func (g *GormParkingLot) batchTx(ctx context.Context) *gorm.DB {
 	if tx == nil || dialect.Of(tx) != dialect.SQLite {
 		return nil
 	}
-	if file, err := sqliteMainFile(tx.WithContext(ctx)); err == nil && file == g.sqliteFile {
+	if file, err := sqliteconf.MainFile(tx.WithContext(ctx)); err == nil && file == g.sqliteFile {
 		return tx
 	}
 	return nil
-}
-
-// sqliteMainFile returns the path of a SQLite handle's main database file
-// ("" for an in-memory database).
-func sqliteMainFile(db *gorm.DB) (string, error) {
-	var file string
-	err := db.Raw("SELECT file FROM pragma_database_list WHERE name = 'main'").Scan(&file).Error
-	return file, err
 }
 
 // storableText makes free text (an error message) storable as Postgres

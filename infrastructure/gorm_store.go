@@ -62,11 +62,11 @@ import (
 // On SQLite, writers are serialized by the database itself and positions
 // are MAX(position)+1 inside the write transaction, which takes the write
 // lock with its first statement (no read lock to upgrade, whatever the
-// DSN's transaction mode). The appends of one process to one database
-// file take turns in arrival order, whichever store they go through, so
-// that none waits out the busy timeout while the others proceed
-// (internal/sqlitequeue); each then waits for other writers (a batch,
-// another process) for at most the busy timeout. NewGormEventStore refuses a SQLite handle that could not keep that
+// DSN's transaction mode). The appends and subscribers' batches of one
+// process on one database file take turns in arrival order, whichever
+// store they go through, so that none waits out the busy timeout while
+// the others proceed (internal/sqlitequeue); each then waits for other
+// writers (another process) for at most the busy timeout. NewGormEventStore refuses a SQLite handle that could not keep that
 // promise and switches a file database to WAL (internal/sqliteconf,
 // README). Any GORM SQLite driver works: none is imported.
 //

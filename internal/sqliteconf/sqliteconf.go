@@ -63,14 +63,12 @@ func Check(ctx context.Context, db *gorm.DB, pool *sql.DB, constructor string) (
 		return s, fmt.Errorf("%s: the SQLite connection has busy_timeout 0, so writers waiting for a batch would fail with \"database is locked\": "+
 			"leave the driver's default (5 s) or set one in the DSN (_busy_timeout=10000 for gorm.io/driver/sqlite, _pragma=busy_timeout(10000) for github.com/glebarez/sqlite)", constructor)
 	}
-	var files []string
-	if err := db.Raw("SELECT file FROM pragma_database_list WHERE name = 'main'").Scan(&files).Error; err != nil {
+	file, err := MainFile(db)
+	if err != nil {
 		return s, fmt.Errorf("%s: locate the SQLite database file: %w", constructor, err)
 	}
-	inMemory := len(files) == 1 && files[0] == ""
-	if len(files) == 1 {
-		s.File = files[0]
-	}
+	s.File = file
+	inMemory := file == ""
 	if !inMemory {
 		if err := ensureWAL(db, constructor); err != nil {
 			return s, err
@@ -86,6 +84,14 @@ func Check(ctx context.Context, db *gorm.DB, pool *sql.DB, constructor string) (
 			"call SetMaxOpenConns(1) on the pool (db.DB()) before constructing the stores, or use a database file", constructor, limit)
 	}
 	return s, nil
+}
+
+// MainFile returns the full path of the main database file behind db (a
+// SQLite handle or transaction), "" for a private in-memory database.
+func MainFile(db *gorm.DB) (string, error) {
+	var file string
+	err := db.Raw("SELECT file FROM pragma_database_list WHERE name = 'main'").Scan(&file).Error
+	return file, err
 }
 
 // ensureWAL switches a file database that is in a rollback-journal mode to

@@ -1,6 +1,7 @@
-// Package sqlitequeue lets the module's appends to one SQLite database
-// file take turns within a process, in arrival order, instead of racing
-// each other through SQLite's busy handler.
+// Package sqlitequeue lets the module's writers to one SQLite database
+// file (appends, and subscribers' batches) take turns within a process,
+// in arrival order, instead of racing each other through SQLite's busy
+// handler.
 //
 // SQLite serializes writers with one lock per database, and a writer
 // that finds it taken polls for it (the busy handler), sleeping up to
@@ -9,14 +10,16 @@
 // whose first sleeps are 1 ms, take the lock before it. Under a steady
 // stream of appends one append can then wait out the whole timeout while
 // the others proceed, and fail with "database is locked" although the
-// lock was never held for long. Appends of one process queue here first,
-// so only the head of the queue meets the busy handler, where it waits
-// for writers this queue does not know of (a subscriber's batch, another
-// process).
+// lock was never held for long; a batch, whose transaction starts the
+// same way, could lose to a stream of appends likewise. The writers of
+// one process queue here first, so only the head of the queue meets the
+// busy handler, where it waits for writers this queue does not know of
+// (another process, a Reset, the application's own).
 //
 // A queue that does not move for a waiter's patience (the busy timeout)
-// fails the waiter as SQLite would have: its turn is not coming soon
-// because the append ahead of it is itself waiting out the timeout.
+// fails the waiter as SQLite would have: its turn is not coming soon,
+// because the writer ahead of it is itself waiting out the timeout or
+// holds the lock that long (a batch whose handlers are slow).
 package sqlitequeue
 
 import (
@@ -27,7 +30,7 @@ import (
 	"time"
 )
 
-// Queue orders the appends to one database file within the process. Its
+// Queue orders the writers to one database file within the process. Its
 // methods are safe for concurrent use.
 type Queue struct {
 	turn  chan struct{} // holds a token while an append has its turn
@@ -84,14 +87,14 @@ func (q *Queue) Wait(ctx context.Context, patience time.Duration) (done func(), 
 		case q.turn <- struct{}{}:
 			return q.done, nil
 		case <-ctx.Done():
-			return nil, fmt.Errorf("wait for the appends ahead in this process: %w", context.Cause(ctx))
+			return nil, fmt.Errorf("wait for the writers ahead in this process: %w", context.Cause(ctx))
 		case <-stalled:
 			if now := q.moves.Load(); now != seen {
 				seen, since = now, time.Now()
 				timer.Reset(patience)
 				continue
 			}
-			return nil, fmt.Errorf("database is locked: the append ahead in this process has held its turn for %s, the busy timeout, without finishing", time.Since(since).Round(time.Millisecond))
+			return nil, fmt.Errorf("database is locked: the writer ahead in this process (an append or a batch) has held its turn for %s, the busy timeout, without finishing", time.Since(since).Round(time.Millisecond))
 		}
 	}
 }
