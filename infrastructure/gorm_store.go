@@ -66,7 +66,8 @@ import (
 // process on one database file take turns in arrival order, whichever
 // store they go through, so that none waits out the busy timeout while
 // the others proceed (internal/sqlitequeue); each then waits for other
-// writers (another process) for at most the busy timeout. NewGormEventStore refuses a SQLite handle that could not keep that
+// writers (another process) for at most the busy timeout.
+// NewGormEventStore refuses a SQLite handle that could not keep that
 // promise and switches a file database to WAL (internal/sqliteconf,
 // README). Any GORM SQLite driver works: none is imported.
 //
