@@ -2,8 +2,10 @@ package subscriptions_test
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -240,5 +242,70 @@ func TestSQLiteSwitchedToWAL(t *testing.T) {
 				require.Equal(t, "wal", mode, "a new connection sees the database in WAL mode")
 			})
 		}
+	}
+}
+
+// TestSQLiteAppendOutsideTheBatchFails: a handler that appends through a
+// store of its own (not the batch transaction) to the file its batch
+// holds cannot go before the batch, which waits for the handler: the
+// append fails with "database is locked" after the busy timeout, as
+// SQLite's own wait would, instead of hanging; once the handler appends
+// through the batch transaction instead, the batch commits.
+func TestSQLiteAppendOutsideTheBatchFails(t *testing.T) {
+	t.Parallel()
+	for _, d := range dbtest.SQLiteDrivers() {
+		t.Run(d.Name, func(t *testing.T) {
+			ctx := context.Background()
+			path := filepath.Join(t.TempDir(), "app.db")
+			db := d.OpenDSN(t, "file:"+path+"?_busy_timeout=200&_pragma=busy_timeout(200)&_journal_mode=WAL")
+			store, err := infrastructure.NewGormEventStore(db)
+			require.NoError(t, err)
+			cps, err := subscriptions.NewGormCheckpointStore(db)
+			require.NoError(t, err)
+			require.NoError(t, store.Append(ctx, "order-1", 0, domain.NewEventEnvelope[any](map[string]any{"n": 1}, "order-1", "order.placed", 1)))
+
+			logger, logs := newLogger()
+			outside := make(chan error, 1)
+			var inside atomic.Bool
+			sub, err := subscriptions.NewSubscriber("reactor", store, cps, func(ctx context.Context, ev coreEnvelope) error {
+				if ev.AggregateID != "order-1" {
+					return nil
+				}
+				follow := domain.NewEventEnvelope[any](map[string]any{"n": 2}, "order-2", "order.followed", 1)
+				if !inside.Load() {
+					err := store.Append(ctx, "order-2", 0, follow)
+					select {
+					case outside <- err:
+					default:
+					}
+					inside.Store(true)
+					return err
+				}
+				tx := subscriptions.TxFromContext(ctx)
+				if tx == nil {
+					return errors.New("no batch transaction")
+				}
+				inTx, err := infrastructure.NewGormEventStore(tx)
+				if err != nil {
+					return err
+				}
+				return inTx.Append(ctx, "order-2", 0, follow)
+			}, subscriptions.WithPollInterval(5*time.Millisecond), subscriptions.WithRetryBackoff(time.Millisecond, 5*time.Millisecond), subscriptions.WithLogger(logger))
+			require.NoError(t, err)
+			r := start(t, sub)
+			var first error
+			select {
+			case first = <-outside:
+			case <-time.After(time.Minute):
+				t.Fatal("the handler's append outside the batch did not return")
+			}
+			require.ErrorContains(t, first, "database is locked")
+			require.Eventually(t, func() bool {
+				events, err := store.GetEvents(ctx, "order-2")
+				return err == nil && len(events) == 1
+			}, time.Minute, 5*time.Millisecond, "the append through the batch transaction committed")
+			r.stop(t)
+			require.Contains(t, logs.String(), "database is locked", "the failed attempt is logged")
+		})
 	}
 }
